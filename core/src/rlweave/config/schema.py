@@ -1,0 +1,133 @@
+"""Core config sections (pass one of validation).
+
+Strict: an unknown key is an error. Every field has a default and a one-line description.
+Plugin-owned parts are validated in pass two against the selected plugin's own model:
+
+* ``algorithm``: ``name`` plus the algorithm's own keys, flat beside it.
+* ``roles.<role>.options``: the selected backend's / engine's own keys.
+* ``rewards[].args``: keyword arguments for the reward function.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(Strict):
+    name: str = Field("run", description="Run name; the run directory is <output_dir>/<name>.")
+    output_dir: str = Field("runs", description="Parent folder of run directories.")
+    seed: int = Field(1, description="Base seed for data order, sampling and initialisation.")
+    total_steps: int = Field(10, ge=1, description="Number of training steps.")
+    eval_every: int = Field(0, ge=0, description="Evaluate every k steps (0: only before and after).")
+    save_every: int = Field(0, ge=0, description="Checkpoint every k steps (0: only at the end).")
+    keep_last: int = Field(2, ge=1, description="Complete checkpoints to keep.")
+    log_every: int = Field(1, ge=1, description="Print a status line every k steps.")
+    save_hf: bool = Field(True, description="Write a Hugging Face checkpoint of the policy at the end.")
+
+
+class RaySection(Strict):
+    address: Optional[str] = Field(None, description="Join this Ray cluster; null starts a local one.")
+    num_cpus: Optional[int] = Field(None, description="CPUs of a local cluster (null: all).")
+    dashboard: bool = Field(False, description="Start the Ray dashboard with a local cluster.")
+    virtual_gpus: Optional[int] = Field(
+        None, description="Declare this many GPUs to a local cluster on a GPU-less machine (virtual devices)."
+    )
+
+
+class PoolSection(Strict):
+    nodes: int = Field(1, ge=1, description="Nodes in this pool.")
+    devices_per_node: int = Field(1, ge=1, description="Devices (GPUs or virtual devices) per node.")
+    device: Literal["gpu", "cpu"] = Field("gpu", description="Device kind; gpu pools become virtual devices without GPUs.")
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK"] = Field("PACK", description="Ray placement strategy.")
+
+
+class ResourcesSection(Strict):
+    pools: dict[str, PoolSection] = Field(
+        default_factory=lambda: {"default": PoolSection()}, description="Named resource pools."
+    )
+    colocate: list[list[str]] = Field(
+        default_factory=list, description="Groups of roles that share devices and take turns."
+    )
+
+
+class ModelSection(Strict):
+    path: Optional[str] = Field(None, description="Local Hugging Face model directory (no hub downloads).")
+    tokenizer: Optional[str] = Field(None, description="Tokenizer directory (default: model path).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
+    model_type: Literal["causal_lm", "value", "reward"] = Field("causal_lm", description="Head on the model.")
+    trust_remote_code: bool = Field(False, description="Allow model code from the model directory.")
+
+
+class OptimSection(Strict):
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    grad_clip: float = Field(1.0, ge=0, description="Max global grad norm (0: no clipping).")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up optimizer steps.")
+    schedule: Literal["constant", "cosine"] = Field("constant", description="LR schedule after warm-up.")
+    total_steps: Optional[int] = Field(None, description="Optimizer steps for the cosine schedule (null: derived).")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
+
+
+class RoleSection(Strict):
+    backend: Optional[str] = Field(None, description="Training backend plugin (trained/scoring roles).")
+    engine: Optional[str] = Field(None, description="Inference engine plugin (rollout role).")
+    pool: str = Field("default", description="Resource pool the role's devices come from.")
+    devices: int = Field(1, ge=1, description="Devices (ranks) this role uses.")
+    parallel: dict[str, int] = Field(default_factory=dict, description="Parallel sizes, e.g. {dp: 2} or {tp: 2}.")
+    model: Optional[ModelSection] = Field(None, description="Model for this role (default: top-level model).")
+    optim: Optional[OptimSection] = Field(None, description="Optimizer, for roles that train.")
+    options: dict[str, Any] = Field(default_factory=dict, description="The selected plugin's own settings.")
+
+
+class RewardEntry(Strict):
+    name: str = Field(..., description="Reward plugin name, or 'module:function' for a user function.")
+    weight: float = Field(1.0, description="Weight in the summed reward.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the function.")
+
+
+class RewardsRuntime(Strict):
+    timeout_s: float = Field(5.0, gt=0, description="Per-call timeout of a reward function.")
+    failure_reward: float = Field(0.0, description="Reward given to a sample whose reward call fails.")
+    workers: int = Field(2, ge=1, description="Reward worker processes.")
+
+
+class DataSection(Strict):
+    train: Optional[str] = Field(None, description="Training jsonl file.")
+    eval: Optional[str] = Field(None, description="Held-out jsonl file (never trained on).")
+    batch_size: int = Field(8, ge=1, description="Records per step.")
+    eval_size: Optional[int] = Field(None, description="Evaluate on the first k eval records (null: all).")
+    shuffle: bool = Field(True, description="Shuffle each epoch with the run seed.")
+
+
+class AlgorithmSection(BaseModel):
+    """``name`` plus the algorithm's own keys (validated in pass two)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field("grpo", description="Algorithm plugin name.")
+
+
+class RunConfig(Strict):
+    required_plugins: list[str] = Field(
+        default_factory=list, description="Distributions that must be installed, e.g. 'rlweave-algo-grpo>=0.1'."
+    )
+    run: RunSection = Field(default_factory=RunSection, description="Run-level settings.")
+    ray: RaySection = Field(default_factory=RaySection, description="Ray cluster settings.")
+    resources: ResourcesSection = Field(default_factory=ResourcesSection, description="Pools and colocation.")
+    model: ModelSection = Field(default_factory=ModelSection, description="Default model of all roles.")
+    roles: dict[str, RoleSection] = Field(default_factory=dict, description="Role name -> placement and plugin.")
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection, description="Algorithm and its settings.")
+    rewards: list[RewardEntry] = Field(default_factory=list, description="Rewards, summed with weights.")
+    reward_runtime: RewardsRuntime = Field(default_factory=RewardsRuntime, description="How rewards run.")
+    data: DataSection = Field(default_factory=DataSection, description="Data files and batch size.")
+    kernels: dict[str, bool] = Field(default_factory=dict, description="Optional kernels to turn on by name.")
+
+
+ROLE_NAMES = ("policy", "rollout", "reference", "critic", "reward")

@@ -1,0 +1,1 @@
+"""Data moved between roles. ``from rlweave.data.batch import Batch`` imports torch."""

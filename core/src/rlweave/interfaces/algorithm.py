@@ -1,0 +1,65 @@
+"""Contract of an algorithm plugin: the dataflow of one training step.
+
+The core runner owns the loop (data loading, progress, metrics files, evaluation schedule,
+checkpoints, resume). The algorithm owns what happens inside a step, expressed as calls on
+role handles (``ctx.roles['policy'].train(...)``, ``ctx.roles['rollout'].generate(...)``),
+which dispatch to every rank and return futures, so independent calls overlap.
+
+Lifecycle, all on the controller process:
+``__init__(config, ctx)`` -> ``setup()`` (roles are built and reachable) ->
+``step(records)`` once per step -> ``evaluate(records)`` on the schedule ->
+``state_dict()`` at each checkpoint / ``load_state_dict()`` on resume.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class RunContext:
+    """What the runner hands an algorithm.
+
+    ``roles``: role name -> role handle (see ``rlweave.scheduler.RoleHandle``).
+    ``tokenizer``: the run's Hugging Face tokenizer. ``rewards``: the configured reward
+    set (``rlweave.rewards.RewardSet``) or None. ``run_dir``: this run's directory.
+    ``config``: the whole validated run config. ``seed``: the run seed.
+    """
+
+    roles: dict[str, Any]
+    tokenizer: Any
+    run_dir: Path
+    config: Any
+    rewards: Any = None
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Algorithm(ABC):
+    """One post-training algorithm. ``records`` are the raw data records (dicts read
+    from jsonl, each with a stable ``id``) of one step's batch."""
+
+    def __init__(self, config: Any, ctx: RunContext):
+        self.config = config
+        self.ctx = ctx
+
+    def setup(self) -> None:
+        """Called once after the roles are built (e.g. first weight sync)."""
+
+    @abstractmethod
+    def step(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        """Run one training step on ``records``; return scalar metrics for the logs."""
+
+    def evaluate(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        """Held-out metrics (e.g. exact-match accuracy); never trains."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Algorithm state to checkpoint (KL controller, counters...), JSON-able."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""

@@ -1,0 +1,93 @@
+"""Contract of an inference engine worker (the ``rollout`` role).
+
+One instance per engine replica rank. A rollout role may run several replicas (data
+parallel: the controller balances prompts across replicas) and a replica may span several
+ranks with tensor parallelism where the engine supports it (then only the replica's first
+rank receives ``generate`` calls).
+
+Lifecycle: ``__init__(ctx)`` (cheap) -> ``init_engine()`` (loads ``ctx.model['path']``)
+-> ``generate`` / ``load_weights`` / ``sleep`` / ``wake_up`` -> ``shutdown()``.
+
+Errors: a prompt the engine cannot take (longer than ``max_model_len``) must not kill
+the engine: per config it is truncated (left) or answered with ``finish_reason="error"``
+and an ``error`` message. Any other exception propagates to the controller, which names
+role and rank.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable
+
+from rlweave.interfaces.worker import Worker
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+@dataclass
+class SamplingParams:
+    """Sampling settings for one ``generate`` call.
+
+    ``n`` samples per prompt; ``top_k = -1`` and ``top_p = 1.0`` disable those filters;
+    ``temperature = 0`` is greedy; ``seed`` makes sampling reproducible (same seed, same
+    prompts, same weights -> same tokens); ``ignore_eos`` generates exactly
+    ``max_new_tokens`` (benchmarks)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 64
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclass
+class Generation:
+    """One sampled continuation: ``token_ids`` (the response only), ``logprobs`` of those
+    tokens under the engine (same length), ``finish_reason`` in ``{"stop", "length",
+    "error"}``, ``error`` set when ``finish_reason == "error"``, ``truncated`` when the prompt
+    was cut to fit."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    error: str | None = None
+    truncated: bool = False
+
+
+class RolloutEngine(Worker):
+    """Generates with the policy's weights and accepts new weights in place."""
+
+    @abstractmethod
+    def init_engine(self) -> None:
+        """Start the engine on ``ctx.model['path']`` (HF directory)."""
+
+    @abstractmethod
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
+        """For each prompt (token ids) ``params.n`` generations, in prompt order."""
+
+    @abstractmethod
+    def load_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:
+        """Replace the weights in place (HF names), no restart, no temporary files. The
+        tensors have already been verified by the weight-sync transport."""
+
+    def sleep(self, level: int = 1) -> dict[str, Any]:
+        """Release memory while colocated roles train: level 1 the KV cache, level 2 the
+        weights too where supported. Returns what was freed."""
+        return {"freed_bytes": 0}
+
+    def wake_up(self) -> None:
+        """Retake what :meth:`sleep` released."""
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest prompt + response the engine accepts."""
+        return int(self.ctx.config.get("max_model_len", 2048))
+
+    def health(self) -> dict[str, Any]:
+        """Liveness and basic facts (role, rank, pid, engine name)."""
+        return self.ping()

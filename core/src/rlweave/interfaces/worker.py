@@ -1,0 +1,94 @@
+"""What every rank-level worker receives, and its base class.
+
+A worker is a plain Python class. The Ray scheduler (``rlweave.scheduler``) creates one
+instance per rank inside a Ray actor; a test or a GPU box without Ray can create it
+directly in one process. The controller fills a :class:`WorkerContext`; the worker reads
+its own plugin section from ``ctx.config`` and the model description from ``ctx.model``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class WorkerContext:
+    """Where a rank sits and what it is asked to build.
+
+    Attributes:
+        role: role name (``policy``, ``rollout``, ``reference``, ``critic``, ``reward``).
+        rank / world_size: this rank inside the role's own worker group.
+        master_addr / master_port: rendezvous of the group's torch.distributed group.
+        device: ``"cpu"`` or ``"cuda"`` (virtual devices on a GPU-less machine are CPU).
+        config: the selected plugin's validated section, as a plain dict.
+        model: model description (``path``, ``dtype``, ``model_type``, ``trust_remote_code``...).
+        seed: base seed of the run; workers derive per-rank seeds from it.
+        parallel: parallel sizes for this role (``{"dp": 2, "tp": 1}``).
+        extra: anything else the algorithm passes to the worker (optimizer settings...).
+    """
+
+    role: str = "policy"
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    device: str = "cpu"
+    config: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    parallel: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Worker:
+    """Base class of rank workers. Subclasses keep ``__init__`` cheap; heavy set-up goes
+    into an explicit method the controller calls (``init_model``/``init_engine``).
+
+    ``init_distributed`` joins the role's torch.distributed group (gloo on CPU, NCCL on
+    CUDA); it is a no-op for world size 1 unless ``force`` is set.
+    """
+
+    def __init__(self, ctx: WorkerContext):
+        self.ctx = ctx
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.world_size
+
+    def init_distributed(self, force: bool = False, timeout_s: float = 300.0) -> None:
+        import datetime
+
+        import torch.distributed as dist
+
+        if dist.is_initialized() or (self.ctx.world_size == 1 and not force):
+            return
+        os.environ.setdefault("MASTER_ADDR", self.ctx.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(self.ctx.master_port))
+        backend = "nccl" if self.ctx.device == "cuda" else "gloo"
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{self.ctx.master_addr}:{self.ctx.master_port}",
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+
+    def ping(self) -> dict[str, Any]:
+        """Health check: returns role, rank and pid."""
+        return {"role": self.ctx.role, "rank": self.ctx.rank, "pid": os.getpid()}
+
+    def shutdown(self) -> None:
+        """Release process groups and resources; called once before the actor exits."""
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass

@@ -1,0 +1,113 @@
+"""The plugin contract: one hook per plugin kind.
+
+A plugin is a module (named by an entry point in the group ``rlweave.plugins``) that
+implements any of these hooks with ``@rlweave.plugins.hookimpl``. Each hook returns a list
+of records (see :mod:`rlweave.plugins.types`). Hooks must be cheap: build records, import
+nothing heavy. The heavy code is imported by ``record.load()`` when a run selects it.
+
+Implementing a function named ``rlweave_*`` that is not listed here is an error: the
+plugin is reported as broken rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+PROJECT = "rlweave"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def rlweave_training_backends():  # type: ignore[empty-body]
+    """Training backends this plugin provides.
+
+    Selected in YAML by ``roles.<role>.backend``. Example::
+
+        @hookimpl
+        def rlweave_training_backends():
+            return [BackendRecord(
+                name="fsdp", summary="torch FSDP2 on gloo/NCCL",
+                target="rlweave_backend_fsdp.worker:FSDPWorker",
+                config_model=FSDPConfig, parallel=("dp",))]
+
+    :return: list of :class:`~rlweave.plugins.types.BackendRecord`
+    """
+
+
+@hookspec
+def rlweave_inference_engines():  # type: ignore[empty-body]
+    """Inference engines this plugin provides.
+
+    Selected in YAML by ``roles.rollout.engine``. Example::
+
+        @hookimpl
+        def rlweave_inference_engines():
+            return [EngineRecord(name="vllm", summary="vLLM in Ray actors",
+                                 target="rlweave_infer_vllm.engine:VLLMEngine",
+                                 config_model=VLLMConfig, parallel=("tp",))]
+
+    :return: list of :class:`~rlweave.plugins.types.EngineRecord`
+    """
+
+
+@hookspec
+def rlweave_algorithms():  # type: ignore[empty-body]
+    """Algorithms this plugin provides.
+
+    Selected in YAML by ``algorithm.name``; the rest of the ``algorithm`` section is
+    validated against ``config_model``. Example::
+
+        @hookimpl
+        def rlweave_algorithms():
+            return [AlgorithmRecord(name="grpo", summary="Group-relative PPO",
+                                    target="rlweave_algo_grpo.algorithm:GRPO",
+                                    config_model=GRPOConfig,
+                                    roles=lambda cfg: ("policy", "rollout") +
+                                          (("reference",) if cfg.kl_beta else ()))]
+
+    :return: list of :class:`~rlweave.plugins.types.AlgorithmRecord`
+    """
+
+
+@hookspec
+def rlweave_rewards():  # type: ignore[empty-body]
+    """Reward functions this plugin provides.
+
+    Selected in YAML by ``rewards[].name``. ``load()`` returns
+    ``fn(prompt: str, response: str, **fields) -> float``. Example::
+
+        @hookimpl
+        def rlweave_rewards():
+            return [RewardRecord(name="arith_exact", summary="1 if the answer is exact",
+                                 target="rlweave.rewards.rules:arith_exact")]
+
+    :return: list of :class:`~rlweave.plugins.types.RewardRecord`
+    """
+
+
+@hookspec
+def rlweave_kernels():  # type: ignore[empty-body]
+    """Optional kernels (fast paths) this plugin provides.
+
+    Selected in YAML by ``kernels.<name>: true``; ``probe()`` says whether it can run
+    here. Example::
+
+        @hookimpl
+        def rlweave_kernels():
+            return [KernelRecord(name="moe_groupgemm", summary="Triton grouped GEMM",
+                                 target="my_kernels.moe:grouped_gemm",
+                                 probe=lambda: None if has_cuda() else "needs CUDA")]
+
+    :return: list of :class:`~rlweave.plugins.types.KernelRecord`
+    """
+
+
+#: hook name -> record kind
+HOOK_KINDS: dict[str, str] = {
+    "rlweave_training_backends": "backend",
+    "rlweave_inference_engines": "engine",
+    "rlweave_algorithms": "algorithm",
+    "rlweave_rewards": "reward",
+    "rlweave_kernels": "kernel",
+}

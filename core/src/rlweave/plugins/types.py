@@ -1,0 +1,137 @@
+"""Typed records that plugins return from their hooks.
+
+Every plugin kind returns records of one type. A record is cheap to build: it names the
+plugin, says in one line what it does, carries the plugin's own pydantic config model
+(a light module, no torch), and points at the heavy code with an import string that is
+resolved only by :meth:`PluginRecord.load`, i.e. only when a run selects the plugin.
+
+Example (in a plugin's light ``plugin.py`` module)::
+
+    from rlweave.plugins import hookimpl, BackendRecord
+    from my_backend.config import MyBackendConfig   # pydantic, no torch
+
+    @hookimpl
+    def rlweave_training_backends():
+        return [BackendRecord(name="mine", summary="My backend on torch",
+                              target="my_backend.worker:MyWorker",
+                              config_model=MyBackendConfig)]
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+from pydantic import BaseModel
+
+from rlweave import PLUGIN_API_VERSION
+
+
+def import_target(target: str) -> Any:
+    """Import ``"package.module:attr.sub"`` and return the attribute.
+
+    Raises ImportError/AttributeError with the target named, so a broken selection
+    says which plugin object could not be loaded.
+    """
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"import target {target!r} must look like 'package.module:attribute'")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class PluginRecord:
+    """What every plugin kind has in common.
+
+    Attributes:
+        name: the name users write in YAML (unique within one kind).
+        summary: one line for ``rlweave list-plugins``.
+        target: ``"module:attribute"`` of the heavy object, imported by :meth:`load`.
+        config_model: pydantic model validating this plugin's own YAML section
+            (``None`` when the plugin takes no options).
+        api_version: the plugin-API version the plugin was built for; a record with a
+            different version than ``rlweave.PLUGIN_API_VERSION`` is ``incompatible``.
+    """
+
+    kind: ClassVar[str] = "plugin"
+
+    name: str
+    summary: str
+    target: str
+    config_model: type[BaseModel] | None = None
+    api_version: int = PLUGIN_API_VERSION
+
+    def load(self) -> Any:
+        """Import and return the heavy object (worker class, algorithm class, function)."""
+        return import_target(self.target)
+
+
+@dataclass(frozen=True)
+class BackendRecord(PluginRecord):
+    """A training backend: ``load()`` returns a :class:`rlweave.interfaces.TrainingWorker`
+    subclass that trains and/or scores one model on one rank.
+
+    ``model_types`` lists what it can build (``"causal_lm"``, ``"value"``, ``"reward"``);
+    ``parallel`` lists the parallel sizes it understands (``"dp"``, ``"tp"``, ``"pp"``...).
+    """
+
+    kind: ClassVar[str] = "backend"
+    model_types: tuple[str, ...] = ("causal_lm", "value", "reward")
+    parallel: tuple[str, ...] = ("dp",)
+
+
+@dataclass(frozen=True)
+class EngineRecord(PluginRecord):
+    """An inference engine: ``load()`` returns a :class:`rlweave.interfaces.RolloutEngine`
+    subclass. ``parallel`` lists supported parallel sizes (``"tp"`` etc.)."""
+
+    kind: ClassVar[str] = "engine"
+    parallel: tuple[str, ...] = ()
+
+
+def _no_roles(config: Any) -> tuple[str, ...]:
+    return ()
+
+
+@dataclass(frozen=True)
+class AlgorithmRecord(PluginRecord):
+    """An algorithm: ``load()`` returns a :class:`rlweave.interfaces.Algorithm` subclass.
+
+    ``roles`` is a light function ``(validated algorithm config) -> role names`` so the
+    placement can be checked before any worker starts (e.g. GRPO with ``kl_beta: 0``
+    needs no ``reference``).
+    """
+
+    kind: ClassVar[str] = "algorithm"
+    roles: Callable[[Any], tuple[str, ...]] = field(default=_no_roles)
+
+
+@dataclass(frozen=True)
+class RewardRecord(PluginRecord):
+    """A reward: ``load()`` returns a callable
+    ``fn(prompt: str, response: str, **fields) -> float`` (rule rewards), where
+    ``fields`` are the extra keys of the data record (e.g. ``answer``)."""
+
+    kind: ClassVar[str] = "reward"
+
+
+def _always_available() -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class KernelRecord(PluginRecord):
+    """An optional fast path. ``probe()`` returns ``None`` when usable on this machine or
+    a reason string when not (no GPU, missing Triton...); it must stay cheap."""
+
+    kind: ClassVar[str] = "kernel"
+    probe: Callable[[], str | None] = field(default=_always_available)
+
+
+RECORD_TYPES: dict[str, type[PluginRecord]] = {
+    r.kind: r for r in (BackendRecord, EngineRecord, AlgorithmRecord, RewardRecord, KernelRecord)
+}
