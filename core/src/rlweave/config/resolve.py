@@ -1,0 +1,250 @@
+"""Pass two of config validation: the selected plugins and their own sections.
+
+Given a :class:`~rlweave.config.schema.RunConfig` that passed pass one, this
+
+* resolves ``algorithm.name``, every ``roles.<r>.backend`` / ``.engine``, every
+  ``rewards[].name`` and every enabled ``kernels.<name>`` through the plugin manager
+  (unknown names get the choices, their distributions and a "did you mean");
+* validates the algorithm's own keys, each ``roles.<r>.options`` and each reward's
+  ``args`` against the record's ``config_model`` and writes the result (defaults filled)
+  back into the config, so the resolved config shows every setting;
+* checks the roles the algorithm needs (``record.roles(algorithm_config)``) are present
+  with a backend (trained/scoring roles) or an engine (``rollout``), and that their
+  ``parallel`` sizes are ones the plugin understands;
+* checks ``required_plugins`` against installed distribution versions;
+* runs ``rlweave.config.placement.check_placement(cfg, role_names)`` when that module exists.
+
+Every problem becomes a :class:`~rlweave.config.errors.ConfigIssue`; nothing heavy is imported.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata as md
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from pydantic import BaseModel, ValidationError
+
+from rlweave.config.errors import ConfigError, ConfigIssue, issues_from_validation
+from rlweave.config.schema import ROLE_NAMES, AlgorithmSection, RunConfig
+from rlweave.plugins.errors import PluginError
+from rlweave.plugins.manager import PluginManager
+from rlweave.plugins.types import AlgorithmRecord, KernelRecord, PluginRecord, RewardRecord
+
+ROLLOUT_ROLE = "rollout"
+
+
+@dataclass
+class ResolvedPlugins:
+    """The records a run uses, found and validated by pass two.
+
+    Attributes:
+        algorithm: the selected algorithm record.
+        algorithm_config: its validated config (``None`` when it has no config model).
+        role_names: roles the algorithm needs, in its order.
+        roles: configured role -> its backend or engine record.
+        role_options: configured role -> validated options model (``None``: no model).
+        rewards: per ``rewards[]`` entry, the record (``None`` for a ``module:function``).
+        reward_args: per entry, the validated args model (``None``: no model).
+        kernels: enabled kernel name -> record.
+        warnings: things that are allowed but probably unintended (printed by the CLI).
+    """
+
+    algorithm: AlgorithmRecord | None = None
+    algorithm_config: BaseModel | None = None
+    role_names: tuple[str, ...] = ()
+    roles: dict[str, PluginRecord] = field(default_factory=dict)
+    role_options: dict[str, BaseModel | None] = field(default_factory=dict)
+    rewards: list[RewardRecord | None] = field(default_factory=list)
+    reward_args: list[BaseModel | None] = field(default_factory=list)
+    kernels: dict[str, KernelRecord] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+class _Pass:
+    """Collects issues while resolving one config (one instance per validation)."""
+
+    def __init__(self, cfg: RunConfig, pm: PluginManager, source: str) -> None:
+        self.cfg, self.pm, self.source = cfg, pm, source
+        self.issues: list[ConfigIssue] = []
+        self.out = ResolvedPlugins()
+
+    def issue(self, path: str, message: str) -> None:
+        self.issues.append(ConfigIssue(self.source, path, message))
+
+    def get(self, kind: str, name: str, path: str) -> Any:
+        try:
+            return self.pm.get(kind, name)
+        except PluginError as exc:
+            self.issue(path, str(exc))
+            return None
+
+    def section(self, record: PluginRecord, data: dict[str, Any], path: str) -> BaseModel | None:
+        """Validate a plugin's own section; unknown keys are errors when it has no model."""
+        if record.config_model is None:
+            for key in data:
+                self.issue(f"{path}.{key}", f"unknown key: {record.kind} '{record.name}' takes no options")
+            return None
+        try:
+            return record.config_model.model_validate(data)
+        except ValidationError as exc:
+            self.issues += issues_from_validation(exc, self.source, record.config_model, path.split("."))
+            return None
+
+    # ------------------------------------------------------------------ parts
+    def algorithm(self) -> None:
+        section = self.cfg.algorithm
+        record = self.get("algorithm", section.name, "algorithm.name")
+        if record is None:
+            return
+        self.out.algorithm = record
+        extra = dict(section.model_extra or {})
+        model = record.config_model
+        if model is not None and "name" in model.model_fields:
+            extra["name"] = section.name
+        parsed = self.section(record, extra, "algorithm")
+        if parsed is None and model is not None:
+            return
+        self.out.algorithm_config = parsed
+        if parsed is not None:
+            dumped = {k: v for k, v in parsed.model_dump(mode="json").items() if k != "name"}
+            self.cfg.algorithm = AlgorithmSection(name=section.name, **dumped)
+        try:
+            self.out.role_names = tuple(record.roles(parsed if parsed is not None else section))
+        except Exception as exc:  # a plugin bug: say whose
+            self.issue("algorithm", f"algorithm '{record.name}' failed to list its roles: {type(exc).__name__}: {exc}")
+
+    def roles(self) -> None:
+        needed = self.out.role_names
+        algo = self.out.algorithm.name if self.out.algorithm else self.cfg.algorithm.name
+        for role in needed:
+            if role not in self.cfg.roles:
+                what = "an engine" if role == ROLLOUT_ROLE else "a backend"
+                self.issue(f"roles.{role}", f"missing: algorithm '{algo}' needs role '{role}' (with {what}); "
+                                            f"it needs roles: {', '.join(needed)}")
+        known = set(ROLE_NAMES) | set(needed)
+        for role, section in self.cfg.roles.items():
+            path = f"roles.{role}"
+            if role not in known:
+                close = difflib.get_close_matches(role, sorted(known), n=1, cutoff=0.6)
+                self.issue(path, f"unknown role '{role}'; roles are: {', '.join(sorted(known))}"
+                                 + (f". Did you mean '{close[0]}'?" if close else ""))
+                continue
+            if self.out.algorithm is not None and role not in needed:
+                self.out.warnings.append(f"{path}: role '{role}' is not used by algorithm '{algo}'")
+            kind, key, other = ("engine", "engine", "backend") if role == ROLLOUT_ROLE else ("backend", "backend", "engine")
+            if getattr(section, other) is not None:
+                self.issue(f"{path}.{other}", f"role '{role}' takes {'an engine' if key == 'engine' else 'a backend'}"
+                                              f" ({path}.{key}), not {'an' if other == 'engine' else 'a'} {other}")
+            name = getattr(section, key)
+            if name is None:
+                label = "inference engine" if kind == "engine" else "training backend"
+                self.issue(f"{path}.{key}", f"role '{role}' needs a {label}; choose one of: "
+                                            f"{', '.join(self.pm.names(kind)) or '(none installed)'}")
+                continue
+            record = self.get(kind, name, f"{path}.{key}")
+            if record is None:
+                continue
+            self.out.roles[role] = record
+            options = self.section(record, section.options, f"{path}.options")
+            self.out.role_options[role] = options
+            if options is not None:
+                section.options = options.model_dump(mode="json")
+            supported = tuple(getattr(record, "parallel", ()))
+            for dim in section.parallel:
+                if dim not in supported:
+                    self.issue(f"{path}.parallel.{dim}", f"{kind} '{name}' does not support '{dim}' parallelism; "
+                                                         f"it supports: {', '.join(supported) or 'none'}")
+
+    def rewards(self) -> None:
+        for i, entry in enumerate(self.cfg.rewards):
+            path = f"rewards.{i}"
+            if ":" in entry.name:
+                module, _, attr = entry.name.partition(":")
+                if not module or not attr:
+                    self.issue(f"{path}.name", f"'{entry.name}' must look like 'module:function'")
+                elif importlib.util.find_spec(module.split(".")[0]) is None:
+                    self.issue(f"{path}.name", f"module '{module}' of reward function '{entry.name}' is not importable")
+                self.out.rewards.append(None)
+                self.out.reward_args.append(None)
+                continue
+            record = self.get("reward", entry.name, f"{path}.name")
+            self.out.rewards.append(record)
+            args = None
+            if record is not None and record.config_model is not None:
+                args = self.section(record, entry.args, f"{path}.args")
+                if args is not None:
+                    entry.args = args.model_dump(mode="json")
+            self.out.reward_args.append(args)
+
+    def kernels(self) -> None:
+        for name, enabled in self.cfg.kernels.items():
+            record = self.get("kernel", name, f"kernels.{name}") if enabled else None
+            if record is None:
+                continue
+            reason = record.probe()
+            if reason:
+                self.issue(f"kernels.{name}", f"kernel '{name}' cannot run here: {reason}")
+            else:
+                self.out.kernels[name] = record
+
+    def required(self) -> None:
+        for i, text in enumerate(self.cfg.required_plugins):
+            path = f"required_plugins.{i}"
+            try:
+                req = Requirement(text)
+            except InvalidRequirement as exc:
+                self.issue(path, f"'{text}' is not a valid requirement: {str(exc).splitlines()[0]}")
+                continue
+            try:
+                version = md.version(req.name)
+            except md.PackageNotFoundError:
+                installed = ", ".join(f"{d} {v}" for d, v in sorted(self.pm.distributions().items()))
+                self.issue(path, f"required plugin '{text}' is not installed (installed plugins: {installed or 'none'})")
+                continue
+            if req.specifier and not req.specifier.contains(version, prereleases=True):
+                self.issue(path, f"required plugin '{text}' is not satisfied: {req.name} {version} is installed")
+
+    def placement(self) -> None:
+        try:
+            from rlweave.config.placement import check_placement
+        except ImportError:
+            return
+        names = [r for r in (self.out.role_names or tuple(self.cfg.roles)) if r in self.cfg.roles]
+        try:
+            problems = check_placement(self.cfg, names)
+        except Exception as exc:
+            self.issue("resources", f"placement check failed: {type(exc).__name__}: {exc}")
+            return
+        for path, message in problems:
+            self.issue(path, message)
+
+
+def collect_plugin_issues(cfg: RunConfig, pm: PluginManager, source: str) -> tuple[ResolvedPlugins, list[ConfigIssue]]:
+    """Run pass two and return what was resolved plus every issue (none raised)."""
+    run = _Pass(cfg, pm, source)
+    run.required()
+    run.algorithm()
+    run.roles()
+    run.rewards()
+    run.kernels()
+    run.placement()
+    return run.out, run.issues
+
+
+def resolve_plugins(cfg: RunConfig, pm: PluginManager | None = None, source: str = "<config>") -> ResolvedPlugins:
+    """Pass two for an already-validated config; raises :class:`ConfigError` listing all issues.
+
+    The runner can call this on the ``RunConfig`` it receives to get the selected records.
+    """
+    if pm is None:
+        from rlweave.plugins.manager import get_plugin_manager
+
+        pm = get_plugin_manager()
+    resolved, issues = collect_plugin_issues(cfg, pm, source)
+    if issues:
+        raise ConfigError(issues)
+    return resolved
