@@ -1,0 +1,28 @@
+"""Built-in rewards, registered through the same ``rlweave_rewards`` hook as third-party
+reward plugins (entry point ``builtin-rewards`` in core's pyproject.toml). Light: no imports
+beyond the record type; the functions are imported by ``record.load()``."""
+
+from __future__ import annotations
+
+from rlweave.plugins import RewardRecord, hookimpl
+
+
+@hookimpl
+def rlweave_rewards() -> list[RewardRecord]:
+    return [
+        RewardRecord(
+            name="arith_exact",
+            summary="1 if the first number of the response equals the record's 'answer'",
+            target="rlweave.rewards.rules:arith_exact",
+        ),
+        RewardRecord(
+            name="math_boxed",
+            summary="1 if the last \\boxed{} equals 'answer' after a LaTeX/number normaliser",
+            target="rlweave.rewards.rules:math_boxed",
+        ),
+        RewardRecord(
+            name="format",
+            summary="1 if the response matches a regex (default: a final answer line)",
+            target="rlweave.rewards.rules:format_reward",
+        ),
+    ]

@@ -1,0 +1,112 @@
+"""Several weighted rewards, computed in worker processes.
+
+Contract of :meth:`RewardSet.score`: for each sample (``{"prompt", "response", **record
+fields}``) every reward entry is called as ``fn(**sample, **entry.args)``. A call that raises,
+returns a non-number, runs past ``runtime.timeout_s`` or kills its process is worth
+``runtime.failure_reward`` (for that reward; the others still count), is listed in the
+sample's breakdown under ``"failed"``, and is reported by one warning per reward and kind of
+failure per ``score()``. The total is ``sum(weight * value)``. The run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from rlweave.config.schema import RewardEntry, RewardsRuntime
+from rlweave.rewards.loader import load_reward_fn, resolve_reward_target
+from rlweave.rewards.pool import RewardPool
+
+log = logging.getLogger("rlweave.rewards")
+
+
+class RewardSet:
+    """The run's rewards (``rewards[]`` and ``reward_runtime`` of the config).
+
+    Args:
+        entries: reward entries (``RewardEntry`` or plain dicts); at least one.
+        runtime: timeout, failure reward and worker count (default ``RewardsRuntime()``).
+        plugin_manager: where reward plugin names are looked up (see
+            :func:`rlweave.rewards.loader.reward_records`); ``None`` = built-in rewards only.
+        start_method: multiprocessing start method of the workers.
+
+    Names in the breakdown are the entries' names; a name used twice gets ``#2``, ``#3``...
+    Every reward is imported here first, so a typo fails before any worker starts.
+    """
+
+    def __init__(
+        self,
+        entries: list[RewardEntry] | list[dict[str, Any]],
+        runtime: RewardsRuntime | None = None,
+        plugin_manager: Any = None,
+        start_method: str = "spawn",
+    ) -> None:
+        self.entries = [e if isinstance(e, RewardEntry) else RewardEntry.model_validate(e) for e in entries]
+        if not self.entries:
+            raise ValueError("no rewards configured: add at least one entry under 'rewards:'")
+        self.runtime = runtime or RewardsRuntime()
+        targets = []
+        for k, entry in enumerate(self.entries):
+            try:
+                targets.append(resolve_reward_target(entry.name, plugin_manager))
+                load_reward_fn(entry.name, plugin_manager)
+            except (ValueError, ImportError, TypeError) as exc:
+                raise type(exc)(f"rewards[{k}]: {exc}") from exc
+        self.names: list[str] = []
+        seen: Counter[str] = Counter()
+        for entry in self.entries:
+            seen[entry.name] += 1
+            self.names.append(entry.name if seen[entry.name] == 1 else f"{entry.name}#{seen[entry.name]}")
+        self._pool = RewardPool(
+            targets, workers=self.runtime.workers, timeout_s=self.runtime.timeout_s, start_method=start_method
+        )
+        self.stats: Counter[str] = Counter()  #: cumulative counts: calls, error, timeout, crash
+
+    def score(self, samples: list[dict[str, Any]]) -> tuple[list[float], list[dict[str, Any]]]:
+        """Weighted total per sample and a per-sample breakdown ``{name: value, "failed": [names]}``."""
+        for n, sample in enumerate(samples):
+            if "prompt" not in sample or "response" not in sample:
+                raise KeyError(f"reward sample {n} needs 'prompt' and 'response' (has {sorted(sample)})")
+        calls = [(j, {**sample, **entry.args}) for sample in samples for j, entry in enumerate(self.entries)]
+        outcomes = self._pool.run(calls) if calls else []
+        totals: list[float] = []
+        breakdown: list[dict[str, Any]] = []
+        problems: dict[tuple[str, str], list[str]] = {}
+        m = len(self.entries)
+        for n, sample in enumerate(samples):
+            row: dict[str, Any] = {"failed": []}
+            total = 0.0
+            for j, entry in enumerate(self.entries):
+                status, payload = outcomes[n * m + j]
+                name = self.names[j]
+                if status == "ok":
+                    value = float(payload)
+                else:
+                    value = float(self.runtime.failure_reward)
+                    row["failed"].append(name)
+                    problems.setdefault((name, status), []).append(f"{sample.get('id', n)}: {payload}")
+                    self.stats[status] += 1
+                row[name] = value
+                total += entry.weight * value
+            self.stats["calls"] += m
+            totals.append(total)
+            breakdown.append(row)
+        for (name, status), msgs in problems.items():
+            first = msgs[0].strip().splitlines()
+            log.warning(
+                "reward %r: %d of %d call(s) failed (%s), scored %g; first: %s",
+                name, len(msgs), len(samples), status, self.runtime.failure_reward,
+                " | ".join(first[:1] + first[-1:]) if len(first) > 1 else first[0],
+            )
+        return totals, breakdown
+
+    def close(self) -> None:
+        """Stop the worker processes (idempotent)."""
+        self._pool.close()
+
+    def __enter__(self) -> RewardSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
