@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arith"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arith"
 DATA = EXAMPLE / "data"
 
 
