@@ -1,0 +1,39 @@
+"""The single controller: roles as worker groups, dispatch, futures.
+
+Light at import: names are resolved on first use, and only the Ray parts import Ray.
+
+* :class:`RoleHandle`, :class:`RoleFuture`, :class:`WorkerError`, :class:`WorkerTimeout`
+  (framework-agnostic, :mod:`rlweave.scheduler.handle` etc.);
+* :func:`start_ray`, :func:`shutdown_ray`, :func:`ray_session`, :func:`build_roles`
+  (Ray, :mod:`rlweave.scheduler.ray_impl`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "RoleHandle": "rlweave.scheduler.handle",
+    "RoleFuture": "rlweave.scheduler.future",
+    "WorkerError": "rlweave.scheduler.errors",
+    "WorkerTimeout": "rlweave.scheduler.errors",
+    "WorkerGroup": "rlweave.scheduler.group",
+    "LocalWorkerGroup": "rlweave.scheduler.local",
+    "start_ray": "rlweave.scheduler.ray_impl.cluster",
+    "shutdown_ray": "rlweave.scheduler.ray_impl.cluster",
+    "ray_session": "rlweave.scheduler.ray_impl.cluster",
+    "build_roles": "rlweave.scheduler.ray_impl.build",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'rlweave.scheduler' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

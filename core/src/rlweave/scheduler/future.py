@@ -1,0 +1,43 @@
+"""RoleFuture: the result of a call on a role, available later."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from rlweave.scheduler.group import WorkerGroup
+
+_UNSET = object()
+
+
+class RoleFuture:
+    """A call running on some ranks of a role.
+
+    ``result(timeout=None)`` blocks until every called rank finished and returns the
+    combined result (what the handle method documents). A failing rank raises
+    :class:`~rlweave.scheduler.errors.WorkerError` naming role, rank and the remote
+    traceback; ``timeout`` (seconds) raises :class:`~rlweave.scheduler.errors.WorkerTimeout`
+    and leaves the call running (call ``result`` again to keep waiting). ``done()`` never
+    blocks. Results are computed once and cached.
+    """
+
+    def __init__(self, group: WorkerGroup, pending: list[Any], combine: Callable[[list[Any]], Any]):
+        self._group, self._pending, self._combine = group, pending, combine
+        self._value: Any = _UNSET
+
+    def done(self) -> bool:
+        return self._value is not _UNSET or self._group.done(self._pending)
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._value is _UNSET:
+            self._value = self._combine(self._group.wait(self._pending, timeout))
+        return self._value
+
+    @staticmethod
+    def ready(value: Any) -> "RoleFuture":
+        """A future already holding ``value`` (e.g. a call with nothing to do)."""
+        fut = RoleFuture.__new__(RoleFuture)
+        fut._group, fut._pending, fut._combine, fut._value = None, [], None, value
+        return fut
+
+    def __repr__(self) -> str:
+        return f"RoleFuture(done={self.done()})"

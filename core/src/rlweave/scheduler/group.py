@@ -1,0 +1,51 @@
+"""Framework-agnostic worker group: what a role handle needs from an execution backend.
+
+A worker group owns the rank workers of one role and runs methods on them. The Ray
+implementation (:mod:`rlweave.scheduler.ray_impl`) runs each rank in its own actor; the
+in-process one (:mod:`rlweave.scheduler.local`) runs them in the controller (tests, a GPU
+box without Ray). Role handles (:mod:`rlweave.scheduler.handle`) add dispatch on top and
+never touch the backend directly.
+
+Contract:
+
+* :meth:`submit` starts ``method`` on the given ranks, each with its own arguments, and
+  returns at once with one opaque pending entry per rank (calls on one rank run in
+  submission order).
+* :meth:`wait` returns the ranks' results in the order of ``pending``. It raises
+  :class:`~rlweave.scheduler.errors.WorkerError` as soon as any rank fails (without waiting
+  for the others, which may be stuck in a collective with the failed rank) and
+  :class:`~rlweave.scheduler.errors.WorkerTimeout` when ``timeout`` runs out.
+* :meth:`kill` ends every rank; it is idempotent and never raises.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+#: One call's arguments for one rank: ``(args, kwargs)``.
+RankArgs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+class WorkerGroup(ABC):
+    name: str
+    world_size: int
+
+    @abstractmethod
+    def submit(
+        self, method: str, ranks: Sequence[int], rank_args: Sequence[RankArgs], on_actor: bool = False
+    ) -> list[Any]:
+        """Start ``method`` on ``ranks`` (``rank_args[i]`` for ``ranks[i]``). ``on_actor``
+        targets the rank's wrapper (e.g. ``send_weights``) instead of the worker object."""
+
+    @abstractmethod
+    def wait(self, pending: list[Any], timeout: float | None = None) -> list[Any]:
+        """Results of ``pending`` in order; see the module contract for failures."""
+
+    @abstractmethod
+    def done(self, pending: list[Any]) -> bool:
+        """True when every entry has finished (successfully or not)."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """End all ranks now (idempotent, never raises)."""

@@ -1,0 +1,126 @@
+"""The generic Ray actor that hosts one rank's plain worker object.
+
+The actor is created empty (cheap), tells the controller its node address and a free port
+(rank 0's become the role's rendezvous), then :meth:`WorkerActor.setup` builds
+``worker_cls(WorkerContext)``. Calls are forwarded by name through :meth:`call`. Any
+exception leaves the actor as a :class:`~rlweave.scheduler.errors.RemoteFailure` carrying
+role, rank, method and the formatted traceback, so the controller can name them.
+
+Besides forwarding, the actor implements the object-store weight transport's two ends
+(``send_weights`` / ``receive_weights``), calling the worker's ``named_weights()`` and
+``load_weights()``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from typing import Any
+
+from rlweave.scheduler.errors import RemoteFailure
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class WorkerActor:
+    """Wraps ``worker_cls`` for one rank. Not decorated: :func:`remote_actor_class` applies
+    ``ray.remote`` at run time so importing this module does not import Ray."""
+
+    def __init__(self, worker_cls: type, role: str, rank: int):
+        self._cls, self._role, self._rank = worker_cls, role, rank
+        self.worker: Any = None
+
+    def _fail(self, method: str, exc: BaseException) -> RemoteFailure:
+        import pickle
+
+        try:
+            carried = pickle.loads(pickle.dumps(exc))
+        except Exception:  # noqa: BLE001 - not picklable: type, message and traceback still travel
+            carried = None
+        return RemoteFailure(self._role, self._rank, method, type(exc).__qualname__, str(exc),
+                             traceback.format_exc(), carried)
+
+    def address(self) -> tuple[str, int]:
+        """This node's address as Ray sees it, and a free TCP port on it."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        return host, _free_port(host)
+
+    def placement(self) -> dict[str, Any]:
+        """Where Ray put this rank: pid, node, placement group, GPU ids."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {
+            "pid": os.getpid(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "placement_group_id": ctx.get_placement_group_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "accelerator_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+
+    def setup(self, ctx: Any, device_kind: str) -> None:
+        """Build the worker. ``device_kind`` is the pool's kind: a ``gpu`` pool gives
+        ``ctx.device = "cuda"`` when this process sees CUDA, else ``"cpu"`` (virtual devices)."""
+        try:
+            if device_kind == "gpu":
+                import torch
+
+                ctx.device = "cuda" if torch.cuda.is_available() else "cpu"
+            else:
+                ctx.device = "cpu"
+            self.worker = self._cls(ctx)
+        except BaseException as exc:  # noqa: BLE001
+            raise self._fail("__init__", exc) from None
+
+    def call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        try:
+            if self.worker is None:
+                raise RuntimeError("worker not set up")
+            fn = getattr(self.worker, method, None)
+            if fn is None:
+                raise AttributeError(f"{type(self.worker).__name__} has no method {method!r}")
+            return fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001
+            raise self._fail(method, exc) from None
+
+    def send_weights(self, bucket_bytes: int) -> list:
+        """Object-store transport, sending end: iterate ``named_weights()`` (all ranks, as
+        it may run collectives); rank 0 puts checksummed buckets into the object store and
+        returns ``[(BucketMeta, ObjectRef), ...]``; other ranks return ``[]``."""
+        from rlweave.weight_sync.object_store import put_buckets
+
+        try:
+            return put_buckets(self.worker.named_weights(), bucket_bytes, keep=self._rank == 0)
+        except BaseException as exc:  # noqa: BLE001
+            raise self._fail("send_weights", exc) from None
+
+    def receive_weights(self, bucket_refs: list, timeout_s: float) -> dict[str, Any]:
+        """Object-store transport, receiving end: fetch and verify each bucket (within
+        ``timeout_s`` in all) and stream the tensors into the worker's ``load_weights``."""
+        from rlweave.weight_sync.object_store import load_buckets
+
+        try:
+            return load_buckets(self.worker, bucket_refs, timeout_s)
+        except BaseException as exc:  # noqa: BLE001
+            raise self._fail("receive_weights", exc) from None
+
+
+_REMOTE: Any = None
+
+
+def remote_actor_class() -> Any:
+    """``ray.remote(WorkerActor)``, built once per process."""
+    global _REMOTE
+    if _REMOTE is None:
+        import ray
+
+        _REMOTE = ray.remote(WorkerActor)
+    return _REMOTE

@@ -1,0 +1,90 @@
+"""RayWorkerGroup: one Ray actor per rank (see :class:`rlweave.scheduler.group.WorkerGroup`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from rlweave.scheduler.errors import RemoteFailure, WorkerError, WorkerTimeout
+from rlweave.scheduler.group import RankArgs, WorkerGroup
+
+
+def to_worker_error(exc: BaseException, role: str, rank: int, method: str) -> WorkerError:
+    """Turn what ``ray.get`` raised for one rank into a :class:`WorkerError`."""
+    import ray.exceptions as rex
+
+    cause = getattr(exc, "cause", None) if isinstance(exc, rex.RayTaskError) else exc
+    if isinstance(cause, RemoteFailure):
+        return WorkerError(role, rank, cause.method, f"{cause.exc_type}: {cause.message}", cause.traceback, cause.exc)
+    if isinstance(exc, rex.RayActorError):
+        return WorkerError(role, rank, method, f"the worker process died ({type(exc).__name__})", str(exc), exc)
+    if isinstance(exc, rex.RayTaskError):
+        return WorkerError(role, rank, method, f"{type(cause).__name__}: {cause}", str(exc), cause)
+    return WorkerError(role, rank, method, f"{type(exc).__name__}: {exc}", "", exc)
+
+
+class RayWorkerGroup(WorkerGroup):
+    """Pending entries are ``(rank, method, ObjectRef)``."""
+
+    def __init__(self, name: str, actors: list[Any]):
+        self.name = name
+        self.actors = actors
+        self.world_size = len(actors)
+        self._killed = False
+
+    def submit(self, method: str, ranks: Sequence[int], rank_args: Sequence[RankArgs], on_actor: bool = False) -> list:
+        if self._killed:
+            raise RuntimeError(f"role {self.name!r}: its workers were shut down")
+        out = []
+        for rank, (args, kwargs) in zip(ranks, rank_args):
+            actor = self.actors[rank]
+            if on_actor:
+                ref = getattr(actor, method).remote(*args, **kwargs)
+            else:
+                ref = actor.call.remote(method, tuple(args), dict(kwargs))
+            out.append((rank, method, ref))
+        return out
+
+    def wait(self, pending: list, timeout: float | None = None) -> list[Any]:
+        import ray
+
+        if not pending:
+            return []
+        deadline = None if timeout is None else time.monotonic() + timeout
+        by_ref = {p[2]: p for p in pending}
+        results: dict[Any, Any] = {}
+        left = [p[2] for p in pending]
+        while left:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, left = ray.wait(left, num_returns=1, timeout=remaining)
+            if not ready:
+                ranks = sorted(by_ref[r][0] for r in left)
+                raise WorkerTimeout(self.name, pending[0][1], ranks, float(timeout or 0.0))
+            for ref in ready:
+                rank, method, _ = by_ref[ref]
+                try:
+                    results[ref] = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - mapped to WorkerError
+                    raise to_worker_error(exc, self.name, rank, method) from None
+        return [results[p[2]] for p in pending]
+
+    def done(self, pending: list) -> bool:
+        import ray
+
+        refs = [p[2] for p in pending]
+        if not refs:
+            return True
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return len(ready) == len(refs)
+
+    def kill(self) -> None:
+        if self._killed:
+            return
+        self._killed = True
+        import ray
+
+        for actor in self.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass

@@ -1,0 +1,131 @@
+"""Tiny rank workers for scheduler and weight-sync tests (torch, no model).
+
+* :class:`ProbeWorker` - a training-backend-shaped worker whose results are simple
+  functions of the input, so order, placement and collectives can be checked exactly;
+  it also holds a seeded state dict for weight-sync round trips.
+* :class:`ProbeEngine` - an engine-shaped worker whose generations encode the prompt.
+* :class:`StuckReceiver` - a ProbeWorker whose ``load_weights`` never returns in time.
+
+``ctx.config`` keys: ``weights_mb`` (size of the state dict, default 0), ``weights_seed``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Iterable, Iterator
+
+from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
+from rlweave.interfaces.worker import Worker
+
+
+def make_state_dict(megabytes: float, seed: int) -> dict[str, Any]:
+    """A deterministic mix of dtypes and shapes totalling about ``megabytes`` MB."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    n = max(1, int(megabytes * 2**20 / 4 / 3))
+    side = max(1, int(n**0.5))
+    return {
+        "embed.weight": torch.randn(side, side, generator=g),
+        "layers.0.mlp.weight": torch.randn(n, generator=g).to(torch.bfloat16),
+        "layers.0.mlp.bias": torch.randn(7, generator=g),
+        "layers.1.attn.weight": torch.randn(side, side + 3, generator=g).to(torch.float16),
+        "layers.1.scale": torch.tensor(seed, dtype=torch.float32),
+        "head.counts": torch.arange(1001, dtype=torch.int64),
+    }
+
+
+class ProbeWorker(Worker):
+    """Results are functions of the input; see the module docstring."""
+
+    def init_model(self) -> None:
+        self.init_distributed()
+        mb = float(self.ctx.config.get("weights_mb", 0))
+        self.state = make_state_dict(mb, int(self.ctx.config.get("weights_seed", 0))) if mb else {}
+
+    def placement(self) -> dict[str, Any]:
+        out = {"role": self.ctx.role, "rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
+               "device": self.ctx.device, "master": f"{self.ctx.master_addr}:{self.ctx.master_port}"}
+        ray = sys.modules.get("ray")  # set inside a Ray actor; not imported just for this
+        out["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()] if ray is not None and ray.is_initialized() else []
+        return out
+
+    def all_reduce(self, value: float) -> float:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item())
+
+    def nap(self, seconds: float) -> tuple[float, float]:
+        start = time.time()
+        time.sleep(seconds)
+        return start, time.time()
+
+    def fail(self, message: str) -> None:
+        raise ValueError(message)
+
+    def die(self) -> None:
+        os._exit(3)
+
+    def compute_logprobs(self, batch, temperature: float = 1.0, with_entropy: bool = False) -> dict[str, Any]:
+        lp = batch.token["input_ids"].double() / temperature
+        out = {"logprobs": lp, "rank": [self.rank] * len(batch)}
+        if with_entropy:
+            out["entropy"] = -lp
+        return out
+
+    def compute_scores(self, batch):
+        import torch
+
+        return torch.stack([s.double().sum() for s in batch.sequences()]) if len(batch) else torch.zeros(0)
+
+    def echo_ids(self, batch) -> list[str]:
+        return list(batch.ids)
+
+    def echo_batch(self, batch):
+        return batch
+
+    def train_step(self, batch, loss_fn) -> dict[str, float]:
+        return {"samples": float(len(batch)), "rank": float(self.rank)}
+
+    def named_weights(self) -> Iterator[tuple[str, Any]]:
+        if self.rank == 0:
+            yield from self.state.items()
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        self.state = {name: t.clone() for name, t in named_tensors}
+
+    def get_state(self) -> dict[str, Any]:
+        return self.state
+
+
+class StuckReceiver(ProbeWorker):
+    """``load_weights`` sleeps ``ctx.config['stuck_s']`` (default 300 s) before reading."""
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        time.sleep(float(self.ctx.config.get("stuck_s", 300)))
+        super().load_weights(named_tensors)
+
+
+class ProbeEngine(RolloutEngine):
+    """Generation ``k`` of a prompt is ``reversed(prompt) + [k, rank]``."""
+
+    def init_engine(self) -> None:
+        self.state: dict[str, Any] = {}
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
+        return [
+            [Generation(token_ids=list(reversed(p)) + [k, self.rank], logprobs=[0.0] * (len(p) + 2),
+                        finish_reason="length") for k in range(params.n)]
+            for p in prompts
+        ]
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        self.state = {name: t.clone() for name, t in named_tensors}
+
+    def get_state(self) -> dict[str, Any]:
+        return self.state

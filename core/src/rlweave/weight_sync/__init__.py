@@ -1,0 +1,31 @@
+"""Weight sync between roles: one interface, pluggable transports (light at import).
+
+See :mod:`rlweave.weight_sync.interface` for the contract, :func:`sync_weights` for the
+call algorithms make, :mod:`rlweave.weight_sync.object_store` for the transport that works
+everywhere Ray runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "WeightTransport": "rlweave.weight_sync.interface",
+    "WeightSyncError": "rlweave.weight_sync.interface",
+    "WeightSyncTimeout": "rlweave.weight_sync.interface",
+    "BucketMeta": "rlweave.weight_sync.buckets",
+    "iter_buckets": "rlweave.weight_sync.buckets",
+    "verify_bucket": "rlweave.weight_sync.buckets",
+    "unpack_bucket": "rlweave.weight_sync.buckets",
+    "ObjectStoreTransport": "rlweave.weight_sync.object_store",
+    "sync_weights": "rlweave.weight_sync.sync",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'rlweave.weight_sync' has no attribute {name!r}")

@@ -1,0 +1,69 @@
+"""Weight-sync contract: moving a trained role's weights into another role.
+
+Policy -> rollout after each update (and policy -> reference/critic where an algorithm
+says so). One interface, several transports:
+
+* :class:`~rlweave.weight_sync.object_store.ObjectStoreTransport` (implemented): buckets go
+  through Ray's object store; works on any cluster, CPU or GPU.
+* torch.distributed broadcast (later): a gloo/NCCL group between the source's rank 0 and
+  the destination ranks, formed in :meth:`WeightTransport.setup`, buckets broadcast in
+  place of object-store puts.
+* CUDA IPC (later): colocated roles pass CUDA memory handles of the buckets instead of
+  bytes.
+
+Every transport honours the same rules, whatever moves the bytes:
+
+Lifecycle (all on the controller): construct once per (source, destination) pair ->
+:meth:`~WeightTransport.setup` once both roles are built -> :meth:`~WeightTransport.sync`
+after every update -> :meth:`~WeightTransport.close` at the end (idempotent).
+
+Data: all source ranks iterate ``named_weights()`` together (it may run collectives; only
+rank 0 yields tensors). Tensors travel in buckets of about ``bucket_bytes`` (a tensor larger
+than that travels alone), each with a checksum over its names, shapes, dtypes and bytes.
+Every destination rank receives every bucket, verifies it, and streams the tensors into its
+worker's ``load_weights(iterable of (name, tensor))``.
+
+Timeout: a whole ``sync`` finishes within ``timeout_s`` or raises
+:class:`WeightSyncTimeout` naming the role and ranks that did not answer. It never hangs.
+
+Failure: a checksum mismatch raises :class:`WeightSyncError` naming the bucket and its
+tensors; a worker exception raises it with role and rank (the
+:class:`~rlweave.scheduler.WorkerError` as its cause). After a failed or timed-out sync the
+destination's weights are undefined (some buckets may be loaded) and a rank that timed out
+may still be busy: sync again, or shut the role down.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rlweave.scheduler.handle import RoleHandle
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync failed (corrupt bucket, worker error); the message says where."""
+
+
+class WeightSyncTimeout(WeightSyncError, TimeoutError):
+    """A weight sync did not finish within its timeout."""
+
+
+class WeightTransport(ABC):
+    """Moves weights from one role's ranks to another's (see the module contract)."""
+
+    name: str = "abstract"
+
+    def setup(self, src: "RoleHandle", dst: "RoleHandle") -> None:
+        """Prepare the channel once both roles run (e.g. form a broadcast group)."""
+
+    @abstractmethod
+    def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float) -> dict[str, Any]:
+        """Move the source's current weights into every destination rank.
+
+        Returns stats: ``bytes`` (payload), ``tensors``, ``buckets``, ``seconds`` (wall
+        time of the whole sync), ``bytes_per_s``."""
+
+    def close(self) -> None:
+        """Release what :meth:`setup` made (idempotent)."""

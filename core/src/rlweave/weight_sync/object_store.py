@@ -1,0 +1,140 @@
+"""Object-store transport: buckets travel through Ray's shared-memory object store.
+
+Controller side (:class:`ObjectStoreTransport`): ask every source rank to ``send_weights``;
+rank 0 returns ``[(BucketMeta, ObjectRef), ...]``; hand that list to every destination
+rank's ``receive_weights``; wait for all of it within one deadline.
+
+Worker side (run inside the rank actors by :class:`rlweave.scheduler.ray_impl.actor.WorkerActor`):
+:func:`put_buckets` and :func:`load_buckets`.
+
+Memory: rank 0 holds one bucket at a time, but the object store keeps every bucket of a
+sync until the sync returns (the whole model once, in shared memory); receivers copy one
+bucket at a time out of it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+from rlweave.weight_sync.buckets import BucketMeta, iter_buckets, unpack_bucket
+from rlweave.weight_sync.interface import WeightSyncError, WeightSyncTimeout, WeightTransport
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from rlweave.scheduler.handle import RoleHandle
+
+
+# ----------------------------------------------------------------- worker side
+def put_buckets(named: Iterable[tuple[str, "torch.Tensor"]], bucket_bytes: int, keep: bool) -> list:
+    """Consume ``named`` to the end; with ``keep`` put each bucket into the object store
+    and return ``[(meta, ref), ...]``, else return ``[]`` (non-zero source ranks)."""
+    import ray
+
+    if not keep:
+        for _ in named:
+            pass
+        return []
+    return [(meta, ray.put(payload)) for meta, payload in iter_buckets(named, bucket_bytes)]
+
+
+def load_buckets(worker: Any, bucket_refs: list, timeout_s: float) -> dict[str, Any]:
+    """Fetch, verify and stream every bucket into ``worker.load_weights`` within ``timeout_s``."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    load = getattr(worker, "load_weights", None)
+    if load is None:
+        raise WeightSyncError(f"{type(worker).__name__} has no load_weights(); it cannot receive weights")
+    deadline = time.monotonic() + timeout_s
+    stats = {"buckets": 0, "bytes": 0, "tensors": 0}
+
+    def tensors() -> Iterator[tuple[str, "torch.Tensor"]]:
+        for meta, ref in bucket_refs:
+            try:
+                payload = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            except GetTimeoutError:
+                raise WeightSyncTimeout(f"{meta.describe()} not fetched within {timeout_s:g} s") from None
+            items = unpack_bucket(meta, payload, "receiver")
+            del payload
+            stats["buckets"] += 1
+            stats["bytes"] += meta.nbytes
+            stats["tensors"] += len(items)
+            yield from items
+
+    load(tensors())
+    if stats["buckets"] != len(bucket_refs):
+        raise WeightSyncError(
+            f"load_weights() of {type(worker).__name__} stopped after {stats['buckets']} of {len(bucket_refs)} buckets"
+        )
+    return stats
+
+
+# ------------------------------------------------------------- controller side
+def _remaining(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+
+
+class ObjectStoreTransport(WeightTransport):
+    """Weights through Ray's object store (see the module docstring and
+    :mod:`rlweave.weight_sync.interface` for the contract). Works wherever Ray runs."""
+
+    name = "object_store"
+
+    def send(self, src: "RoleHandle", bucket_bytes: int, timeout_s: float) -> list[tuple[BucketMeta, Any]]:
+        """Phase 1: buckets of the source's weights in the object store (rank 0's list)."""
+        from rlweave.scheduler.errors import WorkerError, WorkerTimeout
+
+        ranks = list(range(src.world_size))
+        rank_args = [((bucket_bytes,), {})] * len(ranks)
+        fut = src.submit_ranks("send_weights", ranks, rank_args, lambda v: v[0], on_actor=True)
+        try:
+            return fut.result(timeout=timeout_s)
+        except WorkerTimeout as exc:
+            raise WeightSyncTimeout(
+                f"weight sync from {src.name!r}: rank(s) {', '.join(map(str, exc.ranks))} did not finish "
+                f"named_weights() within {timeout_s:g} s"
+            ) from None
+        except WorkerError as exc:
+            raise WeightSyncError(f"weight sync from {src.name!r} rank {exc.rank}: sending failed: {exc.summary}") from exc
+
+    def receive(
+        self, dst: "RoleHandle", sent: list[tuple[BucketMeta, Any]], timeout_s: float, wait_s: float | None = None
+    ) -> list[dict[str, Any]]:
+        """Phase 2: every destination rank fetches, verifies and loads ``sent``, within
+        ``wait_s`` (default ``timeout_s``, the sync's whole budget named in errors)."""
+        from rlweave.scheduler.errors import WorkerError, WorkerTimeout
+
+        wait_s = timeout_s if wait_s is None else wait_s
+        ranks = list(range(dst.world_size))
+        fut = dst.submit_ranks("receive_weights", ranks, [((sent, wait_s), {})] * len(ranks), list, on_actor=True)
+        total = sum(m.nbytes for m, _ in sent)
+        try:
+            return fut.result(timeout=wait_s)
+        except WorkerTimeout as exc:
+            raise WeightSyncTimeout(
+                f"weight sync into {dst.name!r}: rank(s) {', '.join(map(str, exc.ranks))} did not answer within "
+                f"{timeout_s:g} s ({len(sent)} bucket(s), {total / 2**20:.1f} MiB sent); the receiving worker may be "
+                "stuck in load_weights()"
+            ) from None
+        except WorkerError as exc:
+            cause = exc.cause if isinstance(exc.cause, WeightSyncError) else None
+            detail = str(cause) if cause is not None else exc.summary
+            err_type = type(cause) if cause is not None else WeightSyncError
+            raise err_type(f"weight sync into {dst.name!r} rank {exc.rank}: {detail}") from exc
+
+    def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float) -> dict[str, Any]:
+        start = time.monotonic()
+        deadline = start + timeout_s
+        sent = self.send(src, bucket_bytes, timeout_s)
+        self.receive(dst, sent, timeout_s, wait_s=_remaining(deadline))
+        seconds = time.monotonic() - start
+        nbytes = sum(m.nbytes for m, _ in sent)
+        return {
+            "bytes": nbytes,
+            "tensors": sum(len(m.names) for m, _ in sent),
+            "buckets": len(sent),
+            "seconds": seconds,
+            "bytes_per_s": nbytes / seconds if seconds > 0 else float("inf"),
+        }

@@ -1,0 +1,31 @@
+"""``sync_weights``: the one call algorithms use to push weights between roles."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rlweave.scheduler.handle import RoleHandle
+    from rlweave.weight_sync.interface import WeightTransport
+
+
+def sync_weights(
+    src: "RoleHandle",
+    dst: "RoleHandle",
+    bucket_bytes: int = 64 << 20,
+    timeout_s: float = 120.0,
+    transport: "WeightTransport | None" = None,
+) -> dict[str, Any]:
+    """Copy ``src``'s current weights into every rank of ``dst`` (blocking).
+
+    Uses ``transport`` (default: the object-store transport). Returns ``bytes``, ``tensors``,
+    ``buckets``, ``seconds``, ``bytes_per_s``. Raises
+    :class:`~rlweave.weight_sync.interface.WeightSyncTimeout` when it does not finish within
+    ``timeout_s`` and :class:`~rlweave.weight_sync.interface.WeightSyncError` on a corrupt
+    bucket or a worker error.
+    """
+    if transport is None:
+        from rlweave.weight_sync.object_store import ObjectStoreTransport
+
+        transport = ObjectStoreTransport()
+    return transport.sync(src, dst, bucket_bytes, timeout_s)
