@@ -1,0 +1,1 @@
+"""Model-building helpers shared by backends, engines and tests (torch imported lazily)."""

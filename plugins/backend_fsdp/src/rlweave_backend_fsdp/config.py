@@ -1,0 +1,38 @@
+"""``roles.<role>.options`` of the ``fsdp`` backend (pydantic, light: no torch)."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class FSDPConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mixed_precision: Literal["none", "bf16"] = Field(
+        "none", description="bf16: compute in bf16 with fp32 master weights and fp32 gradient reduction."
+    )
+    activation_checkpointing: bool = Field(False, description="Recompute decoder-layer activations in backward.")
+    max_tokens_per_micro_batch: int = Field(
+        4096, ge=1, description="Token budget of one packed micro-batch (a longer sample gets its own)."
+    )
+    max_tokens_per_forward: Optional[int] = Field(
+        None, description="Token budget of no-grad forwards (log-probs, values, scores); null: 2x the training budget."
+    )
+    use_packing: bool = Field(
+        True, description="Pack micro-batch samples into one row with varlen attention (false: right-padded rows)."
+    )
+    attn_implementation: Literal["auto", "varlen", "flash_attention_2", "sdpa"] = Field(
+        "auto",
+        description="auto: flash_attention_2 if installed on GPU, else rlweave's exact varlen attention (per-sample SDPA "
+        "or torch varlen_attn).",
+    )
+    offload_between_phases: bool = Field(
+        False, description="Hint for the scheduler: offload() parameters and optimizer state when the role idles."
+    )
+    reshard_after_forward: Optional[bool] = Field(
+        None, description="FSDP2: free gathered parameters after each forward (ZeRO-3); null: only with 2+ ranks."
+    )
+    seed: Optional[int] = Field(None, description="Seed of head initialisation and dropout (null: the run seed).")
+    hf_shard_bytes: int = Field(2 << 30, ge=1 << 20, description="Max bytes per safetensors file in save_hf.")

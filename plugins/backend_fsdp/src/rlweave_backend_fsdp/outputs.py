@@ -1,0 +1,58 @@
+"""Turning raw model outputs of a packed micro-batch into per-token quantities under the
+prediction convention of :mod:`rlweave.data.batch` (``x[t]`` belongs to predicting token
+``t``; 0 at each sample's first token)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Outputs:
+    """Implements :class:`rlweave.interfaces.backend.ModelOutputs` for one micro-batch."""
+
+    logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+def first_token_mask(cu_seqlens: torch.Tensor, total: int, device) -> torch.Tensor:
+    m = torch.zeros(total, dtype=torch.bool, device=device)
+    m[cu_seqlens[:-1].to(device)] = True
+    return m
+
+
+def _shift(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """``y[t] = x[t-1]``, zero where a sample starts."""
+    y = torch.cat([x.new_zeros(1), x[:-1]])
+    return y.masked_fill(first, 0.0)
+
+
+def token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``logits`` ``(T, V)`` (position t predicts t+1) -> log-prob and entropy ``(T,)`` float32."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lsm = torch.log_softmax(logits, dim=-1)
+    nxt = torch.cat([input_ids[1:], input_ids[:1]]).view(-1, 1)
+    lp_next = lsm.gather(-1, nxt).squeeze(-1)
+    first = first_token_mask(cu_seqlens, input_ids.numel(), logits.device)
+    ent = None
+    if with_entropy:
+        ent = _shift(-(lsm.exp() * lsm).sum(-1), first)
+    return _shift(lp_next, first), ent
+
+
+def token_values(raw: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Head output at each position ``(T,)`` -> prediction-aligned values: ``values[t]`` is the
+    value of the state before token ``t`` (the head read at ``t-1``); 0 at first tokens."""
+    return _shift(raw.float(), first_token_mask(cu_seqlens, raw.numel(), raw.device))
+
+
+def last_token_scores(raw: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Head output at each sample's last token ``(n,)``."""
+    return raw.float()[(cu_seqlens[1:] - 1).to(raw.device)]

@@ -1,0 +1,193 @@
+"""Multi-rank scenarios shared by the CPU (gloo) and GPU (NCCL) tests.
+
+They live in the package (not in ``tests/``) because spawned ranks import them by name.
+Each runs the real :class:`FSDPWorker` on every rank and returns plain tensors/floats from
+rank 0; the tests compare them with single-process transformers references.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+
+def fixed_batch(vocab: int = 128, seed: int = 0):
+    """Six samples of skewed lengths with prompts; ``token_weight`` = token-mean over the batch."""
+    from rlweave.data.batch import Batch
+
+    g = torch.Generator().manual_seed(seed)
+    lens = [5, 17, 9, 30, 3, 12]
+    seqs = [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lens]
+    prompt = [2, 5, 3, 10, 1, 4]
+    b = Batch.from_sequences(seqs, prompt_lens=prompt)
+    b.add_token("token_weight", b.token["loss_mask"] / b.token["loss_mask"].sum())
+    return b
+
+
+def nll_loss(outputs, mb):
+    """Token-weighted negative log-likelihood (token-weight convention)."""
+    loss = -(mb.token["token_weight"] * outputs.logprobs).sum()
+    return loss, {"nll": float(loss.detach())}
+
+
+nll_loss.needs_entropy = False
+
+
+def value_loss(outputs, mb):
+    """Token-weighted squared error of values to 1.0."""
+    loss = (mb.token["token_weight"] * (outputs.values - 1.0) ** 2).sum()
+    return loss, {"vloss": float(loss.detach())}
+
+
+value_loss.needs_entropy = False
+
+
+def shard_indices(world: int, rank: int, n: int) -> list[int]:
+    """Deliberately uneven: rank 0 gets one sample, the others share the rest, so ranks
+    run different micro-batch counts and the padding with empty micro-batches is exercised."""
+    if world == 1:
+        return list(range(n))
+    if rank == 0:
+        return [0]
+    rest = list(range(1, n))
+    return rest[rank - 1 :: world - 1]
+
+
+def _worker(ctx_kw: dict, model: dict, optim: dict | None, **cfg):
+    from rlweave.interfaces.worker import WorkerContext
+    from rlweave_backend_fsdp.worker import FSDPWorker
+
+    ctx = WorkerContext(role="policy", config=cfg, model=model, seed=3, extra={"optim": optim} if optim else {}, **ctx_kw)
+    w = FSDPWorker(ctx)
+    w.init_model()
+    return w
+
+
+def _gather_by_sample(local: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    import torch.distributed as dist
+
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, {k: v.cpu() for k, v in local.items()})
+    merged: dict[int, torch.Tensor] = {}
+    for d in out:
+        merged.update(d)
+    return merged
+
+
+def policy_scenario(ctx_kw: dict, model_dir: str, work: str, budget: int = 32) -> dict:
+    """Log-probs (packed, padded), streaming, training, DCP resume, HF export, offload."""
+    import torch.distributed as dist
+
+    rank, world = ctx_kw["rank"], ctx_kw["world_size"]
+    full = fixed_batch()
+    idx = shard_indices(world, rank, len(full))
+    shard = full.select(idx)
+    model = {"path": model_dir, "dtype": "float32", "model_type": "causal_lm"}
+    optim = {"lr": 3e-3, "grad_clip": 1.0, "warmup_steps": 1, "schedule": "cosine", "total_steps": 10}
+    res: dict = {}
+    a = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=budget)
+    res["streamed0"] = dict(a.named_weights())
+
+    def per_sample(x: torch.Tensor) -> dict[int, torch.Tensor]:
+        cu = shard.cu_seqlens.tolist()
+        return {i: x[cu[k] : cu[k + 1]].clone() for k, i in enumerate(idx)}
+
+    out = a.compute_logprobs(shard, with_entropy=True)
+    res["logprobs"] = _gather_by_sample(per_sample(out["logprobs"]))
+    res["entropy"] = _gather_by_sample(per_sample(out["entropy"]))
+    a.packing = False
+    res["logprobs_padded"] = _gather_by_sample(per_sample(a.compute_logprobs(shard)["logprobs"]))
+    a.packing = True
+    ckpt = os.path.join(work, "ckpt")
+    metrics = []
+    for step in range(4):
+        if step == 2:
+            a.save_checkpoint(ckpt)
+        metrics.append(a.train_step(shard, nll_loss))
+    res["metrics"] = metrics
+    res["streamed1"] = dict(a.named_weights())
+    res["logprobs_after"] = _gather_by_sample(per_sample(a.compute_logprobs(shard)["logprobs"]))
+    a.save_hf(os.path.join(work, "hf"))
+    off = a.offload()
+    on = a.onload()
+    res["offload"], res["onload"] = off, on
+    res["logprobs_onload"] = _gather_by_sample(per_sample(a.compute_logprobs(shard)["logprobs"]))
+    b = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=budget)
+    b.load_checkpoint(ckpt)
+    res["metrics_resumed"] = [b.train_step(shard, nll_loss) for _ in range(2)]
+    dist.barrier()
+    return res if rank == 0 else {}
+
+
+def heads_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
+    """Reward model scores, its export, a critic initialised from it, critic steps; then a
+    policy in bf16 mixed precision with activation checkpointing."""
+    import torch.distributed as dist
+    from rlweave.data.batch import Batch
+
+    rank, world = ctx_kw["rank"], ctx_kw["world_size"]
+    full = fixed_batch()
+    idx = shard_indices(world, rank, len(full))
+    shard = full.select(idx)
+    res: dict = {}
+    rm = _worker(ctx_kw, {"path": model_dir, "model_type": "reward"}, None, max_tokens_per_micro_batch=32)
+    scores = rm.compute_scores(shard)
+    res["scores"] = _gather_by_sample({i: scores[k : k + 1] for k, i in enumerate(idx)})
+    rm_dir = os.path.join(work, "rm")
+    rm.save_hf(rm_dir)
+    critic = _worker(ctx_kw, {"path": rm_dir, "model_type": "value"}, {"lr": 1e-2}, max_tokens_per_micro_batch=32)
+    # each sample plus one token: the value at that extra position reads the head at the
+    # sample's last token, i.e. the reward model's score
+    ext = Batch.from_sequences([s.tolist() + [7] for s in shard.sequences("input_ids")])
+    vals = critic.compute_values(ext)
+    last = ext.cu_seqlens[1:] - 1
+    res["critic_last"] = _gather_by_sample({i: vals[last[k] : last[k] + 1] for k, i in enumerate(idx)})
+    res["critic_metrics"] = [critic.train_step(shard, value_loss) for _ in range(3)]
+    critic.save_hf(os.path.join(work, "critic"))
+    # bf16 mixed precision + activation checkpointing on the policy
+    pol = _worker(ctx_kw, {"path": model_dir}, {"lr": 3e-3}, max_tokens_per_micro_batch=32,
+                  mixed_precision="bf16", activation_checkpointing=True)
+    lp = pol.compute_logprobs(shard)["logprobs"]
+    cu = shard.cu_seqlens.tolist()
+    res["bf16_logprobs"] = _gather_by_sample({i: lp[cu[k] : cu[k + 1]] for k, i in enumerate(idx)})
+    res["bf16_metrics"] = [pol.train_step(shard, nll_loss) for _ in range(3)]
+    res["bf16_param_dtype"] = str(next(iter(pol.model.parameters())).dtype)
+    dist.barrier()
+    return res if rank == 0 else {}
+
+
+def reference_logprobs(model_dir: str, device: str = "cpu") -> dict[int, torch.Tensor]:
+    """Single-process transformers reference: each sample alone, log p of its tokens."""
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    return {i: _sample_logprobs(m, s, device) for i, s in enumerate(fixed_batch().sequences("input_ids"))}
+
+
+def _sample_logprobs(m, s: torch.Tensor, device: str) -> torch.Tensor:
+    with torch.no_grad():
+        logits = m(s.view(1, -1).to(device)).logits[0].float()
+    lp = torch.log_softmax(logits[:-1], -1).gather(-1, s[1:].view(-1, 1).to(device)).squeeze(-1)
+    return torch.cat([lp.new_zeros(1), lp]).cpu()
+
+
+def reference_grad_norm(model_dir: str) -> tuple[float, float]:
+    """Loss and grad norm of the batch's token-weighted NLL on one unsharded model."""
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    b = fixed_batch()
+    loss = 0.0
+    for s, w in zip(b.sequences("input_ids"), b.sequences("token_weight")):
+        logits = m(s.view(1, -1)).logits[0]
+        lp = torch.log_softmax(logits[:-1], -1).gather(-1, s[1:].view(-1, 1)).squeeze(-1)
+        loss = loss - (w[1:] * lp).sum()
+    loss.backward()
+    norm = torch.sqrt(sum((p.grad**2).sum() for p in m.parameters() if p.grad is not None))
+    return float(loss.detach()), float(norm)
+
+
+def hf_dir_exists(p: str) -> bool:
+    return (Path(p) / "config.json").exists()

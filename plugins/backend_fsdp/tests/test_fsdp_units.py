@@ -1,0 +1,55 @@
+"""Light parts of the FSDP backend: plugin record, config, micro-batch plan, LR schedule."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+
+def test_plugin_record_and_light_import():
+    code = (
+        "import sys; from rlweave_backend_fsdp.plugin import rlweave_training_backends as h; "
+        "r = h()[0]; assert r.name == 'fsdp' and r.target.endswith(':FSDPWorker'); "
+        "print('torch' in sys.modules, r.config_model().use_packing)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]
+
+
+def test_config_is_strict():
+    from pydantic import ValidationError
+
+    from rlweave_backend_fsdp.config import FSDPConfig
+
+    assert FSDPConfig(mixed_precision="bf16").mixed_precision == "bf16"
+    with pytest.raises(ValidationError):
+        FSDPConfig(mixed_precison="bf16")
+    with pytest.raises(ValidationError):
+        FSDPConfig(max_tokens_per_micro_batch=0)
+
+
+def test_micro_batch_plan_respects_budget_and_covers_all():
+    from rlweave_backend_fsdp.micro import plan
+
+    lens = [5, 17, 9, 30, 3, 12, 40, 1]
+    groups = plan(lens, 32)
+    assert sorted(i for g in groups for i in g) == list(range(len(lens)))
+    for g in groups:
+        assert sum(lens[i] for i in g) <= 32 or len(g) == 1
+    assert len(groups) == 4  # 40 alone; the other 77 tokens fit in 3 bins of 32 (first-fit decreasing)
+    assert plan([], 8) == []
+
+
+def test_schedule_warmup_cosine_constant():
+    from rlweave_backend_fsdp.schedule import WarmupSchedule
+
+    s = WarmupSchedule(warmup_steps=2, schedule="cosine", total_steps=12, min_lr_ratio=0.1)
+    assert [s(0), s(1)] == [0.5, 1.0]
+    assert s(2) == pytest.approx(1.0) and s(7) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))
+    assert s(12) == pytest.approx(0.1) and s(100) == pytest.approx(0.1)
+    assert WarmupSchedule(schedule="constant")(50) == 1.0
+    with pytest.raises(ValueError, match="total_steps"):
+        WarmupSchedule(schedule="cosine")
