@@ -1,0 +1,91 @@
+"""Held-out exact-match evaluation: greedy generation, then a reward decides what is correct.
+
+Works with anything that generates: a rollout :class:`~rlweave.scheduler.RoleHandle`
+(``generate`` returns a future) or a local generator whose ``generate`` returns the list
+directly (:class:`rlweave.algo.local_generate.LocalHFGenerator`). Never trains.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+from rlweave.algo.rollout import encode_prompts
+from rlweave.interfaces.engine import SamplingParams
+
+#: record keys that are not passed to the reward as extra fields
+_NOT_FIELDS = ("id", "prompt", "query", "response", "messages")
+
+
+def record_prompt(record: dict[str, Any], tokenizer: Any = None) -> str:
+    """The prompt text of a record: ``prompt``, else ``query``, else the chat ``messages``
+    without the last assistant turn, rendered with the tokenizer's chat template."""
+    if "prompt" in record:
+        return str(record["prompt"])
+    if "query" in record:
+        return str(record["query"])
+    if "messages" in record:
+        msgs = list(record["messages"])
+        if msgs and msgs[-1].get("role") == "assistant":
+            msgs = msgs[:-1]
+        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return "".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant: "
+    raise ValueError(f"record {record.get('id', '?')}: no 'prompt', 'query' or 'messages' field")
+
+
+def reward_fields(record: dict[str, Any]) -> dict[str, Any]:
+    """The extra fields of a record handed to reward functions (e.g. ``answer``)."""
+    return {k: v for k, v in record.items() if k not in _NOT_FIELDS}
+
+
+def _result(x: Any) -> Any:
+    return x.result() if hasattr(x, "result") else x
+
+
+def exact_match(
+    rollout: Any,
+    tokenizer: Any,
+    records: Sequence[dict[str, Any]],
+    reward_fn: Any,
+    max_new_tokens: int = 32,
+    threshold: float = 1.0,
+    greedy: bool = True,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Generate one answer per record and score it.
+
+    ``reward_fn`` is either a reward set (has ``score(samples) -> (totals, breakdown)``,
+    e.g. :class:`rlweave.rewards.RewardSet`) or a rule ``fn(prompt, response, **fields)``.
+    A sample is correct when its reward is ``>= threshold``. Returns ``accuracy`` (fraction
+    correct), ``reward_mean``, ``response_len`` (mean tokens), ``n`` and ``time_s``.
+    """
+    t0 = time.perf_counter()
+    if not records:
+        return {"accuracy": 0.0, "reward_mean": 0.0, "response_len": 0.0, "n": 0.0, "time_s": 0.0}
+    texts = [record_prompt(r, tokenizer) for r in records]
+    prompts = encode_prompts(tokenizer, texts)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    params = SamplingParams(
+        n=1,
+        temperature=0.0 if greedy else temperature,
+        max_new_tokens=max_new_tokens,
+        stop_token_ids=[eos] if eos is not None else [],
+        seed=seed,
+    )
+    gens = _result(rollout.generate(prompts, params))
+    responses = [tokenizer.decode(g[0].token_ids, skip_special_tokens=True) for g in gens]
+    samples = [{"prompt": t, "response": resp, **reward_fields(r)} for t, resp, r in zip(texts, responses, records)]
+    if hasattr(reward_fn, "score"):
+        scores = list(reward_fn.score(samples)[0])
+    else:
+        scores = [float(reward_fn(**s)) for s in samples]
+    n = len(samples)
+    return {
+        "accuracy": sum(1.0 for s in scores if s >= threshold - 1e-9) / n,
+        "reward_mean": sum(scores) / n,
+        "response_len": sum(len(g[0].token_ids) for g in gens) / n,
+        "n": float(n),
+        "time_s": time.perf_counter() - t0,
+    }

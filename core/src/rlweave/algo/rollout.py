@@ -1,0 +1,75 @@
+"""From prompt texts to token ids, and from engine generations to a training :class:`Batch`.
+
+Both SFT and RL algorithms go through :func:`encode_prompts`, so a prompt is tokenized the
+same way when a model is fine-tuned on it and when the rollout engine is asked to continue it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from rlweave.data.batch import Batch
+from rlweave.interfaces.engine import Generation
+
+
+def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each prompt text, with the tokenizer's own special-token convention
+    (a BOS where the tokenizer adds one, never an EOS). Raises ``ValueError`` naming the
+    prompt index when a prompt encodes to no token (nothing to condition on)."""
+    out: list[list[int]] = []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    for i, text in enumerate(texts):
+        ids = list(tokenizer(text)["input_ids"])
+        if eos is not None and len(ids) > 1 and ids[-1] == eos and not text.endswith(str(tokenizer.eos_token)):
+            ids = ids[:-1]  # tokenizers that append EOS: the prompt must stay open
+        if not ids:
+            raise ValueError(f"prompt #{i} ({text[:40]!r}) encodes to no tokens")
+        out.append(ids)
+    return out
+
+
+def generations_to_batch(
+    prompt_ids: Sequence[Sequence[int]],
+    gens: Sequence[Sequence[Generation]],
+    ids: Sequence[str],
+    meta: Sequence[dict[str, Any]],
+) -> Batch:
+    """One packed sample per generation, prompt-major (prompt 0's samples first).
+
+    Token fields: ``input_ids`` (prompt + response), ``loss_mask`` (1 on response tokens),
+    ``rollout_logprobs`` (the engine's log-prob of each response token under the
+    prediction convention, 0 on the prompt). Sample fields: ``prompt_len``,
+    ``response_len``, ``group`` (the prompt's index). Sample ids are ``f"{id}/{k}"``;
+    ``meta`` is a copy of the prompt's meta plus ``response_ids`` and ``finish_reason``.
+    """
+    if not (len(prompt_ids) == len(gens) == len(ids) == len(meta)):
+        raise ValueError(
+            f"generations_to_batch: {len(prompt_ids)} prompts, {len(gens)} generation lists, "
+            f"{len(ids)} ids, {len(meta)} meta entries; they must match"
+        )
+    seqs: list[list[int]] = []
+    plens: list[int] = []
+    rlens: list[int] = []
+    groups: list[int] = []
+    sids: list[str] = []
+    metas: list[dict[str, Any]] = []
+    lps: list[torch.Tensor] = []
+    for g, (p, glist, pid, m) in enumerate(zip(prompt_ids, gens, ids, meta)):
+        for k, gen in enumerate(glist):
+            resp = list(gen.token_ids)
+            if len(gen.logprobs) != len(resp):
+                raise ValueError(f"generation {pid}/{k}: {len(resp)} tokens but {len(gen.logprobs)} logprobs")
+            seqs.append(list(p) + resp)
+            plens.append(len(p))
+            rlens.append(len(resp))
+            groups.append(g)
+            sids.append(f"{pid}/{k}")
+            metas.append({**m, "response_ids": resp, "finish_reason": gen.finish_reason})
+            lps.append(torch.cat([torch.zeros(len(p)), torch.tensor(list(gen.logprobs), dtype=torch.float32)]))
+    batch = Batch.from_sequences(seqs, ids=sids, meta=metas, prompt_lens=plens)
+    batch.add_token("rollout_logprobs", torch.cat(lps) if lps else torch.zeros(0))
+    batch.add_sample("response_len", torch.tensor(rlens, dtype=torch.long))
+    batch.add_sample("group", torch.tensor(groups, dtype=torch.long))
+    return batch

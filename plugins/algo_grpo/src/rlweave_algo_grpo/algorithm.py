@@ -1,0 +1,282 @@
+"""GRPO step: sample a group of responses per prompt, score them, and push the policy
+towards the responses that beat their group's average.
+
+Dataflow of one step (every arrow is a call on a role handle)::
+
+    rollout.generate(n per prompt) -> rewards.score -> [dynamic sampling: regenerate]
+      -> reference.logprobs (kl_beta > 0) -> policy.logprobs (only if several updates)
+      -> group advantages -> policy.train per mini-batch -> sync_weights(policy -> rollout)
+
+Old log-probs are recomputed only when the batch is used for more than one optimizer step
+(``ppo_epochs > 1`` or ``mini_batches > 1``) or the KL goes into the reward; with one update the "old" policy is the
+current one (ratio 1), which saves a full forward pass. The reference and old log-prob
+passes are issued together so they overlap when the roles live on different devices.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import torch
+
+from rlweave.algo.evaluate import exact_match, record_prompt, reward_fields
+from rlweave.algo.rollout import encode_prompts, generations_to_batch
+from rlweave.algo.weights import token_weights
+from rlweave.data.batch import Batch
+from rlweave.interfaces.algorithm import Algorithm
+from rlweave.interfaces.engine import SamplingParams
+from rlweave_algo_grpo.advantages import group_advantages, group_std
+from rlweave_algo_grpo.config import GRPOConfig
+from rlweave_algo_grpo.loss import GRPOLoss
+from rlweave_algo_grpo.shaping import overlong_penalty
+
+
+#: Temperature of every policy/reference log-prob (old, reference, and the training forward).
+#: Training backends compute the training forward's log-probs at temperature 1 (the
+#: ``train_step`` contract has no temperature), so old and reference log-probs use 1 as well,
+#: keeping the PPO ratio and the KL between like quantities. Sampling still uses
+#: ``config.temperature``; with a temperature other than 1 the rollout log-probs (and
+#: ``logprob_gap``) are those of the tempered distribution.
+LOGPROB_TEMPERATURE = 1.0
+
+
+def _mean(xs: list[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else 0.0
+
+
+class GRPO(Algorithm):
+    """Group Relative Policy Optimization (with Dr.GRPO and DAPO options, see config)."""
+
+    def __init__(self, config: Any, ctx):
+        if not isinstance(config, GRPOConfig):
+            config = GRPOConfig.model_validate(dict(config))
+        super().__init__(config, ctx)
+        self.steps_done = 0
+        self.samples_seen = 0
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def _eos(self) -> int | None:
+        return getattr(self.ctx.tokenizer, "eos_token_id", None)
+
+    def _sampling(self, salt: int) -> SamplingParams:
+        c = self.config
+        return SamplingParams(
+            n=c.n_samples,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            top_k=c.top_k,
+            max_new_tokens=c.max_new_tokens,
+            stop_token_ids=[self._eos] if self._eos is not None else [],
+            seed=int(self.ctx.seed) * 1_000_003 + self.steps_done * 101 + salt,
+            ignore_eos=c.ignore_eos,
+        )
+
+    def _sync(self) -> dict[str, float]:
+        from rlweave.weight_sync import sync_weights
+
+        # ctx.extra["weight_transport"]: a WeightTransport chosen by the runner (default: object store)
+        info = sync_weights(self.ctx.roles["policy"], self.ctx.roles["rollout"],
+                            transport=self.ctx.extra.get("weight_transport"))
+        return {"sync_bytes": float(info.get("bytes", 0)), "sync_seconds": float(info.get("seconds", 0.0))}
+
+    def setup(self) -> None:
+        """Make the rollout engine generate with the policy's weights (they may differ
+        when the policy was restored from a checkpoint)."""
+        self._sync()
+
+    def _rollout(self, records: list[dict[str, Any]], salt: int) -> tuple[Batch, torch.Tensor, list[dict]]:
+        """Generate and score one group per record. Returns the batch, the rewards and
+        the per-sample reward breakdowns."""
+        tok = self.ctx.tokenizer
+        texts = [record_prompt(r, tok) for r in records]
+        prompt_ids = encode_prompts(tok, texts)
+        t0 = time.perf_counter()
+        gens = self.ctx.roles["rollout"].generate(prompt_ids, self._sampling(salt)).result()
+        self._times["generate"] += time.perf_counter() - t0
+        meta = [{"prompt": t, **reward_fields(r)} for t, r in zip(texts, records)]
+        batch = generations_to_batch(prompt_ids, gens, [str(r.get("id", i)) for i, r in enumerate(records)], meta)
+        t0 = time.perf_counter()
+        samples = []
+        for m in batch.meta:
+            fields = {k: v for k, v in m.items() if k not in ("prompt", "response_ids", "finish_reason")}
+            text = tok.decode(m["response_ids"], skip_special_tokens=True)
+            samples.append({"prompt": m["prompt"], "response": text, **fields})
+        if self.ctx.rewards is None:
+            raise RuntimeError("grpo needs at least one entry under 'rewards' in the config")
+        totals, breakdown = self.ctx.rewards.score(samples)
+        self._times["reward"] += time.perf_counter() - t0
+        return batch, torch.tensor(totals, dtype=torch.float32), list(breakdown)
+
+    def _collect(self, records: list[dict[str, Any]]) -> tuple[Batch, torch.Tensor, list[dict], dict[str, float]]:
+        """Rollout, then (dynamic sampling) keep only groups with reward variance, drawing
+        more prompts (``ctx.extra['next_records']``) or resampling the same ones until the
+        batch has as many groups as records or ``max_resample`` rounds are spent."""
+        batch, rewards, breakdown = self._rollout(records, salt=0)
+        stats = {"groups_total": float(len(records))}
+        if not self.config.dynamic_sampling:
+            return batch, rewards, breakdown, stats
+        want = len(records)
+        keep_b, keep_r, keep_d = [], [], []
+        n_groups = 0
+        rounds = 0
+        while True:
+            std = group_std(rewards, batch.sample["group"])
+            good = (std > 0).nonzero().flatten().tolist()
+            groups = sorted(set(batch.sample["group"][good].tolist()))
+            for g in groups:
+                if n_groups >= want:
+                    break
+                idx = (batch.sample["group"] == g).nonzero().flatten().tolist()
+                sub = batch.select(idx)
+                sub.sample["group"] = torch.full((len(idx),), n_groups, dtype=torch.long)
+                keep_b.append(sub)
+                keep_r.append(rewards[idx])
+                keep_d.extend(breakdown[i] for i in idx)
+                n_groups += 1
+            if n_groups >= want or rounds >= self.config.max_resample:
+                break
+            rounds += 1
+            more = self.ctx.extra.get("next_records")
+            new_records = more() if callable(more) else records
+            batch, rewards, breakdown = self._rollout(new_records, salt=rounds)
+            stats["groups_total"] += len(new_records)
+        stats.update({"groups_kept": float(n_groups), "resample_rounds": float(rounds)})
+        if not keep_b:
+            return batch.select([]), rewards[:0], [], stats
+        return Batch.concat(keep_b), torch.cat(keep_r), keep_d, stats
+
+    # ---------------------------------------------------------------------- step
+    def step(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        c = self.config
+        roles = self.ctx.roles
+        policy = roles["policy"]
+        self._times = {k: 0.0 for k in ("generate", "reward", "reference", "old_logprobs", "train", "sync")}
+        batch, scores, breakdown, ds_stats = self._collect(records)
+        metrics: dict[str, float] = dict(ds_stats) if c.dynamic_sampling else {}
+        if len(batch) == 0:  # every group agreed: nothing to learn from this step
+            self.steps_done += 1
+            metrics.update({"skipped": 1.0, **{f"time/{k}": v for k, v in self._times.items()}})
+            return metrics
+        rlen = batch.sample["response_len"].float()
+        rewards = scores + overlong_penalty(
+            batch.sample["response_len"], c.max_new_tokens, c.overlong_buffer, c.overlong_penalty
+        )
+
+        # reference and old log-probs, issued together
+        # KL in the reward needs the policy's log-probs before the update as well
+        need_old = c.ppo_epochs > 1 or c.mini_batches > 1 or c.kl_in_reward
+        t0 = time.perf_counter()
+        ref_fut = roles["reference"].logprobs(batch, temperature=LOGPROB_TEMPERATURE) if c.kl_beta > 0 else None
+        old_fut = policy.logprobs(batch, temperature=LOGPROB_TEMPERATURE) if need_old else None
+        if ref_fut is not None:
+            batch.add_token("ref_logprobs", ref_fut.result()["logprobs"].float())
+            self._times["reference"] = time.perf_counter() - t0
+        if old_fut is not None:
+            batch.add_token("old_logprobs", old_fut.result()["logprobs"].float())
+            self._times["old_logprobs"] = time.perf_counter() - t0
+        mask = batch.token["loss_mask"]
+        idx = batch.sample_index()
+        if c.kl_in_reward:
+            from rlweave.algo.kl import kl_penalty
+
+            kl_tok = kl_penalty(batch.token["old_logprobs"], batch.token["ref_logprobs"], c.kl_estimator) * mask
+            seq_kl = torch.zeros(len(batch)).index_add_(0, idx, kl_tok)
+            rewards = rewards - c.kl_beta * seq_kl
+            metrics["kl_reward"] = float(seq_kl.mean())
+
+        adv = group_advantages(rewards, batch.sample["group"], scale=c.scale_rewards, eps=c.adv_eps)
+        batch.add_sample("advantages", adv)
+        batch.add_token("advantages", adv[idx] * mask)
+
+        # updates
+        loss_fn = GRPOLoss(
+            clip_low=c.clip_low,
+            clip_high=c.clip_high,
+            kl_beta=0.0 if c.kl_in_reward else c.kl_beta,
+            kl_estimator=c.kl_estimator,
+            temperature=LOGPROB_TEMPERATURE,
+        )
+        rng = random.Random(int(self.ctx.seed) * 7919 + self.steps_done)
+        train_metrics: list[dict[str, float]] = []
+        t0 = time.perf_counter()
+        for _ in range(c.ppo_epochs):
+            order = list(range(len(batch)))
+            if c.shuffle_mini_batches and c.mini_batches > 1:
+                rng.shuffle(order)
+            for part in _chunks(order, c.mini_batches):
+                if not part:
+                    continue
+                mb = batch.select(part)
+                mb.add_token("token_weight", token_weights(mb, c.loss_agg))
+                train_metrics.append(policy.train(mb, loss_fn).result())
+        self._times["train"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        sync = self._sync()
+        self._times["sync"] = time.perf_counter() - t0
+
+        # metrics
+        self.steps_done += 1
+        self.samples_seen += len(batch)
+        on = mask > 0
+        metrics.update(
+            {
+                "reward/mean": float(scores.mean()),
+                "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+                "reward/shaped_mean": float(rewards.mean()),
+                "adv/mean": float(adv.mean()),
+                "adv/std": float(adv.std()) if len(adv) > 1 else 0.0,
+                "adv/min": float(adv.min()),
+                "adv/max": float(adv.max()),
+                "response_len/mean": float(rlen.mean()),
+                "response_len/max": float(rlen.max()),
+                "response/truncated_frac": _mean([1.0 if m["finish_reason"] == "length" else 0.0 for m in batch.meta]),
+                "samples": float(len(batch)),
+                **{f"time/{k}": v for k, v in self._times.items()},
+                **sync,
+            }
+        )
+        for name in sorted({k for d in breakdown for k in d if k != "failed"}):
+            vals = [float(d[name]) for d in breakdown if isinstance(d.get(name), (int, float))]
+            metrics[f"reward/{name}"] = _mean(vals)
+        metrics["reward/failed"] = float(sum(len(d.get("failed", [])) for d in breakdown))
+        if need_old:
+            gap = (batch.token["old_logprobs"] - batch.token["rollout_logprobs"]).abs()[on]
+            metrics["logprob_gap"] = float(gap.mean()) if gap.numel() else 0.0
+        for key in ("loss", "grad_norm", "lr", "pg_loss", "clip_frac", "kl", "entropy", "ratio"):
+            vals = [float(m[key]) for m in train_metrics if key in m]
+            if vals:
+                metrics[key] = _mean(vals)
+        if not need_old and train_metrics and "logprob_gap" in train_metrics[0]:
+            metrics["logprob_gap"] = float(train_metrics[0]["logprob_gap"])
+        return metrics
+
+    # ---------------------------------------------------------------- evaluation
+    def evaluate(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        c = self.config
+        return exact_match(
+            self.ctx.roles["rollout"],
+            self.ctx.tokenizer,
+            records,
+            self.ctx.rewards,
+            max_new_tokens=c.eval_max_new_tokens,
+            threshold=c.eval_threshold,
+            greedy=c.eval_greedy,
+            temperature=c.temperature,
+            seed=int(self.ctx.seed),
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps_done": self.steps_done, "samples_seen": self.samples_seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps_done = int(state.get("steps_done", 0))
+        self.samples_seen = int(state.get("samples_seen", 0))
+
+
+def _chunks(order: list[int], parts: int) -> list[list[int]]:
+    n = len(order)
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    return [order[bounds[i] : bounds[i + 1]] for i in range(parts)]

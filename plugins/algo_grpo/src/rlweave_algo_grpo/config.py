@@ -1,0 +1,68 @@
+"""Settings of ``algorithm.name: grpo`` (the keys beside ``name`` in the ``algorithm`` section)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class GRPOConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["grpo"] = Field("grpo", description="Algorithm name.")
+    # sampling
+    n_samples: int = Field(8, ge=1, description="Responses sampled per prompt (the group size).")
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature of the rollout (training log-probs are at temperature 1)."
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1.0: off).")
+    top_k: int = Field(-1, description="Top-k sampling (-1: off).")
+    max_new_tokens: int = Field(64, ge=1, description="Longest response sampled during training.")
+    ignore_eos: bool = Field(False, description="Always generate max_new_tokens (benchmarks: equal work per sample).")
+    # policy loss
+    clip_low: float = Field(0.2, ge=0, description="Lower clip range: ratio >= 1 - clip_low.")
+    clip_high: float = Field(
+        0.2, ge=0, description="Upper clip range: ratio <= 1 + clip_high (DAPO clip-higher: 0.28)."
+    )
+    loss_agg: Literal["token_mean", "seq_mean"] = Field(
+        "token_mean", description="Loss aggregation: mean over all response tokens, or per-sample mean then mean."
+    )
+    scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std (false: Dr.GRPO).")
+    adv_eps: float = Field(1e-6, gt=0, description="Added to the group std before dividing.")
+    # KL to the reference model
+    kl_beta: float = Field(0.0, ge=0, description="KL coefficient; 0 starts no reference role.")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator.")
+    kl_in_reward: bool = Field(False, description="Subtract beta * sequence KL from the reward instead of a loss term.")
+    # DAPO extras
+    dynamic_sampling: bool = Field(False, description="Drop groups whose rewards all agree and draw more prompts.")
+    max_resample: int = Field(2, ge=0, description="Extra generation rounds at most when dynamic sampling.")
+    overlong_buffer: int = Field(
+        0, ge=0, description="Soft overlong penalty over the last k tokens before max_new_tokens (0: off)."
+    )
+    overlong_penalty: float = Field(1.0, ge=0, description="Penalty at max_new_tokens for the soft overlong penalty.")
+    # updates
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
+    mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass (the batch is split).")
+    shuffle_mini_batches: bool = Field(True, description="Shuffle samples before splitting into mini-batches.")
+    # evaluation
+    eval_max_new_tokens: int = Field(32, ge=1, description="Longest response at evaluation.")
+    eval_greedy: bool = Field(True, description="Greedy decoding at evaluation (else sample at temperature).")
+    eval_threshold: float = Field(1.0, description="A held-out sample is correct when its reward is >= this.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "GRPOConfig":
+        if self.overlong_buffer >= self.max_new_tokens and self.overlong_buffer:
+            raise ValueError(
+                f"overlong_buffer ({self.overlong_buffer}) must be smaller than max_new_tokens ({self.max_new_tokens})"
+            )
+        if self.kl_in_reward and self.kl_beta == 0:
+            raise ValueError("kl_in_reward needs kl_beta > 0")
+        return self
+
+
+def grpo_roles(cfg: GRPOConfig) -> tuple[str, ...]:
+    """Roles GRPO needs: the trained policy, the rollout engine, and a reference model
+    only when the KL coefficient is non-zero."""
+    beta = cfg.kl_beta if isinstance(cfg, GRPOConfig) else float(dict(cfg).get("kl_beta", 0.0))
+    return ("policy", "rollout") + (("reference",) if beta > 0 else ())
