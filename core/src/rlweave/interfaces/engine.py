@@ -32,8 +32,9 @@ class SamplingParams:
 
     ``n`` samples per prompt; ``top_k = -1`` and ``top_p = 1.0`` disable those filters;
     ``temperature = 0`` is greedy; ``seed`` makes sampling reproducible (same seed, same
-    prompts, same weights -> same tokens); ``ignore_eos`` generates exactly
-    ``max_new_tokens`` (benchmarks)."""
+    prompts, same weights -> same tokens; sample ``k`` of prompt ``i`` gets its own seed
+    derived from ``(seed, i, k)``); ``ignore_eos`` generates exactly ``max_new_tokens``
+    unless a ``stop_token_ids`` token comes first (benchmarks)."""
 
     n: int = 1
     temperature: float = 1.0
@@ -50,7 +51,20 @@ class Generation:
     """One sampled continuation: ``token_ids`` (the response only), ``logprobs`` of those
     tokens under the engine (same length), ``finish_reason`` in ``{"stop", "length",
     "error"}``, ``error`` set when ``finish_reason == "error"``, ``truncated`` when the prompt
-    was cut to fit."""
+    was cut to fit.
+
+    Conventions every engine follows (shared code: :mod:`rlweave.rollout.requests`):
+
+    * ``logprobs[i]`` is the log-prob of ``token_ids[i]`` under the distribution it was
+      sampled from: ``log_softmax(logits / T)`` (restricted to the top-k/top-p set when those
+      are on). Without top-k/top-p this equals what a training backend computes with
+      ``compute_logprobs(batch, temperature=T)``; greedy (``T = 0``) reports
+      ``log_softmax(logits)``. (Engines may offer ``logprobs_mode: raw``: always
+      ``log_softmax(logits)``.)
+    * A stop token (``stop_token_ids`` or the model's EOS unless ``ignore_eos``) is kept as
+      the last token, with ``finish_reason="stop"``; ``"length"`` when ``max_new_tokens`` or
+      ``max_model_len`` was reached.
+    * An error sample has empty ``token_ids``/``logprobs``."""
 
     token_ids: list[int]
     logprobs: list[float]

@@ -1,0 +1,215 @@
+"""``HFEngine``: the rollout contract on transformers ``generate``.
+
+Small and dependable rather than fast: it starts in about a second, runs wherever
+transformers runs, and is the reference the vLLM engine is tested against.
+
+Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
+
+* **Log-probs.** ``logprobs_mode: processed`` (default) reports, for each sampled token,
+  ``log_softmax`` of the scores it was sampled from: logits / temperature, restricted to the
+  top-k / top-p set. Without top-k/top-p this is exactly ``log_softmax(logits / T)`` on the
+  same tokens, what a training backend computes with ``compute_logprobs(temperature=T)``.
+  Greedy (``temperature=0``) reports ``log_softmax(logits)``. ``raw`` always reports
+  ``log_softmax(logits)``. vLLM's engine reports the same quantities.
+* **Seeds.** A seeded call is reproducible: the same prompts, params and weights give the
+  same tokens. Samples of one micro-batch share one torch generator, so unlike vLLM a
+  sample's tokens also depend on the rest of its micro-batch.
+* **Sleep.** Nothing persists between calls but the weights. On CUDA, ``sleep(level=2)``
+  moves the weights to host memory and ``wake_up`` brings them back; on CPU there is nothing
+  to release and ``sleep`` reports ``freed_bytes: 0``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable
+
+from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
+from rlweave.rollout.requests import (
+    SampleRequest,
+    cut_at_stop,
+    error_generation,
+    eos_token_ids,
+    group_generations,
+    plan_requests,
+    stop_token_ids,
+)
+
+from rlweave_infer_hf.config import HFEngineConfig
+
+
+class HFEngine(RolloutEngine):
+    """One replica (world size 1 per replica; several replicas are data parallel)."""
+
+    engine_name = "hf"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.cfg = HFEngineConfig(**(ctx.config or {}))
+        self.model = None
+        self._asleep = False
+
+    # ---------------------------------------------------------------- set-up
+    @property
+    def where(self) -> str:
+        return f"role {self.ctx.role} rank {self.ctx.rank} ({self.engine_name} engine)"
+
+    def init_engine(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        path = self.ctx.model.get("path")
+        if not path:
+            raise ValueError(f"{self.where}: no model path (set model.path or roles.{self.ctx.role}.model.path)")
+        dtype_name = self.cfg.dtype if self.cfg.dtype != "auto" else self.ctx.model.get("dtype", "float32")
+        self.device = torch.device("cuda" if self.ctx.device == "cuda" and torch.cuda.is_available() else "cpu")
+        t0 = time.perf_counter()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=getattr(torch, dtype_name), trust_remote_code=bool(self.ctx.model.get("trust_remote_code"))
+        )
+        self.model.to(self.device).eval()
+        # generate() fills unset fields from the model's own generation config (EOS, top-k...);
+        # every call here sets all it needs, so start from an empty one.
+        from transformers import GenerationConfig
+
+        self.model.generation_config = GenerationConfig()
+        self.dtype = getattr(torch, dtype_name)
+        self.eos_ids = eos_token_ids(path)
+        limit = self.cfg.max_model_len or getattr(self.model.config, "max_position_embeddings", None) or 2048
+        self._max_model_len = int(limit)
+        self.start_seconds = time.perf_counter() - t0
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    def _require_model(self):
+        if self.model is None:
+            raise RuntimeError(f"{self.where}: init_engine() was not called")
+        if self._asleep:
+            raise RuntimeError(f"{self.where}: engine is asleep; call wake_up() before generate/load_weights")
+        return self.model
+
+    # -------------------------------------------------------------- generate
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
+        self._require_model()
+        reqs = plan_requests(prompts, params, self.max_model_len, self.cfg.long_prompt, where=self.where)
+        stops = stop_token_ids(params, self.eos_ids)
+        gens: list[Generation | None] = [None] * len(reqs)
+        todo = [j for j, r in enumerate(reqs) if r.error is None]
+        for j in [j for j, r in enumerate(reqs) if r.error is not None]:
+            gens[j] = error_generation(reqs[j])
+        # similar lengths together: less padding, fewer wasted steps
+        todo.sort(key=lambda j: len(reqs[j].prompt_ids))
+        bs = self.cfg.max_batch_size
+        seed = params.seed if params.seed is not None else self.cfg.seed
+        if seed is None:
+            seed = self.ctx.seed
+        for b, start in enumerate(range(0, len(todo), bs)):
+            chunk = todo[start : start + bs]
+            outs = self._generate_batch([reqs[j] for j in chunk], params, stops, seed=seed * 7919 + b)
+            for j, g in zip(chunk, outs):
+                gens[j] = g
+        return group_generations(reqs, gens, len(prompts))
+
+    def _generate_batch(
+        self, reqs: list[SampleRequest], params: SamplingParams, stops: list[int], seed: int
+    ) -> list[Generation]:
+        import torch
+        from transformers import GenerationConfig
+
+        model = self.model
+        width = max(len(r.prompt_ids) for r in reqs)
+        pad_id = stops[0] if stops else 0
+        ids = torch.full((len(reqs), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(reqs), width), dtype=torch.long)
+        for row, r in enumerate(reqs):  # left padding
+            ids[row, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+            mask[row, width - len(r.prompt_ids) :] = 1
+        greedy = params.temperature == 0
+        budget = max(r.max_new_tokens for r in reqs)
+        gc = GenerationConfig(
+            do_sample=not greedy,
+            temperature=None if greedy else float(params.temperature),
+            top_k=None if greedy else (0 if params.top_k == -1 else int(params.top_k)),  # None would mean 50
+            top_p=None if greedy else float(params.top_p),
+            max_new_tokens=budget,
+            min_new_tokens=0,
+            eos_token_id=stops or None,
+            pad_token_id=pad_id,
+            bos_token_id=None,
+            num_beams=1,
+            repetition_penalty=None,
+            return_dict_in_generate=True,
+            output_scores=self.cfg.logprobs_mode == "processed",
+            output_logits=self.cfg.logprobs_mode == "raw",
+            use_cache=True,
+        )
+        with torch.no_grad(), torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+            torch.manual_seed(seed)
+            out = model.generate(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=gc
+            )
+        steps = out.scores if self.cfg.logprobs_mode == "processed" else out.logits
+        new = out.sequences[:, width:].cpu()
+        if steps:
+            scores = torch.stack([s.float() for s in steps], dim=1).cpu()  # (B, steps, V)
+            lp = torch.log_softmax(scores, dim=-1).gather(-1, new[:, : scores.shape[1], None]).squeeze(-1)
+        else:
+            lp = torch.zeros_like(new, dtype=torch.float32)
+        result = []
+        for row, r in enumerate(reqs):
+            toks, lps, reason = cut_at_stop(new[row].tolist(), lp[row].tolist(), stops, r.max_new_tokens)
+            result.append(Generation(token_ids=toks, logprobs=lps, finish_reason=reason, truncated=r.truncated))
+        return result
+
+    # --------------------------------------------------------------- weights
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+        """Copy tensors into the parameters of the same (HF) name, in place.
+
+        Tied weights are reachable under both names. Unknown names or shape mismatches
+        raise ``ValueError`` naming the tensor before anything is copied from later
+        tensors; tensors copied before the failing one stay copied."""
+        import torch
+
+        model = self._require_model()
+        targets = model.state_dict(keep_vars=True)
+        count, nbytes = 0, 0
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                dst = targets.get(name)
+                if dst is None:
+                    raise ValueError(f"{self.where}: load_weights got unknown tensor {name!r}")
+                if tuple(dst.shape) != tuple(tensor.shape):
+                    raise ValueError(
+                        f"{self.where}: load_weights {name!r} has shape {tuple(tensor.shape)}, "
+                        f"model expects {tuple(dst.shape)}"
+                    )
+                dst.data.copy_(tensor.to(device=dst.device, dtype=dst.dtype))
+                count += 1
+                nbytes += tensor.numel() * tensor.element_size()
+        return {"tensors": count, "bytes": nbytes}
+
+    # ----------------------------------------------------------- sleep/wake
+    def sleep(self, level: int = 1) -> dict[str, Any]:
+        model = self._require_model()
+        if level >= 2 and self.device.type == "cuda":
+            freed = sum(p.numel() * p.element_size() for p in model.parameters())
+            model.to("cpu")
+            self._asleep = True
+            return {"freed_bytes": int(freed), "level": level}
+        return {"freed_bytes": 0, "level": level, "note": "nothing to release (no persistent KV cache on this device)"}
+
+    def wake_up(self) -> None:
+        if self._asleep and self.model is not None:
+            self.model.to(self.device)
+        self._asleep = False
+
+    def health(self) -> dict[str, Any]:
+        info = self.ping()
+        info.update(engine=self.engine_name, ready=self.model is not None, asleep=self._asleep)
+        return info
+
+    def shutdown(self) -> None:
+        self.model = None
+        super().shutdown()

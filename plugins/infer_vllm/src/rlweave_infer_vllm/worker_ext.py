@@ -1,0 +1,70 @@
+"""Methods rlweave adds to vLLM's worker processes (``worker_extension_cls``).
+
+vLLM mixes this class into each of its workers (one per tensor-parallel rank), so the
+engine can call these methods by name with ``LLM.collective_rpc`` without sending code
+(no ``VLLM_ALLOW_INSECURE_SERIALIZATION``). A weight update is two-phase:
+
+1. ``rlweave_stage_weights(blob)`` once per chunk: ``blob`` is a safetensors byte string
+   made in memory (no files); its tensors are kept in the worker.
+2. ``rlweave_commit_weights()``: one ``model_runner.reload_weights`` call over everything
+   staged, in place. One call because vLLM's layer-wise reload processes a layer once all
+   of its tensors arrived; a layer split across calls would be processed half-loaded.
+
+``rlweave_discard_weights()`` drops a staged update that will not be committed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+class RlweaveWorkerExtension:
+    def rlweave_stage_weights(self, blob: bytes) -> int:
+        from safetensors.torch import load
+
+        staged = getattr(self, "_rlweave_staged", None)
+        if staged is None:
+            staged = self._rlweave_staged = []
+        tensors = load(bytes(blob))
+        staged.extend(tensors.items())
+        return len(tensors)
+
+    def rlweave_commit_weights(self) -> dict[str, Any]:
+        staged = getattr(self, "_rlweave_staged", None) or []
+        self._rlweave_staged = []
+        if not staged:
+            return {"tensors": 0}
+        model = self.model_runner.get_model()
+        known = {n for n, _ in model.named_parameters()}
+        self.reload_weights(weights_iterator=iter(staged))
+        retied = _retie_embeddings(model)
+        return {"tensors": len(staged), "model_parameters": len(known), "retied_lm_head": retied}
+
+    def rlweave_discard_weights(self) -> int:
+        n = len(getattr(self, "_rlweave_staged", None) or [])
+        self._rlweave_staged = []
+        return n
+
+    def rlweave_pid(self) -> int:
+        return os.getpid()
+
+
+def _retie_embeddings(model) -> bool:
+    """vLLM's layer-wise reload skips a tied ``lm_head`` (no tensor of its own arrives) and
+    puts its old values back; copy the new input embedding into it."""
+    import torch
+
+    cfg = getattr(model, "config", None)
+    lm = getattr(model, "lm_head", None)
+    inner = getattr(model, "model", None)
+    emb = getattr(inner, "embed_tokens", None)
+    if not getattr(cfg, "tie_word_embeddings", False) or lm is None or emb is None:
+        return False
+    w_lm, w_emb = getattr(lm, "weight", None), getattr(emb, "weight", None)
+    if w_lm is None or w_emb is None or w_lm.shape != w_emb.shape:
+        return False
+    with torch.no_grad():
+        if w_lm.data_ptr() != w_emb.data_ptr():
+            w_lm.data.copy_(w_emb.data)
+    return True

@@ -1,0 +1,64 @@
+"""The vllm plugin's record and config (no vLLM start)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from rlweave.interfaces.worker import WorkerContext
+from rlweave_infer_vllm import plugin
+from rlweave_infer_vllm.config import VLLMEngineConfig
+
+
+def test_record_and_config():
+    (record,) = plugin.rlweave_inference_engines()
+    assert record.name == "vllm" and record.config_model is VLLMEngineConfig and "tp" in record.parallel
+    for name, field in VLLMEngineConfig.model_fields.items():
+        assert field.description, name
+    with pytest.raises(ValidationError):
+        VLLMEngineConfig(gpu_memory_utilization=1.5)
+    with pytest.raises(ValidationError):
+        VLLMEngineConfig(kv_cache=1)
+
+
+def test_engine_kwargs_cpu_defaults():
+    pytest.importorskip("vllm")
+    from rlweave_infer_vllm.engine import VLLMEngine
+
+    ctx = WorkerContext(role="rollout", rank=1, config={"kv_cache_gib": 0.5, "max_model_len": 64},
+                        model={"path": "/m", "dtype": "bfloat16"}, seed=7, parallel={"tp": 1})
+    kw = VLLMEngine(ctx).engine_kwargs()
+    assert kw["gpu_memory_utilization"] == 0.15 and kw["kv_cache_memory_bytes"] == 1 << 29
+    assert kw["dtype"] == "bfloat16" and kw["seed"] == 7 and kw["max_model_len"] == 64
+    assert kw["skip_tokenizer_init"] and kw["logprobs_mode"] == "processed_logprobs"
+    assert "enable_sleep_mode" not in kw
+    assert kw["enable_chunked_prefill"] is False and kw["max_num_batched_tokens"] == 8192
+    with pytest.raises(ValueError, match="rank 1"):
+        VLLMEngine(WorkerContext(role="rollout", rank=1)).engine_kwargs()
+
+
+def test_plugin_import_is_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, rlweave_infer_vllm.plugin, rlweave_infer_vllm.config; "
+            "print(sorted(m for m in ('torch', 'vllm', 'ray', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_tensor_parallel_followers_start_nothing():
+    pytest.importorskip("vllm")
+    import torch
+
+    from rlweave_infer_vllm.engine import VLLMEngine
+
+    leader = VLLMEngine(WorkerContext(role="rollout", rank=2, model={"path": "/m"}, parallel={"tp": 2}))
+    follower = VLLMEngine(WorkerContext(role="rollout", rank=3, model={"path": "/m"}, parallel={"tp": 2}))
+    assert not leader.is_follower and leader.engine_kwargs()["tensor_parallel_size"] == 2
+    assert follower.is_follower
+    follower.init_engine()  # no vLLM start
+    assert follower.load_weights(iter([("w", torch.zeros(2))]))["tensors"] == 1
+    assert follower.sleep()["freed_bytes"] == 0 and follower.health()["follower"]
+    with pytest.raises(RuntimeError, match="rank 3 is a tensor-parallel follower; rank 2"):
+        follower.generate([[1, 2]], None)
