@@ -1,0 +1,377 @@
+"""PPO for RLHF (Ouyang et al. 2022; Ziegler et al. 2019): the classic four-model pipeline.
+
+The policy samples responses; learned reward model(s) (and optional rule rewards) score
+each whole response; the reward is paid at the last response token, and every response
+token pays a KL penalty to the frozen reference (fixed or adaptive coefficient); a critic
+estimates per-token values, GAE turns rewards and values into advantages; then several
+epochs of clipped-surrogate updates for the policy and clipped value regression for the
+critic. Dataflow of one step (each arrow is a call on a role handle)::
+
+    rollout.generate -> [reward*.scores, reference.logprobs, critic.values, policy.logprobs]
+      (issued together, so they overlap on separate devices)  -> KL penalty -> GAE
+      -> for each epoch, mini-batch: policy.train + critic.train -> sync_weights(policy -> rollout)
+
+Why this shape: the controller holds the whole batch, so global statistics (advantage
+whitening, reward normalisation) are computed once here before anything is scattered,
+and the losses stay small per-token functions (``loss.py``). Residency of colocated
+roles is handled by :class:`~rlweave_algo_ppo.phases.PhaseManager`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import torch
+
+from rlweave.algo.evaluate import exact_match, record_prompt, reward_fields
+from rlweave.algo.kl import kl_penalty
+from rlweave.algo.rollout import encode_prompts, generations_to_batch
+from rlweave.algo.weights import token_weights
+from rlweave.data.batch import Batch
+from rlweave.interfaces.algorithm import Algorithm
+from rlweave.interfaces.engine import SamplingParams
+from rlweave_algo_ppo.config import PPOConfig, ppo_roles
+from rlweave_algo_ppo.gae import compute_gae, token_rewards
+from rlweave_algo_ppo.kl_controller import make_kl_controller
+from rlweave_algo_ppo.loss import PolicyLoss, ValueLoss
+from rlweave_algo_ppo.normalize import (
+    RunningMoments,
+    explained_variance,
+    masked_mean_std,
+    masked_whiten,
+    normalize_scores,
+)
+from rlweave_algo_ppo.phases import PhaseManager
+from rlweave_algo_ppo.sequences import conform, scoring_batch, supervised_batch
+
+
+def _mean(xs: list[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else 0.0
+
+
+def wait_all(futures: dict[str, Any], t0: float, poll_s: float = 0.005) -> tuple[dict[str, Any], dict[str, float]]:
+    """Results of named futures issued at ``t0`` and, per name, the seconds until it was
+    done (measured by polling, so overlapped calls get their own times)."""
+    results: dict[str, Any] = {}
+    times: dict[str, float] = {}
+    pending = dict(futures)
+    while pending:
+        finished = [k for k, f in pending.items() if f.done()]
+        for k in finished:
+            times[k] = time.perf_counter() - t0
+            results[k] = pending.pop(k).result()  # raises WorkerError naming role and rank
+        if pending and not finished:
+            time.sleep(poll_s)
+    return results, times
+
+
+#: names of the overlapped experience calls in the ``time/*`` metrics (reward roles keep theirs)
+_TIME_NAMES = {"critic": "values", "policy": "old_logprobs"}
+
+
+def _chunks(order: list[int], parts: int) -> list[list[int]]:
+    n = len(order)
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    return [order[bounds[i] : bounds[i + 1]] for i in range(parts) if bounds[i + 1] > bounds[i]]
+
+
+class PPO(Algorithm):
+    """PPO with critic, reward model(s) and reference; see the module docstring."""
+
+    def __init__(self, config: Any, ctx):
+        if not isinstance(config, PPOConfig):
+            config = PPOConfig.model_validate(dict(config))
+        super().__init__(config, ctx)
+        c = self.config
+        missing = [r for r in ppo_roles(c) if r not in ctx.roles]
+        if missing:
+            raise ValueError(f"ppo: roles {missing} are not built (configure them under 'roles')")
+        self.kl_ctl = make_kl_controller(c.kl_coef, c.kl_target, c.kl_horizon)
+        self.reward_moments = RunningMoments()
+        self.steps_done = 0
+        colocate = getattr(getattr(ctx.config, "resources", None), "colocate", []) if ctx.config is not None else []
+        self.phases = PhaseManager({r: ctx.roles[r] for r in ppo_roles(c)}, colocate, c.offload)
+        self._ptx_iter = None
+        self._ptx_state: dict[str, Any] | None = None
+        self._eval_fn = None
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def _eos(self) -> int | None:
+        return getattr(self.ctx.tokenizer, "eos_token_id", None)
+
+    def _sampling(self) -> SamplingParams:
+        c = self.config
+        return SamplingParams(
+            n=c.n_samples,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            top_k=c.top_k,
+            max_new_tokens=c.max_new_tokens,
+            stop_token_ids=[self._eos] if self._eos is not None else [],
+            seed=int(self.ctx.seed) * 1_000_003 + self.steps_done * 101,
+        )
+
+    def _sync(self) -> dict[str, float]:
+        from rlweave.weight_sync import sync_weights
+
+        self.phases.enter("sync")
+        info = sync_weights(self.ctx.roles["policy"], self.ctx.roles["rollout"])
+        return {"sync_bytes": float(info.get("bytes", 0)), "time/sync": float(info.get("seconds", 0.0))}
+
+    def setup(self) -> None:
+        """First weight sync (the policy may come from a checkpoint); ptx data if asked."""
+        self._sync()
+        self.phases.enter("rest")
+        if self.config.ptx_coef > 0:
+            from rlweave.runner.data import DataIterator, JsonlDataset
+
+            ds = JsonlDataset(self.config.ptx_data, required=("response",))
+            self._ptx_iter = DataIterator(ds, self.config.ptx_batch_size, seed=int(self.ctx.seed) + 17, shuffle=True)
+            if self._ptx_state:
+                self._ptx_iter.load_state_dict(self._ptx_state)
+
+    # --------------------------------------------------------------- experience
+    def _generate(self, records: list[dict[str, Any]]) -> Batch:
+        tok = self.ctx.tokenizer
+        texts = [record_prompt(r, tok) for r in records]
+        prompt_ids = encode_prompts(tok, texts)
+        gens = self.ctx.roles["rollout"].generate(prompt_ids, self._sampling()).result()
+        meta = [{"prompt": t, **reward_fields(r)} for t, r in zip(texts, records)]
+        return generations_to_batch(prompt_ids, gens, [str(r.get("id", i)) for i, r in enumerate(records)], meta)
+
+    def _rule_rewards(self, batch: Batch) -> tuple[torch.Tensor | None, list[dict]]:
+        rs = self.ctx.rewards
+        if rs is None or not getattr(rs, "entries", True):
+            return None, []
+        tok = self.ctx.tokenizer
+        samples = []
+        for m in batch.meta:
+            fields = {k: v for k, v in m.items() if k not in ("prompt", "response_ids", "finish_reason")}
+            text = tok.decode(m["response_ids"], skip_special_tokens=True)
+            samples.append({"prompt": m["prompt"], "response": text, **fields})
+        totals, breakdown = rs.score(samples)
+        return torch.tensor(totals, dtype=torch.float32), list(breakdown)
+
+    def _experience(self, batch: Batch, metrics: dict[str, float]) -> torch.Tensor:
+        """Scores, reference log-probs, values and old log-probs, issued together. Adds token
+        fields ``old_logprobs``, ``ref_logprobs``, ``old_values``; returns the summed score."""
+        c = self.config
+        roles = self.ctx.roles
+        t0 = time.perf_counter()
+        futs: dict[str, Any] = {}
+        if c.reward_models:
+            sb = scoring_batch(batch, self._eos)
+            for e in c.reward_models:
+                futs[e.role] = roles[e.role].scores(sb)
+        if c.uses_reference:
+            futs["reference"] = roles["reference"].logprobs(batch, temperature=c.temperature)
+        futs["critic"] = roles["critic"].values(batch)
+        futs["policy"] = roles["policy"].logprobs(batch, temperature=c.temperature, with_entropy=True)
+        t_rule = time.perf_counter()
+        rule, breakdown = self._rule_rewards(batch)  # runs in reward worker processes meanwhile
+        rule_s = time.perf_counter() - t_rule
+        res, times = wait_all(futs, t0)
+        if rule is not None:
+            metrics["time/rule_reward"] = rule_s
+        for k, v in times.items():
+            metrics[f"time/{_TIME_NAMES.get(k, k)}"] = v
+        metrics["time/experience"] = time.perf_counter() - t0
+
+        mask = batch.token["loss_mask"]
+        batch.add_token("old_logprobs", res["policy"]["logprobs"].float() * mask)
+        if "entropy" in res["policy"]:
+            ent = res["policy"]["entropy"].float()
+            metrics["entropy"] = masked_mean_std(ent, mask)[0]
+        ref = res["reference"]["logprobs"].float() * mask if c.uses_reference else batch.token["old_logprobs"]
+        batch.add_token("ref_logprobs", ref)
+        batch.add_token("old_values", res["critic"].float() * mask)
+        score = torch.zeros(len(batch), dtype=torch.float32)
+        for e in c.reward_models:
+            s = res[e.role].float().reshape(-1)
+            metrics[f"reward/{e.role}"] = float(s.mean())
+            score = score + e.weight * s
+        if rule is not None:
+            metrics["reward/rules"] = float(rule.mean())
+            for name in sorted({k for d in breakdown for k in d if k != "failed"}):
+                vals = [float(d[name]) for d in breakdown if isinstance(d.get(name), (int, float))]
+                metrics[f"reward/{name}"] = _mean(vals)
+            metrics["reward/failed"] = float(sum(len(d.get("failed", [])) for d in breakdown))
+            score = score + rule
+        return score
+
+    # ---------------------------------------------------------------- ptx
+    def _with_ptx(self, mb: Batch) -> Batch:
+        """``mb`` followed by ptx samples: ``ptx_weight`` sums to 1 over the ptx tokens and is 0
+        on ``mb``; the ptx samples carry zero ``token_weight``/``advantages`` (no RL term)."""
+        rl = Batch(cu_seqlens=mb.cu_seqlens, token={**mb.token, "ptx_weight": torch.zeros(mb.num_tokens)},
+                   sample=dict(mb.sample), ids=list(mb.ids), meta=list(mb.meta))
+        ptx = supervised_batch(self.ctx.tokenizer, self._ptx_iter.next_batch(), encode_prompts)
+        m = ptx.token["loss_mask"]
+        ptx.add_token("ptx_weight", m / m.sum().clamp(min=1.0))
+        return Batch.concat([rl, conform(ptx, rl)])
+
+    # ---------------------------------------------------------------------- step
+    def step(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        c = self.config
+        roles = self.ctx.roles
+        metrics: dict[str, float] = {}
+
+        self.phases.enter("generate")
+        t0 = time.perf_counter()
+        batch = self._generate(records)
+        metrics["time/generate"] = time.perf_counter() - t0
+
+        t_off = self.phases.enter("experience")
+        raw_score = self._experience(batch, metrics)
+        mask = batch.token["loss_mask"]
+        idx = batch.sample_index()
+
+        # rewards: normalised/clipped sequence score at the last token, KL penalty on every token
+        score = normalize_scores(raw_score, c.reward_norm, self.reward_moments, c.reward_clip,
+                                 groups=batch.sample["group"])
+        kl_tok = kl_penalty(batch.token["old_logprobs"], batch.token["ref_logprobs"], c.kl_estimator) * mask
+        seq_kl = torch.zeros(len(batch)).index_add_(0, idx, kl_tok)
+        kl_coef = self.kl_ctl.value
+        rewards = token_rewards(score, mask, batch.cu_seqlens, kl=kl_tok, kl_coef=kl_coef)
+        adv, ret = compute_gae(rewards, batch.token["old_values"], mask, batch.cu_seqlens, c.gamma, c.lam)
+        adv_mean, adv_std = masked_mean_std(adv, mask)
+        if c.normalize_advantages:
+            adv = masked_whiten(adv, mask)  # global statistics over the whole batch (see normalize.py)
+        batch.add_token("advantages", adv)
+        batch.add_token("returns", ret)
+
+        # updates
+        t_off += self.phases.enter("train")
+        train_policy = self.steps_done >= c.critic_warmup_steps
+        policy_loss = PolicyLoss(c.clip_low, c.clip_high, c.entropy_coef, c.ptx_coef, temperature=c.temperature)
+        value_loss = ValueLoss(c.value_clip)
+        rng = random.Random(int(self.ctx.seed) * 7919 + self.steps_done)
+        p_batches: list[Batch] = []
+        v_batches: list[Batch] = []
+        for _ in range(c.ppo_epochs):
+            order = list(range(len(batch)))
+            if c.shuffle_mini_batches and c.mini_batches > 1:
+                rng.shuffle(order)
+            for part in _chunks(order, c.mini_batches):
+                mb = batch.select(part)
+                mb.add_token("token_weight", token_weights(mb, c.loss_agg))
+                v_batches.append(mb)
+                if train_policy:
+                    pmb = self._with_ptx(mb) if c.ptx_coef > 0 else mb
+                    p_batches.append(pmb)
+        p_metrics: list[dict[str, float]] = []
+        v_metrics: list[dict[str, float]] = []
+        t0 = time.perf_counter()
+        if self.phases.sequential_train:
+            if p_batches:
+                t_off += self.phases.only("policy")
+                p_metrics = [f.result() for f in [roles["policy"].train(b, policy_loss) for b in p_batches]]
+            metrics["time/train"] = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            t_off += self.phases.only("critic")
+            v_metrics = [f.result() for f in [roles["critic"].train(b, value_loss) for b in v_batches]]
+            metrics["time/critic_train"] = time.perf_counter() - t1
+        else:
+            futs = {f"p{i}": roles["policy"].train(b, policy_loss) for i, b in enumerate(p_batches)}
+            futs.update({f"v{i}": roles["critic"].train(b, value_loss) for i, b in enumerate(v_batches)})
+            res, times = wait_all(futs, t0)
+            p_metrics = [res[f"p{i}"] for i in range(len(p_batches))]
+            v_metrics = [res[f"v{i}"] for i in range(len(v_batches))]
+            metrics["time/train"] = max([times[f"p{i}"] for i in range(len(p_batches))], default=0.0)
+            metrics["time/critic_train"] = max([times[f"v{i}"] for i in range(len(v_batches))], default=0.0)
+        if train_policy:
+            metrics.update(self._sync())
+        self.kl_ctl.update(float(seq_kl.mean()), len(batch))
+        t_off += self.phases.enter("rest")
+        metrics["time/offload"] = t_off
+
+        # metrics
+        self.steps_done += 1
+        rlen = batch.sample["response_len"].float()
+        on = mask > 0
+        gap = (batch.token["old_logprobs"] - batch.token["rollout_logprobs"]).abs()[on]
+        metrics.update(
+            {
+                "reward/mean": float(raw_score.mean()),
+                "reward/std": float(raw_score.std()) if len(raw_score) > 1 else 0.0,
+                "reward/normalized_mean": float(score.mean()),
+                "adv/mean": adv_mean,
+                "adv/std": adv_std,
+                "adv/min": float(adv[on].min()) if on.any() else 0.0,
+                "adv/max": float(adv[on].max()) if on.any() else 0.0,
+                "returns/mean": masked_mean_std(ret, mask)[0],
+                "values/mean": masked_mean_std(batch.token["old_values"], mask)[0],
+                "explained_variance": explained_variance(batch.token["old_values"], ret, mask),
+                "kl": float(seq_kl.mean()),
+                "kl_coef": kl_coef,
+                "response_len/mean": float(rlen.mean()),
+                "response_len/max": float(rlen.max()),
+                "response/truncated_frac": _mean([1.0 if m["finish_reason"] == "length" else 0.0 for m in batch.meta]),
+                "logprob_gap": float(gap.mean()) if gap.numel() else 0.0,
+                "samples": float(len(batch)),
+            }
+        )
+        for key in ("loss", "grad_norm", "lr", "pg_loss", "clip_frac", "ppo_kl", "ratio", "ptx_loss"):
+            vals = [float(m[key]) for m in p_metrics if key in m]
+            if vals:
+                metrics[key] = _mean(vals)
+        critic_keys = (("value_loss", "value_loss"), ("value_clipfrac", "value_clipfrac"),
+                       ("grad_norm", "critic/grad_norm"), ("lr", "critic/lr"))
+        for key, out in critic_keys:
+            vals = [float(m[key]) for m in v_metrics if key in m]
+            if vals:
+                metrics[out] = _mean(vals)
+        return metrics
+
+    # ---------------------------------------------------------------- evaluation
+    def _eval_reward(self) -> Any:
+        if self._eval_fn is None:
+            if self.config.eval_reward:
+                from rlweave.rewards import load_reward_fn
+
+                self._eval_fn = load_reward_fn(self.config.eval_reward)
+            else:
+                self._eval_fn = self.ctx.rewards
+        return self._eval_fn
+
+    def evaluate(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        c = self.config
+        fn = self._eval_reward()
+        if fn is None:
+            return {}
+        self.phases.enter("eval")
+        out = exact_match(
+            self.ctx.roles["rollout"],
+            self.ctx.tokenizer,
+            records,
+            fn,
+            max_new_tokens=c.eval_max_new_tokens,
+            threshold=c.eval_threshold,
+            greedy=c.eval_greedy,
+            temperature=c.temperature,
+            seed=int(self.ctx.seed),
+        )
+        self.phases.enter("rest")
+        return out
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "steps_done": self.steps_done,
+            "kl_ctl": self.kl_ctl.state_dict(),
+            "reward_moments": self.reward_moments.state_dict(),
+            "ptx": self._ptx_iter.state_dict() if self._ptx_iter is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps_done = int(state.get("steps_done", 0))
+        if "kl_ctl" in state:
+            self.kl_ctl.load_state_dict(state["kl_ctl"])
+        if "reward_moments" in state:
+            self.reward_moments.load_state_dict(state["reward_moments"])
+        self._ptx_state = state.get("ptx")
+        if self._ptx_iter is not None and self._ptx_state:
+            self._ptx_iter.load_state_dict(self._ptx_state)

@@ -1,0 +1,117 @@
+"""Settings of ``algorithm.name: ppo`` (the keys beside ``name`` in the ``algorithm`` section).
+
+Light module (pydantic only): the plugin record carries it so ``rlweave train`` validates a
+PPO config before any worker starts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class RewardModelEntry(BaseModel):
+    """One learned reward model: a role (scalar-head model, ``model_type: reward``) whose
+    score of prompt+response is added to the reward with ``weight``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: str = Field("reward", description="Role name of the reward model (a key of 'roles', starting with 'reward').")
+    weight: float = Field(1.0, description="Weight of this model's score in the summed reward.")
+
+
+class PPOConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["ppo"] = Field("ppo", description="Algorithm name.")
+    # sampling
+    n_samples: int = Field(1, ge=1, description="Responses sampled per prompt.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollout (also used for log-probs).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1.0: off).")
+    top_k: int = Field(-1, description="Top-k sampling (-1: off).")
+    max_new_tokens: int = Field(64, ge=1, description="Longest response sampled during training.")
+    # rewards
+    reward_models: list[RewardModelEntry] = Field(
+        default_factory=lambda: [RewardModelEntry()],
+        description="Learned reward models (roles) summed with weights; the top-level 'rewards' rules are "
+        "added on top.",
+    )
+    reward_norm: Literal["none", "batch", "running", "group"] = Field(
+        "none",
+        description="Normalise sequence rewards: per batch, with running statistics, per prompt (group of "
+        "n_samples: removes a reward model's per-prompt offset), or not.",
+    )
+    reward_clip: Optional[float] = Field(None, gt=0, description="Clip sequence rewards to [-c, c] after normalising.")
+    # KL penalty in the reward
+    kl_coef: float = Field(
+        0.05, ge=0, description="Initial per-token KL coefficient (0 without kl_target: no reference role)."
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="Per-token KL estimator of the penalty.")
+    kl_target: Optional[float] = Field(
+        None, gt=0, description="Adaptive KL controller target (summed KL per sequence); null: fixed coefficient."
+    )
+    kl_horizon: float = Field(10000.0, gt=0, description="Adaptive KL controller horizon (in sequences).")
+    # advantages
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    normalize_advantages: bool = Field(True, description="Whiten advantages with global batch statistics.")
+    # policy loss
+    clip_low: float = Field(0.2, ge=0, description="Lower clip range: ratio >= 1 - clip_low.")
+    clip_high: float = Field(0.2, ge=0, description="Upper clip range: ratio <= 1 + clip_high.")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient (0: off).")
+    loss_agg: Literal["token_mean", "seq_mean"] = Field(
+        "token_mean", description="Loss aggregation: mean over all response tokens, or per-sample mean then mean."
+    )
+    # critic
+    value_clip: Optional[float] = Field(
+        0.2, gt=0, description="Value clipping range around the old values (null: off)."
+    )
+    critic_warmup_steps: int = Field(0, ge=0, description="Steps at the start that train only the critic.")
+    # updates
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
+    mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass (the batch is split).")
+    shuffle_mini_batches: bool = Field(True, description="Shuffle samples before splitting into mini-batches.")
+    # pre-training (ptx) term
+    ptx_coef: float = Field(0.0, ge=0, description="Weight of the supervised (ptx) loss mixed into each policy update.")
+    ptx_data: Optional[str] = Field(
+        None, description="jsonl of {query, response} for the ptx term (needed if ptx_coef > 0)."
+    )
+    ptx_batch_size: int = Field(8, ge=1, description="ptx records added to each policy mini-batch.")
+    # placement
+    offload: Literal["auto", "always", "never"] = Field(
+        "auto", description="Offload idle roles between phases: auto = when the role shares devices with another role."
+    )
+    # evaluation
+    eval_reward: Optional[str] = Field(
+        None,
+        description="Rule reward (name or module:function) deciding held-out correctness; null: the 'rewards' set.",
+    )
+    eval_max_new_tokens: int = Field(32, ge=1, description="Longest response at evaluation.")
+    eval_greedy: bool = Field(True, description="Greedy decoding at evaluation (else sample at temperature).")
+    eval_threshold: float = Field(1.0, description="A held-out sample is correct when its reward is >= this.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "PPOConfig":
+        if self.ptx_coef > 0 and not self.ptx_data:
+            raise ValueError("ptx_coef > 0 needs ptx_data (a jsonl of {query, response})")
+        roles = [e.role for e in self.reward_models]
+        bad = [r for r in roles if not r.startswith("reward")]
+        if bad:
+            raise ValueError(f"reward_models: role names must start with 'reward', got {bad}")
+        if len(set(roles)) != len(roles):
+            raise ValueError(f"reward_models: a role is listed twice: {roles}")
+        return self
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.kl_coef > 0 or self.kl_target is not None
+
+
+def ppo_roles(cfg: PPOConfig) -> tuple[str, ...]:
+    """Roles PPO needs: policy, rollout, critic, the reward-model roles, and the reference
+    unless the KL penalty is off (``kl_coef: 0`` and no ``kl_target``)."""
+    if not isinstance(cfg, PPOConfig):
+        cfg = PPOConfig.model_validate({k: v for k, v in dict(cfg).items()})
+    ref = ("reference",) if cfg.uses_reference else ()
+    return ("policy", "rollout") + ref + ("critic",) + tuple(e.role for e in cfg.reward_models)

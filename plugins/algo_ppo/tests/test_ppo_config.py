@@ -1,0 +1,43 @@
+"""PPOConfig validation, the roles PPO asks for, and a light plugin module."""
+
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from rlweave_algo_ppo.config import PPOConfig, ppo_roles
+
+
+def test_roles_follow_config():
+    assert ppo_roles(PPOConfig()) == ("policy", "rollout", "reference", "critic", "reward")
+    assert ppo_roles(PPOConfig(kl_coef=0.0)) == ("policy", "rollout", "critic", "reward")
+    assert "reference" in ppo_roles(PPOConfig(kl_coef=0.0, kl_target=1.0))  # adaptive needs the reference
+    two = PPOConfig(reward_models=[{"role": "reward", "weight": 0.7}, {"role": "reward_safety", "weight": 0.3}])
+    assert ppo_roles(two)[-2:] == ("reward", "reward_safety")
+    assert ppo_roles(PPOConfig(reward_models=[])) == ("policy", "rollout", "reference", "critic")
+    assert ppo_roles({"name": "ppo", "kl_coef": 0}) == ("policy", "rollout", "critic", "reward")
+
+
+def test_config_errors_are_explicit():
+    with pytest.raises(ValidationError, match="ptx_data"):
+        PPOConfig(ptx_coef=0.1)
+    with pytest.raises(ValidationError, match="start with 'reward'"):
+        PPOConfig(reward_models=[{"role": "critic"}])
+    with pytest.raises(ValidationError, match="listed twice"):
+        PPOConfig(reward_models=[{"role": "reward"}, {"role": "reward"}])
+    with pytest.raises(ValidationError):
+        PPOConfig(gamma_typo=1.0)
+
+
+def test_every_field_is_described():
+    for name, field in PPOConfig.model_fields.items():
+        assert field.description, name
+
+
+def test_plugin_module_is_light():
+    code = ("import sys, rlweave_algo_ppo.plugin as p; recs = p.rlweave_algorithms(); "
+            "assert recs[0].name == 'ppo'; print(sorted(m for m in ('torch', 'ray', 'vllm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
