@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 PRESETS = {
-    "yardstick": dict(vocab_size=4096, hidden=512, layers=8, heads=8, kv_heads=2, ffn=2048, tie_word_embeddings=True),
+    "yardstick": dict(vocab_size=4096, hidden=512, layers=8, heads=8, kv_heads=2, ffn=2048, tie_word_embeddings=False),
     "tiny": dict(vocab_size=128, hidden=128, layers=2, heads=4, kv_heads=2, ffn=256, tie_word_embeddings=False),
 }
 
