@@ -11,7 +11,24 @@ from typing import Any, Sequence
 import torch
 
 from rlweave.data.batch import Batch
-from rlweave.interfaces.engine import Generation
+from rlweave.interfaces.engine import Generation, SamplingParams
+
+
+def sampling_params(config: Any, tokenizer: Any, seed: int, ignore_eos: bool = False) -> SamplingParams:
+    """Rollout sampling settings from an RL algorithm's config (``n_samples``, ``temperature``,
+    ``top_p``, ``top_k``, ``max_new_tokens``), stopping at the tokenizer's EOS when it has one.
+    ``seed`` is the caller's per-step seed, so every algorithm keeps its own seeding scheme."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return SamplingParams(
+        n=config.n_samples,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        max_new_tokens=config.max_new_tokens,
+        stop_token_ids=[eos] if eos is not None else [],
+        seed=seed,
+        ignore_eos=ignore_eos,
+    )
 
 
 def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:

@@ -18,10 +18,9 @@ from typing import Any
 
 
 from rlweave.algo.evaluate import record_prompt, reward_fields
-from rlweave.algo.rollout import encode_prompts
+from rlweave.algo.rollout import encode_prompts, sampling_params
 from rlweave.data.batch import Batch
 from rlweave.interfaces.algorithm import Algorithm, RunContext
-from rlweave.interfaces.engine import SamplingParams
 from rlweave_algo_dpo.config import OnlineDPOConfig
 from rlweave_algo_dpo.evaluation import evaluate_records
 from rlweave_algo_dpo.pairs import build_pair_batch
@@ -87,9 +86,7 @@ class OnlineDPO(Algorithm):
         t0 = time.perf_counter()
         texts = [record_prompt(r, tok) for r in records]
         prompt_ids = encode_prompts(tok, texts)
-        params = SamplingParams(n=c.n_samples, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-                                max_new_tokens=c.max_new_tokens, seed=self.ctx.seed + self.steps,
-                                stop_token_ids=[tok.eos_token_id] if tok.eos_token_id is not None else [])
+        params = sampling_params(c, tok, seed=self.ctx.seed + self.steps)
         gens = result(self.ctx.roles["rollout"].generate(prompt_ids, params))
         if len(gens) != len(records) or any(len(g) != c.n_samples for g in gens):
             raise RuntimeError(f"rollout returned {[len(g) for g in gens]} generations for {len(records)} prompts "

@@ -27,7 +27,7 @@ import torch
 
 from rlweave.algo.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.algo.kl import kl_penalty
-from rlweave.algo.rollout import encode_prompts, generations_to_batch
+from rlweave.algo.rollout import encode_prompts, generations_to_batch, sampling_params
 from rlweave.algo.weights import token_weights
 from rlweave.data.batch import Batch
 from rlweave.interfaces.algorithm import Algorithm
@@ -103,16 +103,7 @@ class PPO(Algorithm):
         return getattr(self.ctx.tokenizer, "eos_token_id", None)
 
     def _sampling(self) -> SamplingParams:
-        c = self.config
-        return SamplingParams(
-            n=c.n_samples,
-            temperature=c.temperature,
-            top_p=c.top_p,
-            top_k=c.top_k,
-            max_new_tokens=c.max_new_tokens,
-            stop_token_ids=[self._eos] if self._eos is not None else [],
-            seed=int(self.ctx.seed) * 1_000_003 + self.steps_done * 101,
-        )
+        return sampling_params(self.config, self.ctx.tokenizer, int(self.ctx.seed) * 1_000_003 + self.steps_done * 101)
 
     def _sync(self) -> dict[str, float]:
         from rlweave.weight_sync import sync_weights
