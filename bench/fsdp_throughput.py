@@ -4,6 +4,16 @@ Runs the real ``FSDPWorker.train_step`` (one rank, FSDP2 over gloo on CPU or NCC
 on a random Qwen2 model with sample lengths drawn uniformly from [min_len, max_len], and
 prints tokens/s (real tokens only) and achieved model FLOP/s as a fraction of the ceiling.
 
+Modes (same samples, same optimizer steps):
+
+* ``packed``: the backend's default: micro-batches by token budget, one packed row each.
+* ``padded``: the same token-budget micro-batches as right-padded rows (``use_packing: false``).
+  The budget planner sorts samples by length, so rows in a micro-batch have similar lengths:
+  this is padding with length grouping, already a strong baseline.
+* ``padded-fixed``: the conventional layout (Hugging Face Trainer, TRL): a fixed number of
+  samples per micro-batch, in data order, padded to the longest. The count is the packed plan's
+  mean samples per micro-batch, so both modes take the same number of micro-batches.
+
 Model FLOPs per step = 3 x forward, forward = 2 x (matmul parameters incl. lm_head) x tokens
 + causal attention 2 x n^2 x (heads x head_dim) per sample and layer. Padding is not counted,
 so padded rows are charged for the work they waste.
@@ -67,10 +77,26 @@ def make_batch(rng: random.Random, vocab: int, tokens: int, lo: int, hi: int):
     return b
 
 
+def fixed_count_plan(batches, budget: int):
+    """``micro.plan`` replacement for ``padded-fixed``: consecutive samples, ``k`` per micro-batch,
+    ``k`` = the token-budget plan's mean samples per micro-batch over ``batches``."""
+    from rlweave_backend_fsdp import micro
+
+    n_samples = sum(len(b) for b in batches)
+    n_micro = sum(len(micro.plan(b.seqlens.tolist(), budget)) for b in batches)
+    k = max(1, round(n_samples / n_micro))
+
+    def plan(seqlens, _budget):
+        return [list(range(i, min(i + k, len(seqlens)))) for i in range(0, len(seqlens), k)]
+
+    return plan, k
+
+
 def run_one(args, model_dir, preset, mode, prec, port) -> dict:
     import torch
 
     from rlweave.interfaces.worker import WorkerContext
+    from rlweave_backend_fsdp import micro
     from rlweave_backend_fsdp.worker import FSDPWorker
 
     cfg = {"mixed_precision": "bf16" if prec == "bf16" else "none", "use_packing": mode == "packed",
@@ -83,19 +109,30 @@ def run_one(args, model_dir, preset, mode, prec, port) -> dict:
     batches = [make_batch(rng, preset["vocab_size"], args.tokens_per_step, args.min_len, args.max_len)
                for _ in range(args.steps + args.warmup)]
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    for b in batches[: args.warmup]:
-        w.train_step(b, nll)
-    sync()
-    t0 = time.perf_counter()
-    toks, flops = 0, 0.0
-    losses = []
-    for b in batches[args.warmup :]:
-        m = w.train_step(b, nll)
-        losses.append(m["loss"])
-        toks += b.num_tokens
-        flops += step_flops(preset, b.seqlens.tolist())
-    sync()
-    dt = time.perf_counter() - t0
+    budget_plan, per_micro = micro.plan, None
+    if mode == "padded-fixed":
+        micro.plan, per_micro = fixed_count_plan(batches, args.micro_tokens)
+    try:
+        for b in batches[: args.warmup]:
+            w.train_step(b, nll)
+        sync()
+        t0 = time.perf_counter()
+        toks, flops = 0, 0.0
+        losses = []
+        for b in batches[args.warmup :]:
+            m = w.train_step(b, nll)
+            losses.append(m["loss"])
+            toks += b.num_tokens
+            flops += step_flops(preset, b.seqlens.tolist())
+        sync()
+        dt = time.perf_counter() - t0
+        grid = 0  # tokens of the rows the forward passes ran over (real + padding)
+        for b in batches[args.warmup :]:
+            lens = b.seqlens.tolist()
+            groups = micro.plan(lens, args.micro_tokens)
+            grid += sum(lens) if mode == "packed" else sum(len(g) * max(lens[i] for i in g) for g in groups)
+    finally:
+        micro.plan = budget_plan
     peak_mem = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else float("nan")
     del w
     gc.collect()
@@ -103,7 +140,8 @@ def run_one(args, model_dir, preset, mode, prec, port) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     ceil = CEILING[(args.device, prec)]
-    return {"mode": mode, "prec": prec, "tok_s": toks / dt, "flop_s": flops / dt, "frac": flops / dt / ceil,
+    return {"mode": mode, "prec": prec, "tok_s": toks / dt, "pad_frac": 1 - toks / grid, "per_micro": per_micro,
+            "flop_s": flops / dt, "frac": flops / dt / ceil,
             "s_step": dt / args.steps, "loss": losses[-1], "mem_gib": peak_mem}
 
 
@@ -111,7 +149,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="yardstick")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--modes", default="packed,padded")
+    ap.add_argument("--modes", default="packed,padded,padded-fixed")
     ap.add_argument("--precisions", default="fp32,bf16")
     ap.add_argument("--steps", type=int, default=3, help="timed optimizer steps per config")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per config")
@@ -146,14 +184,19 @@ def main(argv=None) -> int:
             rows.append(run_one(args, model_dir, preset, mode, prec, port))
             r = rows[-1]
             print(f"  done {mode}/{prec}: {r['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
-    print(f"{'mode':<8}{'prec':<6}{'tokens/s':>12}{'s/step':>9}{'FLOP/s':>12}{'of ceiling':>12}{'loss':>9}{'mem GiB':>9}")
+    print(f"{'mode':<14}{'prec':<6}{'tokens/s':>10}{'s/step':>9}{'FLOP/s':>12}{'of ceiling':>12}{'padding':>9}"
+          f"{'loss':>9}{'mem GiB':>9}")
     for r in rows:
-        print(f"{r['mode']:<8}{r['prec']:<6}{r['tok_s']:>12.0f}{r['s_step']:>9.2f}{r['flop_s'] / 1e9:>10.1f} G"
-              f"{100 * r['frac']:>11.1f}%{r['loss']:>9.3f}{r['mem_gib']:>9.1f}")
+        print(f"{r['mode']:<14}{r['prec']:<6}{r['tok_s']:>10.0f}{r['s_step']:>9.2f}{r['flop_s'] / 1e9:>10.1f} G"
+              f"{100 * r['frac']:>11.1f}%{100 * r['pad_frac']:>8.1f}%{r['loss']:>9.3f}{r['mem_gib']:>9.1f}")
+    fixed = [r["per_micro"] for r in rows if r["per_micro"]]
+    if fixed:
+        print(f"padded-fixed: {fixed[0]} samples per micro-batch")
     by = {(r["mode"], r["prec"]): r for r in rows}
     for prec in args.precisions.split(","):
-        if ("packed", prec) in by and ("padded", prec) in by:
-            print(f"packed/padded speed-up ({prec}): {by['packed', prec]['tok_s'] / by['padded', prec]['tok_s']:.2f}x")
+        for base in ("padded", "padded-fixed"):
+            if ("packed", prec) in by and (base, prec) in by:
+                print(f"packed vs {base} ({prec}): {by['packed', prec]['tok_s'] / by[base, prec]['tok_s']:.2f}x")
     return 0
 
 

@@ -55,6 +55,7 @@ def run_standalone(model_dir: Path, prompts, args) -> dict:
     from vllm import SamplingParams as VSP
     from vllm.inputs import TokensPrompt
 
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # as the engine plugin does (cpu_reserved_cores)
     t0 = time.perf_counter()
     llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype=args.dtype, max_model_len=args.max_model_len,
               enforce_eager=True, kv_cache_memory_bytes=int(args.kv_cache_gib * (1 << 30)), seed=0,

@@ -45,7 +45,8 @@ def cluster():
 @pytest.fixture(scope="module")
 def roles(cluster):
     cfg = run_config(
-        {"policy": {"devices": 2, "options": {"tag": "p"}}, "reference": {"devices": 2}, "rollout": {"devices": 2}},
+        {"policy": {"devices": 2, "options": {"tag": "p"}}, "reference": {"devices": 2, "cpu_threads": 3},
+         "rollout": {"devices": 2}},
         colocate=[["policy", "reference"]],
     )
     handles = build_roles(cfg, {"policy": PROBE, "reference": PROBE, "rollout": ENGINE},
@@ -101,6 +102,12 @@ def test_placement_and_colocation(roles):
     assert {g[0] for g in pol_gpus}.isdisjoint({p["gpu_ids"][0] for p in rol})
     assert {g[0] for g in pol_gpus} | {p["gpu_ids"][0] for p in rol} == {"0", "1", "2", "3"}
     assert [p["cuda_visible_devices"] for p in pol] == [g[0] for g in pol_gpus]
+    # CPU threads (virtual devices are CPU): the node's cores split over a role's ranks, or as configured
+    import os
+
+    auto = max(1, (os.cpu_count() or 1) // 2)
+    assert [(p["torch_threads"], p["omp_num_threads"]) for p in pol] == [(auto, str(auto))] * 2
+    assert [p["torch_threads"] for p in ref] == [3, 3]
     # every rank in its own process, context filled by the controller
     assert len({p["pid"] for p in pol + ref + rol}) == 6
     info = roles["policy"].call("placement").result(timeout=60)

@@ -51,7 +51,7 @@ def wrong_answer(answer: int, rng: random.Random, near: bool) -> int:
 
 
 def make(out: Path, seed: int = 0, n_test: int = 300, n_sft: int = 600, sft_noise: float = 0.0,
-         n_pref: int = 1500, n_pref_test: int = 300, n_rank: int = 400) -> dict[str, int]:
+         n_pref: int = 6000, n_pref_test: int = 300, n_rank: int = 1500) -> dict[str, int]:
     rng = random.Random(seed)
     problems = all_problems()
     rng.shuffle(problems)

@@ -32,8 +32,19 @@ def rollout(tmp_path_factory):
     engine.init_engine()
     params = SamplingParams(n=4, temperature=0.8, max_new_tokens=16, seed=7)
     gens = engine.generate(PROMPTS, params)
+    import os
+
+    import psutil
+
+    # cores that threads of the engine's processes are pinned to one-to-one (vLLM-CPU's OpenMP binding)
+    pinned = set()
+    for pid in engine.engine_pids():
+        for t in psutil.Process(pid).threads():
+            cores = os.sched_getaffinity(t.id)
+            if len(cores) == 1:
+                pinned |= cores
     engine.shutdown()
-    return model_dir, params, gens
+    return model_dir, params, gens, pinned
 
 
 def _batch(gens):
@@ -55,7 +66,7 @@ def _batch(gens):
 def test_vllm_vs_transformers(rollout):
     from rlweave.testing.reference import load_reference_model, reference_logprobs
 
-    model_dir, params, gens = rollout
+    model_dir, params, gens, _ = rollout
     ref = load_reference_model(model_dir)
     eng, train = [], []
     for prompt, gs in zip(PROMPTS, gens):
@@ -72,7 +83,7 @@ def test_vllm_vs_transformers(rollout):
 def test_vllm_vs_fsdp_backend(rollout):
     from rlweave.plugins.types import import_target
 
-    model_dir, params, gens = rollout
+    model_dir, params, gens, _ = rollout
     worker_cls = import_target("rlweave_backend_fsdp.worker:FSDPWorker")
     import socket
 
@@ -91,3 +102,12 @@ def test_vllm_vs_fsdp_backend(rollout):
         print(f"vllm vs fsdp: {gap}")
     finally:
         worker.shutdown()
+
+
+def test_engine_uses_every_core(rollout):
+    """vLLM-CPU keeps one core per rank for its scheduler unless told otherwise; the engine sets
+    cpu_reserved_cores (default 0), so the model's OpenMP threads are pinned to every physical core."""
+    import psutil
+
+    pinned = rollout[3]
+    assert len(pinned) == (psutil.cpu_count(logical=False) or psutil.cpu_count()), pinned

@@ -82,6 +82,12 @@ class RoleSection(Strict):
     pool: str = Field("default", description="Resource pool the role's devices come from.")
     devices: int = Field(1, ge=1, description="Devices (ranks) this role uses.")
     parallel: dict[str, int] = Field(default_factory=dict, description="Parallel sizes, e.g. {dp: 2} or {tp: 2}.")
+    cpu_threads: Optional[int] = Field(
+        None,
+        ge=1,
+        description="Intra-op CPU threads of each rank on a CPU device (torch.set_num_threads, OMP_NUM_THREADS). "
+        "null: the node's cores divided by this role's ranks (Ray alone would give 1). GPU ranks are left as Ray sets them.",
+    )
     model: Optional[ModelSection] = Field(None, description="Model for this role (default: top-level model).")
     optim: Optional[OptimSection] = Field(None, description="Optimizer, for roles that train.")
     options: dict[str, Any] = Field(default_factory=dict, description="The selected plugin's own settings.")

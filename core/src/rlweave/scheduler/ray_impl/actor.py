@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import traceback
 from typing import Any
 
@@ -25,6 +26,23 @@ def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def cpu_threads(requested: int | None, world_size: int) -> int:
+    """Intra-op threads of a CPU rank: ``requested``, else the node's cores divided by the
+    role's ranks (its ranks run at the same time; different roles mostly take turns)."""
+    if requested:
+        return int(requested)
+    return max(1, (os.cpu_count() or 1) // max(1, world_size))
+
+
+def apply_cpu_threads(n: int) -> None:
+    """Give this process ``n`` intra-op threads. Ray starts a rank with ``OMP_NUM_THREADS=1``
+    (its CPU share is tiny); the variable is reset too, so subprocesses (an engine's) inherit it."""
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    torch.set_num_threads(n)
 
 
 class WorkerActor:
@@ -53,7 +71,7 @@ class WorkerActor:
         return host, _free_port(host)
 
     def placement(self) -> dict[str, Any]:
-        """Where Ray put this rank: pid, node, placement group, GPU ids."""
+        """Where Ray put this rank: pid, node, placement group, GPU ids, CPU threads."""
         import ray
 
         ctx = ray.get_runtime_context()
@@ -64,11 +82,15 @@ class WorkerActor:
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "accelerator_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])],
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "torch_threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None,
         }
 
     def setup(self, ctx: Any, device_kind: str) -> None:
         """Build the worker. ``device_kind`` is the pool's kind: a ``gpu`` pool gives
-        ``ctx.device = "cuda"`` when this process sees CUDA, else ``"cpu"`` (virtual devices)."""
+        ``ctx.device = "cuda"`` when this process sees CUDA, else ``"cpu"`` (virtual devices).
+        On a CPU device the rank's intra-op threads are set first (``ctx.cpu_threads``, see
+        :func:`cpu_threads`), and ``ctx.cpu_threads`` holds the number applied."""
         try:
             if device_kind == "gpu":
                 import torch
@@ -76,6 +98,9 @@ class WorkerActor:
                 ctx.device = "cuda" if torch.cuda.is_available() else "cpu"
             else:
                 ctx.device = "cpu"
+            if ctx.device == "cpu":
+                ctx.cpu_threads = cpu_threads(ctx.cpu_threads, ctx.world_size)
+                apply_cpu_threads(ctx.cpu_threads)
             self.worker = self._cls(ctx)
         except BaseException as exc:  # noqa: BLE001
             raise self._fail("__init__", exc) from None

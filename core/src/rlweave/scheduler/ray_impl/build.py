@@ -43,6 +43,7 @@ def _context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int]) -> W
         seed=cfg.run.seed,
         parallel=dict(section.parallel),
         extra={"optim": section.optim.model_dump() if section.optim is not None else None},
+        cpu_threads=section.cpu_threads,
     )
 
 
