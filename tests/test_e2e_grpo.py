@@ -115,9 +115,9 @@ def _kill(pids: set[int]) -> None:
             pass
 
 
-def run_cli(args: list[str], env: dict[str, str], timeout: float = 400, kill_when=None):
+def run_cli(args: list[str], env: dict[str, str], timeout: float = 400, kill_when=None, sig=signal.SIGKILL):
     """Run ``rlweave`` and track every process it starts. ``kill_when()`` -> True makes the
-    test SIGKILL the main process. Returns (returncode, output, descendant pids)."""
+    test send ``sig`` to the main process. Returns (returncode, output, descendant pids)."""
     proc = subprocess.Popen(RLWEAVE + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=REPO)
     seen: set[int] = set()
@@ -131,7 +131,7 @@ def run_cli(args: list[str], env: dict[str, str], timeout: float = 400, kill_whe
         while proc.poll() is None:
             seen |= _descendants(proc.pid)
             if kill_when is not None and kill_when():
-                proc.send_signal(signal.SIGKILL)
+                proc.send_signal(sig)
                 break
             if time.time() > deadline:
                 proc.kill()
@@ -174,6 +174,22 @@ def test_grpo_run_end_to_end(workspace):
     AutoModelForCausalLM.from_pretrained(run_dir / "hf")
     AutoTokenizer.from_pretrained(run_dir / "hf")
     # the process tree is clean: nothing the run started outlives it
+    time.sleep(1.0)
+    left = _alive(pids)
+    _kill(left)
+    assert pids and not left, f"processes left behind: {left}"
+
+
+def test_sigterm_stops_the_run_and_every_process(workspace):
+    """SIGTERM (a scheduler's stop, ``kill``) mid-run: a clean shut-down of workers, rewards and
+    Ray (Ray's own SIGTERM handler must not pre-empt ours), exit code 143, nothing left running."""
+    tmp, model = workspace
+    cfg = write_config(tmp, model, "term", steps=200, save_every=0)
+    metrics = tmp / "runs" / "term" / "metrics.jsonl"
+    rc, out, pids = run_cli(["train", str(cfg)], _env(tmp), sig=signal.SIGTERM,
+                            kill_when=lambda: metrics.exists() and '"step": 2' in metrics.read_text())
+    assert rc == 128 + signal.SIGTERM, out[-4000:]
+    assert "interrupted: received signal SIGTERM" in out
     time.sleep(1.0)
     left = _alive(pids)
     _kill(left)

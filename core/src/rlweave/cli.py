@@ -9,7 +9,8 @@
   ``config.resolved.yaml`` and ``plugins.json``, then calls
   ``rlweave.runner.loop.run(cfg, config_path=..., run_dir=..., resume=...)``.
 
-Exit codes: 0 ok, 1 run failure / not implemented, 2 invalid config or usage.
+Exit codes: 0 ok, 1 run failure / not implemented, 2 invalid config or usage, 128+N stopped by
+signal N (SIGTERM: 143, SIGINT: 130) after a clean shut-down.
 This module imports no torch or ray; the runner is imported only by ``train``.
 """
 
@@ -137,6 +138,7 @@ def train(config: Path = typer.Argument(..., help="Run config YAML."),
     from rlweave.config.rundir import write_run_dir
 
     from rlweave.config.errors import ConfigError
+    from rlweave.runner.loop import RunInterrupted
 
     write_run_dir(target, cfg, pm, resolved)
     typer.echo(f"run directory: {target}")
@@ -145,6 +147,9 @@ def train(config: Path = typer.Argument(..., help="Run config YAML."),
     except ConfigError as exc:  # a check the runner makes late (e.g. a missing data file)
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
+    except RunInterrupted as exc:  # workers and Ray are already shut down
+        typer.echo(f"interrupted: {exc}; continue with --resume from the latest complete checkpoint", err=True)
+        raise typer.Exit(128 + exc.signum) from None
 
 
 def main() -> None:

@@ -48,7 +48,11 @@ PLOT_KEYS = ("reward/mean", "eval/accuracy", "loss", "kl", "response_len/mean", 
 
 
 class RunInterrupted(RuntimeError):
-    """The run got SIGTERM/SIGINT; everything was shut down before this was raised."""
+    """The run got SIGTERM/SIGINT (``signum``); everything is shut down as this propagates."""
+
+    def __init__(self, message: str, signum: int = 0):
+        super().__init__(message)
+        self.signum = signum
 
 
 def _seed_everything(seed: int) -> None:
@@ -104,14 +108,19 @@ def _timings(metrics: dict[str, Any]) -> dict[str, float]:
 
 
 class _Signals:
-    """Turn SIGTERM (and SIGINT) into an exception so the ``finally`` clean-up runs."""
+    """Turn SIGTERM (and SIGINT) into an exception so the ``finally`` clean-up runs.
+
+    ``ray.init`` installs its own SIGTERM handler in the driver, so the run calls
+    :meth:`reinstall` once Ray is up."""
+
+    active: "_Signals | None" = None
 
     def __init__(self) -> None:
         self.old: dict[int, Any] = {}
 
     @staticmethod
     def _handler(signum, frame):  # noqa: ARG004
-        raise RunInterrupted(f"received signal {signal.Signals(signum).name}; shutting down")
+        raise RunInterrupted(f"received signal {signal.Signals(signum).name}; shutting down", signum)
 
     def __enter__(self) -> "_Signals":
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -119,9 +128,16 @@ class _Signals:
                 self.old[sig] = signal.signal(sig, self._handler)
             except ValueError:  # not the main thread: leave signals alone
                 pass
+        _Signals.active = self
         return self
 
+    def reinstall(self) -> None:
+        """Take SIGTERM/SIGINT back from whatever replaced our handler (Ray does)."""
+        for sig in self.old:
+            signal.signal(sig, self._handler)
+
     def __exit__(self, *exc: object) -> None:
+        _Signals.active = None
         for sig, old in self.old.items():
             signal.signal(sig, old)
 
@@ -269,6 +285,8 @@ class _Run:
 
         start_ray(cfg.ray, required_devices(cfg, role_names))
         self.ray_started = True
+        if _Signals.active is not None:
+            _Signals.active.reinstall()
         self.roles = build_roles(cfg, {r: resolved.roles[r] for r in role_names}, role_names)
 
         ctx = RunContext(roles=self.roles, tokenizer=tokenizer, run_dir=self.run_dir, config=cfg,
