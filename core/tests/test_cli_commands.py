@@ -88,6 +88,7 @@ def test_train_writes_the_run_dir_and_calls_the_runner(monkeypatch, tmp_path):
     calls = []
     loop = types.ModuleType("rlweave.runner.loop")
     loop.run = lambda cfg, **kw: calls.append((cfg, kw))
+    loop.RunInterrupted = type("RunInterrupted", (RuntimeError,), {})
     monkeypatch.setitem(sys.modules, "rlweave.runner.loop", loop)
     result = runner.invoke(cli.app, ["train", "c.yaml", "run.seed=3", "--resume", "--address", "10.0.0.1:6379"])
     assert result.exit_code == 0, result.output

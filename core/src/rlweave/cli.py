@@ -128,7 +128,7 @@ def train(config: Path = typer.Argument(..., help="Run config YAML."),
         cfg.ray.address = address
     target = run_dir if run_dir is not None else Path(cfg.run.output_dir) / cfg.run.name
     try:
-        from rlweave.runner.loop import run
+        from rlweave.runner.loop import RunInterrupted, run
     except ImportError as exc:
         if getattr(exc, "name", None) not in ("rlweave.runner", "rlweave.runner.loop"):
             raise
@@ -138,7 +138,6 @@ def train(config: Path = typer.Argument(..., help="Run config YAML."),
     from rlweave.config.rundir import write_run_dir
 
     from rlweave.config.errors import ConfigError
-    from rlweave.runner.loop import RunInterrupted
 
     write_run_dir(target, cfg, pm, resolved)
     typer.echo(f"run directory: {target}")
