@@ -16,6 +16,7 @@ the same model serves both layouts.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -67,17 +68,9 @@ def _grouped_sdpa(query, key, value, bounds: list[int], scaling, drop: float, gq
     length), split per length and permuted back: three gathers and one scatter per layer, whose
     backward is as cheap, where per-sample slices each cost a full-size gradient buffer.
     Inputs ``(1, H, T, D)``; returns ``(1, T, H, D)``."""
-    lens = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
-    order = sorted(range(len(lens)), key=lambda i: (lens[i], i))
-    runs: list[tuple[int, int]] = []  # (length, samples) of each equal-length run in `order`
-    for i in order:
-        if runs and runs[-1][0] == lens[i]:
-            runs[-1] = (lens[i], runs[-1][1] + 1)
-        else:
-            runs.append((lens[i], 1))
-    identity = order == list(range(len(lens)))
-    if not identity:
-        perm = torch.cat([torch.arange(bounds[i], bounds[i + 1]) for i in order]).to(query.device)
+    runs, perm, inv = _length_groups(tuple(bounds))
+    if perm is not None:
+        perm, inv = perm.to(query.device), inv.to(query.device)
         query, key, value = (x.index_select(2, perm) for x in (query, key, value))
     sizes = [n * g for n, g in runs]
     outs = []
@@ -87,11 +80,31 @@ def _grouped_sdpa(query, key, value, bounds: list[int], scaling, drop: float, gq
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, dropout_p=drop, enable_gqa=gqa)
         outs.append(o.transpose(0, 1).reshape(1, o.shape[1], g * n, o.shape[3]))
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
-    if not identity:
-        inv = torch.empty_like(perm)
-        inv[perm] = torch.arange(perm.numel(), device=perm.device)
+    if inv is not None:
         out = out.index_select(2, inv)
     return out.transpose(1, 2).contiguous()
+
+
+@functools.lru_cache(maxsize=16)
+def _length_groups(bounds: tuple[int, ...]):
+    """The regrouping of :func:`_grouped_sdpa`, computed once per micro-batch layout (all
+    layers of a forward share it): ``(runs, perm, inv)`` with ``runs`` the
+    ``(length, samples)`` of each equal-length run in length order, ``perm`` the token order
+    that sorts samples by length and ``inv`` its inverse (both None when already sorted)."""
+    lens = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    order = sorted(range(len(lens)), key=lambda i: (lens[i], i))
+    runs: list[tuple[int, int]] = []
+    for i in order:
+        if runs and runs[-1][0] == lens[i]:
+            runs[-1] = (lens[i], runs[-1][1] + 1)
+        else:
+            runs.append((lens[i], 1))
+    if order == list(range(len(lens))):
+        return tuple(runs), None, None
+    perm = torch.cat([torch.arange(bounds[i], bounds[i + 1]) for i in order])
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel())
+    return tuple(runs), perm, inv
 
 
 def register() -> str:
