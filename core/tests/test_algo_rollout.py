@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlweave.algo.rollout import encode_prompts, generations_to_batch
+from rlweave.algo.rollout import encode_prompts, generations_to_batch, sampling_params
 from rlweave.interfaces.engine import Generation
 
 
@@ -27,6 +27,17 @@ def test_encode_prompts_keeps_bos_and_drops_appended_eos():
     assert encode_prompts(EosAppendingTokenizer(), ["ab"]) == [[1, 97, 98]]
     with pytest.raises(ValueError, match="prompt #1"):
         encode_prompts(CharTokenizer(), ["a", ""])
+
+
+def test_sampling_params_stop_at_eos_unless_ignore_eos():
+    class Cfg:
+        n_samples, temperature, top_p, top_k, max_new_tokens = 4, 1.0, 1.0, -1, 16
+
+    stops = sampling_params(Cfg(), CharTokenizer(), seed=3)
+    assert stops.stop_token_ids == [0] and not stops.ignore_eos and stops.n == 4 and stops.seed == 3
+    # ignore_eos must not be undone by the tokenizer's EOS in the stop ids (equal-length samples)
+    full = sampling_params(Cfg(), CharTokenizer(), seed=3, ignore_eos=True)
+    assert full.stop_token_ids == [] and full.ignore_eos
 
 
 def test_generations_to_batch_layout():

@@ -7,6 +7,7 @@ import torch
 
 from rlweave.testing.workers import make_state_dict
 from rlweave.weight_sync import WeightSyncError, iter_buckets, unpack_bucket
+from rlweave.weight_sync.buckets import cast_floating
 
 
 def test_round_trip_all_dtypes_and_bucket_sizes():
@@ -41,3 +42,13 @@ def test_corrupted_payload_is_named():
 def test_bad_bucket_size():
     with pytest.raises(ValueError):
         list(iter_buckets([], 0))
+
+
+def test_cast_floating_casts_only_floating_tensors():
+    items = [("w", torch.randn(3)), ("h", torch.randn(2).half()), ("n", torch.arange(4))]
+    out = dict(cast_floating(iter(items), "bfloat16"))
+    assert out["w"].dtype == out["h"].dtype == torch.bfloat16 and out["n"].dtype == torch.int64
+    assert torch.equal(out["w"], items[0][1].to(torch.bfloat16)) and torch.equal(out["n"], items[2][1])
+    assert list(cast_floating(iter(items), None)) == items
+    with pytest.raises(ValueError, match="int32"):
+        list(cast_floating(iter(items), "int32"))

@@ -57,11 +57,11 @@ def tiny(tmp_path_factory):
     return d
 
 
-def fsdp_role(name, model_dir, budget=4096, optim=True):
+def fsdp_role(name, model_dir, budget=4096, optim=True, share=True):
     from rlweave_backend_fsdp.worker import FSDPWorker
 
     ctx = WorkerContext(role=name, master_port=_port(), model={"path": str(model_dir)},
-                        config={"max_tokens_per_micro_batch": budget},
+                        config={"max_tokens_per_micro_batch": budget, "share_prompts": share},
                         extra={"optim": {"lr": 1e-3}} if optim else {})
     h = RoleHandle(name, LocalWorkerGroup(name, FSDPWorker, [ctx]))
     h.call("init_model").result()
@@ -84,10 +84,10 @@ def shutdown(*handles):
         h.shutdown()
 
 
-def dpo_run(tiny, tmp_path, steps=3, budget=4096, records=RECORDS, **algo):
+def dpo_run(tiny, tmp_path, steps=3, budget=4096, records=RECORDS, share=True, **algo):
     from rlweave_algo_dpo.dpo import DPO
 
-    policy = fsdp_role("policy", tiny / "model", budget)
+    policy = fsdp_role("policy", tiny / "model", budget, share=share)
     roles = {"policy": policy}
     if algo.get("reference_mode") == "live":
         roles["reference"] = fsdp_role("reference", tiny / "model", optim=False)
@@ -126,19 +126,24 @@ def test_dpo_steps_learn_preferences(tiny, tmp_path):
 
 
 def test_split_pairs_match_whole_pairs(tiny, tmp_path):
-    """A token budget that puts every sample in its own micro-batch (pairs split) gives the
-    same losses as one micro-batch, thanks to the partner log-ratios; without them it fails."""
+    """A token budget that puts every sample in its own micro-batch (pairs split, prompt
+    sharing off) gives the same losses as one micro-batch, thanks to the partner log-ratios;
+    without them it fails. With prompt sharing, the same budget keeps each pair together
+    (its prompt counted once), with the same losses."""
     few = RECORDS[:3]
     _, whole, _, _ = dpo_run(tiny, tmp_path / "a", steps=2, records=few)
-    _, split, _, _ = dpo_run(tiny, tmp_path / "b", steps=2, budget=8, records=few)
+    _, split, _, _ = dpo_run(tiny, tmp_path / "b", steps=2, budget=8, records=few, share=False)
+    _, pairs, _, _ = dpo_run(tiny, tmp_path / "d", steps=2, budget=8, records=few)
     assert whole[0]["num_micro_batches"] == 1 and split[0]["num_micro_batches"] == 2 * len(few)
-    for w, s in zip(whole, split):
+    assert pairs[0]["num_micro_batches"] == len(few)
+    for w, s, p in zip(whole, split, pairs):
         assert s["dpo_loss"] == pytest.approx(w["dpo_loss"], abs=1e-5)
         assert s["rewards/margin"] == pytest.approx(w["rewards/margin"], abs=1e-5)
+        assert p["dpo_loss"] == pytest.approx(w["dpo_loss"], abs=1e-5)
     from rlweave.scheduler.errors import WorkerError
 
     with pytest.raises(WorkerError, match="without its pair partner"):
-        dpo_run(tiny, tmp_path / "c", steps=1, budget=8, records=few, partner_logprobs="never")
+        dpo_run(tiny, tmp_path / "c", steps=1, budget=8, records=few, partner_logprobs="never", share=False)
 
 
 def test_live_reference_equals_precompute(tiny, tmp_path):

@@ -61,6 +61,32 @@ def test_packed_equals_padded(policy):
     assert _maxdiff(res["logprobs"], res["logprobs_padded"]) < TOL
 
 
+def test_shared_prompts_equal_unshared(policy, tiny):
+    """GRPO-style groups carried with their prompt once per micro-batch give the same
+    log-probs, entropies, losses and gradient norms as the unshared samples, and the
+    log-probs are those of transformers on each sample alone."""
+    from transformers import AutoModelForCausalLM
+
+    res, _ = policy
+    shared, plain = res["group_logprobs_True"], res["group_logprobs_False"]
+    assert set(shared) == set(plain) == set(range(9))
+    assert max(float((shared[i] - plain[i]).abs().max()) for i in shared) < TOL
+    assert max(float((res["group_entropy_True"][i] - res["group_entropy_False"][i]).abs().max())
+               for i in shared) < TOL
+    m = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    for i, s in enumerate(sc.group_batch().sequences("input_ids")):
+        with torch.no_grad():
+            lsm = torch.log_softmax(m(s.view(1, -1)).logits[0, :-1], -1)
+        ref = torch.cat([torch.zeros(1), lsm.gather(-1, s[1:].view(-1, 1)).squeeze(-1)])
+        assert float((shared[i] - ref).abs().max()) < TOL, i
+    for a, b in zip(res["group_step_True"], res["group_step_False"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+        assert a["tokens"] == b["tokens"] == sc.group_batch().num_tokens
+    # the shared rows are shorter, so the same budget needs fewer micro-batches
+    assert res["group_step_True"][0]["num_micro_batches"] < res["group_step_False"][0]["num_micro_batches"]
+
+
 def test_streamed_weights_equal_unsharded_state_dict(policy, tiny):
     from transformers import AutoModelForCausalLM
 
@@ -129,6 +155,16 @@ def test_reward_scores_match_sequence_classifier(heads):
         with torch.no_grad():
             ref = m(s.view(1, -1)).logits[0, 0]
         assert float((res["scores"][i][0] - ref).abs()) < TOL
+
+
+def test_shared_prompt_scores_and_values_equal_unshared(heads):
+    res, _ = heads
+    for key in ("group_scores", "group_values"):
+        a, b = res[f"{key}_True"], res[f"{key}_False"]
+        assert set(a) == set(b) == set(range(9))
+        assert max(float((a[i] - b[i]).abs().max()) for i in a) < TOL, key
+    # the scores differ between samples of a group (read at each sample's own last token)
+    assert len({round(float(res["group_scores_True"][i]), 6) for i in range(3)}) == 3
 
 
 def test_critic_initialised_from_reward_model(heads):

@@ -62,7 +62,7 @@ def test_grouped_varlen_attention_equals_per_sample(dtype):
     import torch
     import torch.nn.functional as F
 
-    from rlweave_backend_fsdp.attention import _grouped_sdpa
+    from rlweave_backend_fsdp.attention import packed_plan, planned_sdpa
 
     dt = getattr(torch, dtype)
     torch.manual_seed(0)
@@ -75,7 +75,7 @@ def test_grouped_varlen_attention_equals_per_sample(dtype):
     v = torch.randn(1, 2, bounds[-1], 8, dtype=dt, requires_grad=True)
     w = torch.randn(1, bounds[-1], 4, 8)
 
-    got = _grouped_sdpa(q, k, v, bounds, None, 0.0, True)
+    got = planned_sdpa(q, k, v, packed_plan(tuple(bounds)), None, 0.0, True)
     (got.float() * w).sum().backward()
     g_got = [x.grad.clone() for x in (q, k, v)]
     for x in (q, k, v):
@@ -90,3 +90,68 @@ def test_grouped_varlen_attention_equals_per_sample(dtype):
     assert torch.allclose(got.float(), ref.float(), atol=tol, rtol=0)
     for a, b in zip(g_got, (q.grad, k.grad, v.grad)):
         assert torch.allclose(a.float(), b.float(), atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_shared_prompt_attention_equals_unshared(dtype):
+    """A row carrying each group's prompt once must give every original token the attention
+    output it has in its own unshared sample, and the same gradients (a shared prompt token
+    gets the sum over its samples). Mixed prompt and response lengths, a group of one, an
+    empty response."""
+    import torch
+    import torch.nn.functional as F
+
+    from rlweave_backend_fsdp.attention import planned_sdpa
+    from rlweave_backend_fsdp.prefix import share
+
+    dt = getattr(torch, dtype)
+    torch.manual_seed(0)
+    prompts = {0: [5, 6, 7], 1: [8, 9], 2: [4, 4, 4, 4]}
+    samples = [(0, [1, 2, 3]), (1, [3]), (0, [2, 2, 2]), (0, [9]), (2, [1, 1]), (1, [7, 7, 7, 7]), (1, [])]
+    seqs = [prompts[p] + r for p, r in samples]
+    plens = [len(prompts[p]) for p, _ in samples]
+    cu = torch.tensor([0] + [sum(len(x) for x in seqs[: i + 1]) for i in range(len(seqs))])
+    ids = torch.tensor([t for x in seqs for t in x])
+    row = share(ids, cu, plens)
+    assert row is not None and row.input_ids.numel() == 3 + 2 + 4 + (3 + 3 + 1) + (1 + 4) + 2
+    assert torch.equal(row.input_ids[row.tok_row], ids)  # every token maps to its own id
+    t = row.input_ids.numel()
+    q = torch.randn(1, 4, t, 8, dtype=dt, requires_grad=True)
+    k = torch.randn(1, 2, t, 8, dtype=dt, requires_grad=True)
+    v = torch.randn(1, 2, t, 8, dtype=dt, requires_grad=True)
+    w = torch.randn(1, ids.numel(), 4, 8)
+
+    got = planned_sdpa(q, k, v, row.plan, None, 0.0, True)[:, row.tok_row]
+    (got.float() * w).sum().backward()
+    g_got = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    qu, ku, vu = (x[:, :, row.tok_row] for x in (q, k, v))  # the unshared row, same leaves
+    ref = torch.cat([
+        F.scaled_dot_product_attention(qu[:, :, s:e], ku[:, :, s:e], vu[:, :, s:e], is_causal=True, enable_gqa=True)
+        for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())
+    ], dim=2).transpose(1, 2)
+    (ref.float() * w).sum().backward()
+    tol, rtol = (1e-5, 0) if dtype == "float32" else (3e-2, 2e-2)  # bf16: sums of several bf16 grads
+    assert torch.allclose(got.float(), ref.float(), atol=tol, rtol=rtol)
+    for a, b in zip(g_got, (q.grad, k.grad, v.grad)):
+        assert torch.allclose(a.float(), b.float(), atol=tol, rtol=rtol)
+
+
+def test_shared_prompt_micro_batches_keep_groups_together():
+    import torch
+
+    from rlweave_backend_fsdp.prefix import plan_units, share
+
+    # 3 groups of 4 samples: prompt 4 tokens, responses 6 -> a group costs 4 + 4*6 = 28 shared tokens
+    seqs = [[10 + g] * 4 + [1] * 6 for g in range(3) for _ in range(4)]
+    cu = torch.tensor([0] + [10 * (i + 1) for i in range(12)])
+    ids = torch.tensor([t for x in seqs for t in x])
+    plens = [4] * 12
+    assert plan_units(ids, cu, plens, 56) == [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11]]
+    # a group over the budget is cut, each part carrying the prompt: 4 + 6 + 6 = 16
+    assert plan_units(ids, cu, plens, 16) == [[i, i + 1] for i in range(0, 12, 2)]
+    # nothing shared: the plain token-budget plan, and no shared row
+    distinct = torch.tensor([t for g in range(12) for t in [g] * 4 + [1] * 6])
+    assert plan_units(distinct, cu, plens, 30) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert share(distinct, cu, plens) is None

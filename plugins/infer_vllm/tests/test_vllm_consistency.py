@@ -43,8 +43,9 @@ def rollout(tmp_path_factory):
             cores = os.sched_getaffinity(t.id)
             if len(cores) == 1:
                 pinned |= cores
+    weight_dtype = engine.weight_dtype()
     engine.shutdown()
-    return model_dir, params, gens, pinned
+    return model_dir, params, gens, (pinned, weight_dtype)
 
 
 def _batch(gens):
@@ -109,5 +110,10 @@ def test_engine_uses_every_core(rollout):
     cpu_reserved_cores (default 0), so the model's OpenMP threads are pinned to every physical core."""
     import psutil
 
-    pinned = rollout[3]
+    pinned = rollout[3][0]
     assert len(pinned) == (psutil.cpu_count(logical=False) or psutil.cpu_count()), pinned
+
+
+def test_engine_asks_for_weights_in_its_dtype(rollout):
+    """Weight sync casts to the engine's dtype before sending; the fixture's engine runs fp32."""
+    assert rollout[3][1] == "float32"

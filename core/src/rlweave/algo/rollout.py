@@ -16,9 +16,10 @@ from rlweave.interfaces.engine import Generation, SamplingParams
 
 def sampling_params(config: Any, tokenizer: Any, seed: int, ignore_eos: bool = False) -> SamplingParams:
     """Rollout sampling settings from an RL algorithm's config (``n_samples``, ``temperature``,
-    ``top_p``, ``top_k``, ``max_new_tokens``), stopping at the tokenizer's EOS when it has one.
+    ``top_p``, ``top_k``, ``max_new_tokens``), stopping at the tokenizer's EOS when it has one,
+    unless ``ignore_eos`` (then every sample is ``max_new_tokens`` long: equal work, benchmarks).
     ``seed`` is the caller's per-step seed, so every algorithm keeps its own seeding scheme."""
-    eos = getattr(tokenizer, "eos_token_id", None)
+    eos = None if ignore_eos else getattr(tokenizer, "eos_token_id", None)
     return SamplingParams(
         n=config.n_samples,
         temperature=config.temperature,

@@ -89,6 +89,13 @@ class RolloutEngine(Worker):
         """Replace the weights in place (HF names), no restart, no temporary files. The
         tensors have already been verified by the weight-sync transport."""
 
+    def weight_dtype(self) -> str | None:
+        """The dtype the engine keeps its weights in (a torch name, e.g. ``"bfloat16"``), or
+        None. Weight sync casts floating-point tensors to it before they travel, so an fp32
+        trainer feeding a bf16 engine moves half the bytes, and the engine receives what it
+        would have cast them to itself (None: tensors arrive in the sender's dtypes)."""
+        return None
+
     def sleep(self, level: int = 1) -> dict[str, Any]:
         """Release memory while colocated roles train: level 1 the KV cache, level 2 the
         weights too where supported. Returns what was freed."""

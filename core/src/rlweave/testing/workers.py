@@ -127,5 +127,9 @@ class ProbeEngine(RolloutEngine):
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         self.state = {name: t.clone() for name, t in named_tensors}
 
+    def weight_dtype(self) -> str | None:
+        """Option ``weight_dtype`` (None by default)."""
+        return (self.ctx.config or {}).get("weight_dtype")
+
     def get_state(self) -> dict[str, Any]:
         return self.state

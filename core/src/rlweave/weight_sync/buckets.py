@@ -75,6 +75,23 @@ def _seal(index: int, items: list[tuple[str, "torch.Tensor"]]) -> tuple[BucketMe
     return BucketMeta(index, names, shapes, dtypes, tuple(offsets), pos, checksum(head, payload)), payload
 
 
+def cast_floating(
+    named_tensors: Iterable[tuple[str, "torch.Tensor"]], dtype: str | None
+) -> Iterator[tuple[str, "torch.Tensor"]]:
+    """``named_tensors`` with every floating-point tensor cast to ``dtype`` (a torch dtype
+    name; None: unchanged). Integer and bool tensors pass as they are."""
+    if dtype is None:
+        yield from named_tensors
+        return
+    import torch
+
+    dt = getattr(torch, dtype, None)
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        raise ValueError(f"weight sync: {dtype!r} is not a floating-point torch dtype")
+    for name, t in named_tensors:
+        yield name, (t.to(dt) if t.is_floating_point() else t)
+
+
 def iter_buckets(
     named_tensors: Iterable[tuple[str, "torch.Tensor"]], bucket_bytes: int
 ) -> Iterator[tuple[BucketMeta, "np.ndarray"]]:

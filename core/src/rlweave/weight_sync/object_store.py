@@ -82,12 +82,14 @@ class ObjectStoreTransport(WeightTransport):
 
     name = "object_store"
 
-    def send(self, src: "RoleHandle", bucket_bytes: int, timeout_s: float) -> list[tuple[BucketMeta, Any]]:
-        """Phase 1: buckets of the source's weights in the object store (rank 0's list)."""
+    def send(self, src: "RoleHandle", bucket_bytes: int, timeout_s: float,
+             dtype: str | None = None) -> list[tuple[BucketMeta, Any]]:
+        """Phase 1: buckets of the source's weights in the object store (rank 0's list),
+        floating tensors cast to ``dtype`` when given."""
         from rlweave.scheduler.errors import WorkerError, WorkerTimeout
 
         ranks = list(range(src.world_size))
-        rank_args = [((bucket_bytes,), {})] * len(ranks)
+        rank_args = [((bucket_bytes, dtype), {})] * len(ranks)
         fut = src.submit_ranks("send_weights", ranks, rank_args, lambda v: v[0], on_actor=True)
         try:
             return fut.result(timeout=timeout_s)
@@ -124,10 +126,26 @@ class ObjectStoreTransport(WeightTransport):
             err_type = type(cause) if cause is not None else WeightSyncError
             raise err_type(f"weight sync into {dst.name!r} rank {exc.rank}: {detail}") from exc
 
+    def wanted_dtype(self, dst: "RoleHandle", timeout_s: float) -> str | None:
+        """The destination's ``weight_dtype()`` (asked of its rank 0), or None."""
+        from rlweave.scheduler.errors import WorkerError, WorkerTimeout
+
+        try:
+            return dst.submit_ranks("weight_dtype", [0], [((), {})], lambda v: v[0], on_actor=True).result(
+                timeout=timeout_s)
+        except WorkerTimeout:
+            raise WeightSyncTimeout(f"weight sync into {dst.name!r}: rank 0 did not answer within {timeout_s:g} s") \
+                from None
+        except WorkerError as exc:
+            raise WeightSyncError(f"weight sync into {dst.name!r} rank {exc.rank}: {exc.summary}") from exc
+
     def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float) -> dict[str, Any]:
+        """See :meth:`WeightTransport.sync`; floating tensors travel in the destination's
+        ``weight_dtype()`` when it names one."""
         start = time.monotonic()
         deadline = start + timeout_s
-        sent = self.send(src, bucket_bytes, timeout_s)
+        dtype = self.wanted_dtype(dst, timeout_s)
+        sent = self.send(src, bucket_bytes, _remaining(deadline), dtype)
         self.receive(dst, sent, timeout_s, wait_s=_remaining(deadline))
         seconds = time.monotonic() - start
         nbytes = sum(m.nbytes for m, _ in sent)
@@ -137,4 +155,5 @@ class ObjectStoreTransport(WeightTransport):
             "buckets": len(sent),
             "seconds": seconds,
             "bytes_per_s": nbytes / seconds if seconds > 0 else float("inf"),
+            "dtype": dtype,
         }

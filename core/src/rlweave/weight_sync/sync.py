@@ -18,8 +18,9 @@ def sync_weights(
 ) -> dict[str, Any]:
     """Copy ``src``'s current weights into every rank of ``dst`` (blocking).
 
-    Uses ``transport`` (default: the object-store transport). Returns ``bytes``, ``tensors``,
-    ``buckets``, ``seconds``, ``bytes_per_s``. Raises
+    Uses ``transport`` (default: the object-store transport, which sends floating tensors in
+    the destination engine's ``weight_dtype()``). Returns ``bytes``, ``tensors``,
+    ``buckets``, ``seconds``, ``bytes_per_s`` (and the transport's extras, e.g. ``dtype``). Raises
     :class:`~rlweave.weight_sync.interface.WeightSyncTimeout` when it does not finish within
     ``timeout_s`` and :class:`~rlweave.weight_sync.interface.WeightSyncError` on a corrupt
     bucket or a worker error.

@@ -23,6 +23,10 @@ class FSDPConfig(BaseModel):
     use_packing: bool = Field(
         True, description="Pack micro-batch samples into one row with varlen attention (false: right-padded rows)."
     )
+    share_prompts: bool = Field(
+        True, description="Packed rows carry a prompt once for all samples of a micro-batch that share it (GRPO groups, "
+        "DPO pairs); needs rlweave's varlen attention. Exact; fewer tokens through the model.",
+    )
     attn_implementation: Literal["auto", "varlen", "flash_attention_2", "sdpa"] = Field(
         "auto",
         description="auto: flash_attention_2 if installed on GPU, else rlweave's exact varlen attention (per-sample SDPA "

@@ -1,6 +1,10 @@
 """Turning raw model outputs of a packed micro-batch into per-token quantities under the
 prediction convention of :mod:`rlweave.data.batch` (``x[t]`` belongs to predicting token
-``t``; 0 at each sample's first token)."""
+``t``; 0 at each sample's first token).
+
+With ``rows`` (a shared-prompt row, :mod:`.prefix`), the raw outputs are per row position and
+``rows[t]`` is the row position of original token ``t``; the results are still per original
+token (a prompt's last position predicts the first response token of every sample sharing it)."""
 
 from __future__ import annotations
 
@@ -30,29 +34,47 @@ def _shift(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
     return y.masked_fill(first, 0.0)
 
 
+def _predictors(rows: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """Row position whose output predicts each original token (``rows[t-1]``; any valid row
+    at first tokens, which are masked)."""
+    return torch.cat([rows[:1], rows[:-1]]).masked_fill(first, 0)
+
+
 def token_logprobs(
-    logits: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, temperature: float, with_entropy: bool
+    logits: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, temperature: float, with_entropy: bool,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``logits`` ``(T, V)`` (position t predicts t+1) -> log-prob and entropy ``(T,)`` float32."""
+    """``logits`` ``(T, V)`` (position t predicts t+1; ``(T', V)`` per row position with
+    ``rows``) -> log-prob and entropy ``(T,)`` float32 of the original tokens ``input_ids``."""
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     lsm = torch.log_softmax(logits, dim=-1)
-    nxt = torch.cat([input_ids[1:], input_ids[:1]]).view(-1, 1)
-    lp_next = lsm.gather(-1, nxt).squeeze(-1)
     first = first_token_mask(cu_seqlens, input_ids.numel(), logits.device)
     ent = None
+    if rows is not None:
+        pred = _predictors(rows.to(logits.device), first)
+        lp = lsm[pred, input_ids].masked_fill(first, 0.0)
+        if with_entropy:
+            ent = (-(lsm.exp() * lsm).sum(-1))[pred].masked_fill(first, 0.0)
+        return lp, ent
+    nxt = torch.cat([input_ids[1:], input_ids[:1]]).view(-1, 1)
+    lp_next = lsm.gather(-1, nxt).squeeze(-1)
     if with_entropy:
         ent = _shift(-(lsm.exp() * lsm).sum(-1), first)
     return _shift(lp_next, first), ent
 
 
-def token_values(raw: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+def token_values(raw: torch.Tensor, cu_seqlens: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Head output at each position ``(T,)`` -> prediction-aligned values: ``values[t]`` is the
     value of the state before token ``t`` (the head read at ``t-1``); 0 at first tokens."""
-    return _shift(raw.float(), first_token_mask(cu_seqlens, raw.numel(), raw.device))
+    if rows is None:
+        return _shift(raw.float(), first_token_mask(cu_seqlens, raw.numel(), raw.device))
+    first = first_token_mask(cu_seqlens, rows.numel(), raw.device)
+    return raw.float()[_predictors(rows.to(raw.device), first)].masked_fill(first, 0.0)
 
 
-def last_token_scores(raw: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+def last_token_scores(raw: torch.Tensor, cu_seqlens: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Head output at each sample's last token ``(n,)``."""
-    return raw.float()[(cu_seqlens[1:] - 1).to(raw.device)]
+    last = (cu_seqlens[1:] - 1).to(raw.device)
+    return raw.float()[last if rows is None else rows.to(raw.device)[last]]

@@ -26,6 +26,20 @@ def fixed_batch(vocab: int = 128, seed: int = 0):
     return b
 
 
+def group_batch(vocab: int = 128, seed: int = 1):
+    """Nine samples, three per prompt (GRPO-style groups, prompt-major), responses of mixed
+    lengths including an empty one; ``token_weight`` = token-mean over the batch."""
+    from rlweave.data.batch import Batch
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(2, vocab, (n,), generator=g).tolist() for n in (4, 7, 2)]
+    rlens = [[6, 6, 3], [9, 0, 5], [11, 11, 11]]
+    seqs = [p + torch.randint(2, vocab, (r,), generator=g).tolist() for p, rs in zip(prompts, rlens) for r in rs]
+    b = Batch.from_sequences(seqs, prompt_lens=[len(p) for p, rs in zip(prompts, rlens) for _ in rs])
+    b.add_token("token_weight", b.token["loss_mask"] / b.token["loss_mask"].sum())
+    return b
+
+
 def nll_loss(outputs, mb):
     """Token-weighted negative log-likelihood (token-weight convention)."""
     loss = -(mb.token["token_weight"] * outputs.logprobs).sum()
@@ -100,6 +114,23 @@ def policy_scenario(ctx_kw: dict, model_dir: str, work: str, budget: int = 32) -
     a.packing = False
     res["logprobs_padded"] = _gather_by_sample(per_sample(a.compute_logprobs(shard)["logprobs"]))
     a.packing = True
+    # shared prompts (GRPO groups) against the same samples unshared, forward and one step
+    grp = group_batch()
+    gidx = shard_indices(world, rank, len(grp))
+    gs = grp.select(gidx)
+
+    def per_group_sample(x: torch.Tensor) -> dict[int, torch.Tensor]:
+        cu = gs.cu_seqlens.tolist()
+        return {i: x[cu[k] : cu[k + 1]].clone() for k, i in enumerate(gidx)}
+
+    for share in (True, False):
+        a.cfg.share_prompts = share
+        o = a.compute_logprobs(gs, with_entropy=True)
+        res[f"group_logprobs_{share}"] = _gather_by_sample(per_group_sample(o["logprobs"]))
+        res[f"group_entropy_{share}"] = _gather_by_sample(per_group_sample(o["entropy"]))
+        w = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=budget, share_prompts=share)
+        res[f"group_step_{share}"] = [w.train_step(gs, nll_loss) for _ in range(2)]
+    a.cfg.share_prompts = True
     ckpt = os.path.join(work, "ckpt")
     metrics = []
     for step in range(4):
@@ -144,6 +175,17 @@ def heads_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
     vals = critic.compute_values(ext)
     last = ext.cu_seqlens[1:] - 1
     res["critic_last"] = _gather_by_sample({i: vals[last[k] : last[k] + 1] for k, i in enumerate(idx)})
+    # scores and values with shared prompts against the same samples unshared
+    gidx = shard_indices(world, rank, 9)
+    gs = group_batch().select(gidx)
+    gcu = gs.cu_seqlens.tolist()
+    for share in (True, False):
+        rm.cfg.share_prompts = critic.cfg.share_prompts = share
+        sc = rm.compute_scores(gs)
+        res[f"group_scores_{share}"] = _gather_by_sample({i: sc[k : k + 1] for k, i in enumerate(gidx)})
+        v = critic.compute_values(gs)
+        res[f"group_values_{share}"] = _gather_by_sample({i: v[gcu[k] : gcu[k + 1]] for k, i in enumerate(gidx)})
+    critic.cfg.share_prompts = True
     res["critic_metrics"] = [critic.train_step(shard, value_loss) for _ in range(3)]
     critic.save_hf(os.path.join(work, "critic"))
     # bf16 mixed precision + activation checkpointing on the policy

@@ -8,7 +8,10 @@ match across ranks.
 
 Micro-batches are formed by a token budget (``max_tokens_per_micro_batch``) and, with
 ``use_packing``, laid out as one row with per-sample positions and exact varlen attention
-(:mod:`.attention`). Gradients follow the token-weight convention: micro-batch losses are
+(:mod:`.attention`). With ``share_prompts`` (and rlweave's varlen attention), samples of a
+micro-batch with the same prompt carry it once (:mod:`.prefix`), and micro-batches keep
+such groups together; per-token results are returned in the unshared layout.
+Gradients follow the token-weight convention: micro-batch losses are
 summed, and multiplied by the data-parallel size to undo FSDP's gradient averaging, so the
 gradient is that of the loss summed over all tokens of all ranks.
 
@@ -29,7 +32,7 @@ import torch.distributed as dist
 
 from rlweave.data.batch import Batch
 from rlweave.interfaces.backend import LossFn, TrainingWorker
-from rlweave_backend_fsdp import attention, checkpoint, hf_export, micro, modeling
+from rlweave_backend_fsdp import attention, checkpoint, hf_export, micro, modeling, prefix
 from rlweave_backend_fsdp.config import FSDPConfig
 from rlweave_backend_fsdp.outputs import Outputs, last_token_scores, token_logprobs, token_values
 from rlweave_backend_fsdp.schedule import WarmupSchedule
@@ -121,8 +124,33 @@ class FSDPWorker(TrainingWorker):
         if self.offloaded and self.device.type == "cuda":
             raise RuntimeError(f"fsdp backend: {what} on role {self.ctx.role} rank {self.rank} while offloaded; call onload()")
 
-    def _raw(self, ids: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
-        """Model output per packed token: logits ``(T, V)`` or head values ``(T,)``."""
+    def _sharing(self, batch: Batch) -> bool:
+        return (self.packing and self.cfg.share_prompts and self.attn_impl == attention.NAME
+                and "prompt_len" in batch.sample and len(batch) > 1)
+
+    def _plan(self, batch: Batch, budget: int) -> list[list[int]]:
+        """Micro-batches of ``batch`` within ``budget`` tokens (shared-row tokens when sharing)."""
+        if not len(batch):
+            return []
+        if self._sharing(batch):
+            return prefix.plan_units(batch.token["input_ids"], batch.cu_seqlens, batch.sample["prompt_len"].tolist(),
+                                     budget)
+        return micro.plan(batch.seqlens.tolist(), budget)
+
+    def _shared(self, mb: Batch) -> prefix.SharedRow | None:
+        if not self._sharing(mb):
+            return None
+        return prefix.share(mb.token["input_ids"].cpu(), mb.cu_seqlens, mb.sample["prompt_len"].tolist())
+
+    def _raw(self, ids: torch.Tensor, cu: torch.Tensor, shared: prefix.SharedRow | None = None) -> torch.Tensor:
+        """Model output per packed token: logits ``(T, V)`` or head values ``(T,)``; with
+        ``shared``, per position of its row ``(T', ...)``."""
+        if shared is not None:
+            kw = {"input_ids": shared.input_ids.view(1, -1).to(self.device),
+                  "position_ids": shared.position_ids.view(1, -1).to(self.device),
+                  "rlweave_plan": shared.plan, "attention_mask": dict(_NO_MASK)}
+            out = self.model(**kw, use_cache=False)
+            return (out if self.kind != "causal_lm" else out.logits)[0]
         if self.packing:
             kw = micro.packed_inputs(ids, cu, self.device)
             if self.attn_impl != "sdpa":  # varlen kernels need no mask; sdpa builds a block mask
@@ -137,11 +165,13 @@ class FSDPWorker(TrainingWorker):
 
     def _outputs(self, mb: Batch, temperature: float = 1.0, with_entropy: bool = False) -> Outputs:
         ids = mb.token["input_ids"].to(self.device)
-        raw = self._raw(ids, mb.cu_seqlens)
+        shared = self._shared(mb)
+        raw = self._raw(ids, mb.cu_seqlens, shared)
+        rows = shared.tok_row if shared is not None else None
         if self.kind == "causal_lm":
-            lp, ent = token_logprobs(raw, ids, mb.cu_seqlens, temperature, with_entropy)
+            lp, ent = token_logprobs(raw, ids, mb.cu_seqlens, temperature, with_entropy, rows)
             return Outputs(logprobs=lp, entropy=ent)
-        return Outputs(values=token_values(raw, mb.cu_seqlens))
+        return Outputs(values=token_values(raw, mb.cu_seqlens, rows))
 
     def _dummy_loss(self) -> torch.Tensor:
         """An empty micro-batch: a 2-token forward whose loss is exactly zero."""
@@ -160,7 +190,7 @@ class FSDPWorker(TrainingWorker):
         """Run ``fn(micro_batch)`` over budgeted micro-batches (same count on all ranks)."""
         self._check_ready("forward")
         self.model.eval()
-        groups = micro.plan(batch.seqlens.tolist(), self._forward_budget()) if len(batch) else []
+        groups = self._plan(batch, self._forward_budget())
         n = self._max_over_ranks(len(groups))
         results = []
         for i in range(n):
@@ -209,7 +239,9 @@ class FSDPWorker(TrainingWorker):
 
         def fn(mb: Batch):
             ids = mb.token["input_ids"].to(self.device)
-            return last_token_scores(self._raw(ids, mb.cu_seqlens), mb.cu_seqlens).cpu()
+            shared = self._shared(mb)
+            rows = shared.tok_row if shared is not None else None
+            return last_token_scores(self._raw(ids, mb.cu_seqlens, shared), mb.cu_seqlens, rows).cpu()
 
         out = torch.zeros(len(batch), dtype=torch.float32)
         for group, scores in self._per_token(batch, fn):
@@ -222,7 +254,7 @@ class FSDPWorker(TrainingWorker):
         self._check_ready("train_step")
         t0 = time.perf_counter()
         self.model.train()
-        groups = micro.plan(batch.seqlens.tolist(), self.cfg.max_tokens_per_micro_batch) if len(batch) else []
+        groups = self._plan(batch, self.cfg.max_tokens_per_micro_batch)
         n_micro = self._max_over_ranks(len(groups))
         entropy = bool(getattr(loss_fn, "needs_entropy", True)) and self.kind == "causal_lm"
         loss_sum, metrics = 0.0, {}

@@ -159,6 +159,7 @@ class VLLMEngine(RolloutEngine):
             os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(reserved)  # read by the engine-core subprocess
         self.llm = LLM(**kw)
         self._max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+        self._weight_dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
         self.eos_ids = eos_token_ids(kw["model"])
         self.sleep_supported = bool(kw.get("enable_sleep_mode"))
         self.tied_on_cpu = _tied_embeddings_on_cpu(self.llm)
@@ -172,6 +173,11 @@ class VLLMEngine(RolloutEngine):
     @property
     def max_model_len(self) -> int:
         return self._max_model_len
+
+    def weight_dtype(self) -> str | None:
+        """The dtype vLLM runs the model in: weight sync sends floating tensors cast to it
+        (what vLLM's loader would cast them to), so a bf16 engine receives half the bytes."""
+        return getattr(self, "_weight_dtype", None)
 
     def _require(self):
         if self.is_follower:

@@ -116,16 +116,23 @@ class WorkerActor:
         except BaseException as exc:  # noqa: BLE001
             raise self._fail(method, exc) from None
 
-    def send_weights(self, bucket_bytes: int) -> list:
+    def send_weights(self, bucket_bytes: int, dtype: str | None = None) -> list:
         """Object-store transport, sending end: iterate ``named_weights()`` (all ranks, as
-        it may run collectives); rank 0 puts checksummed buckets into the object store and
-        returns ``[(BucketMeta, ObjectRef), ...]``; other ranks return ``[]``."""
+        it may run collectives), floating tensors cast to ``dtype`` if given; rank 0 puts
+        checksummed buckets into the object store and returns ``[(BucketMeta, ObjectRef),
+        ...]``; other ranks return ``[]``."""
+        from rlweave.weight_sync.buckets import cast_floating
         from rlweave.weight_sync.object_store import put_buckets
 
         try:
-            return put_buckets(self.worker.named_weights(), bucket_bytes, keep=self._rank == 0)
+            return put_buckets(cast_floating(self.worker.named_weights(), dtype), bucket_bytes, keep=self._rank == 0)
         except BaseException as exc:  # noqa: BLE001
             raise self._fail("send_weights", exc) from None
+
+    def weight_dtype(self) -> str | None:
+        """The worker's ``weight_dtype()`` (engines, see :class:`RolloutEngine`), else None."""
+        fn = getattr(self.worker, "weight_dtype", None)
+        return fn() if callable(fn) else None
 
     def receive_weights(self, bucket_refs: list, timeout_s: float) -> dict[str, Any]:
         """Object-store transport, receiving end: fetch and verify each bucket (within
