@@ -96,8 +96,9 @@ def run_rlweave(a) -> dict:
                                    "max_tokens_per_micro_batch": a.micro_tokens}},
             "reference": {"backend": "fsdp", "options": {"mixed_precision": "bf16" if bf16 else "none",
                                                          "max_tokens_per_micro_batch": a.micro_tokens}},
-            "rollout": {"engine": a.engine, "options": {"dtype": "bfloat16" if bf16 else "float32",
-                                                        **({"kv_cache_gib": 1.0} if a.engine == "vllm" else {})}},
+            "rollout": {"engine": a.engine, "options": {
+                "dtype": "bfloat16" if bf16 else "float32",
+                **({"kv_cache_gib": 1.0, "enforce_eager": not a.vllm_compile} if a.engine == "vllm" else {})}},
         },
         "algorithm": {"name": "grpo", "n_samples": a.samples, "max_new_tokens": a.new_tokens, "ignore_eos": True,
                       "kl_beta": 0.04, "kl_estimator": "k3", "temperature": 1.0},
@@ -192,6 +193,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--steps", type=int, default=2, help="timed steps after one warm-up step")
     ap.add_argument("--micro-tokens", type=int, default=8192)
+    ap.add_argument("--vllm-compile", action="store_true",
+                    help="rlweave's vLLM rollout with torch.compile (enforce_eager: false; slower start)")
     ap.add_argument("--rows", default=",".join("/".join(r) for r in ROWS), help="side/engine/precision,...")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per row")
     ap.add_argument("--verbose", action="store_true", help="show the end of a failed row's output")
@@ -225,7 +228,8 @@ def main() -> None:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--engine", engine,
                    "--precision", precision, "--model", str(model), "--prompts", json.dumps(prompts),
                    "--tmp", tempfile.mkdtemp(dir=tmp), "--samples", str(a.samples), "--new-tokens", str(a.new_tokens),
-                   "--steps", str(a.steps), "--micro-tokens", str(a.micro_tokens)]
+                   "--steps", str(a.steps), "--micro-tokens", str(a.micro_tokens)] \
+                + (["--vllm-compile"] if a.vllm_compile else [])
             env = dict(os.environ, PYTHONPATH=f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
             t0 = time.perf_counter()
             try:

@@ -15,8 +15,8 @@ called with ``rlweave_plan``, an :class:`AttentionPlan` in which a continuation 
 sample's response) attends to all of its prefix segment (the shared prompt) and causally to
 itself, which is exactly what the unshared sample's attention computes for those tokens.
 
-On CPU, bf16/fp16 inputs are attended in fp32: the same speed forward and ~1.6x faster
-backward than CPU SDPA in bf16 (measured in bench/RESULTS.md), and more exact.
+On CPU, bf16/fp16 inputs are attended in fp32: forward about as fast, backward 1.4-1.7x
+faster than CPU SDPA in bf16 at GRPO shapes (``bench/cpu_attention.py``), and more exact.
 
 Without ``cu_seq_lens_q`` (padded rows) the call is plain SDPA with the padding mask, so
 the same model serves both layouts.
