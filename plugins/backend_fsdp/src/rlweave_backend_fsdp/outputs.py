@@ -28,15 +28,12 @@ def first_token_mask(cu_seqlens: torch.Tensor, total: int, device) -> torch.Tens
     return m
 
 
-def _shift(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-    """``y[t] = x[t-1]``, zero where a sample starts."""
-    y = torch.cat([x.new_zeros(1), x[:-1]])
-    return y.masked_fill(first, 0.0)
-
-
-def _predictors(rows: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-    """Row position whose output predicts each original token (``rows[t-1]``; any valid row
-    at first tokens, which are masked)."""
+def _predictors(rows: torch.Tensor | None, first: torch.Tensor) -> torch.Tensor:
+    """Position of the raw output that predicts each original token: ``rows[t-1]`` (``t-1``
+    without ``rows``); any valid position at first tokens, which are masked."""
+    if rows is None:
+        rows = torch.arange(first.numel(), device=first.device)
+    rows = rows.to(first.device)
     return torch.cat([rows[:1], rows[:-1]]).masked_fill(first, 0)
 
 
@@ -51,27 +48,19 @@ def token_logprobs(
         logits = logits / temperature
     lsm = torch.log_softmax(logits, dim=-1)
     first = first_token_mask(cu_seqlens, input_ids.numel(), logits.device)
-    ent = None
-    if rows is not None:
-        pred = _predictors(rows.to(logits.device), first)
-        lp = lsm[pred, input_ids].masked_fill(first, 0.0)
-        if with_entropy:
-            ent = (-(lsm.exp() * lsm).sum(-1))[pred].masked_fill(first, 0.0)
-        return lp, ent
-    nxt = torch.cat([input_ids[1:], input_ids[:1]]).view(-1, 1)
-    lp_next = lsm.gather(-1, nxt).squeeze(-1)
-    if with_entropy:
-        ent = _shift(-(lsm.exp() * lsm).sum(-1), first)
-    return _shift(lp_next, first), ent
+    pred = _predictors(rows, first)
+    lp = lsm[pred, input_ids].masked_fill(first, 0.0)
+    ent = (-(lsm.exp() * lsm).sum(-1))[pred].masked_fill(first, 0.0) if with_entropy else None
+    return lp, ent
 
 
 def token_values(raw: torch.Tensor, cu_seqlens: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """Head output at each position ``(T,)`` -> prediction-aligned values: ``values[t]`` is the
-    value of the state before token ``t`` (the head read at ``t-1``); 0 at first tokens."""
-    if rows is None:
-        return _shift(raw.float(), first_token_mask(cu_seqlens, raw.numel(), raw.device))
-    first = first_token_mask(cu_seqlens, rows.numel(), raw.device)
-    return raw.float()[_predictors(rows.to(raw.device), first)].masked_fill(first, 0.0)
+    """Head output at each position ``(T,)`` (per row position with ``rows``) -> prediction-
+    aligned values: ``values[t]`` is the value of the state before token ``t`` (the head read
+    at ``t-1``); 0 at first tokens."""
+    n = raw.numel() if rows is None else rows.numel()
+    first = first_token_mask(cu_seqlens, n, raw.device)
+    return raw.float()[_predictors(rows, first)].masked_fill(first, 0.0)
 
 
 def last_token_scores(raw: torch.Tensor, cu_seqlens: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:

@@ -95,6 +95,7 @@ def plan_units(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, prompt_lens: S
     if all(len(g) == 1 for g in groups):
         return micro.plan(lens, budget)
     units: list[list[int]] = []
+    costs: list[int] = []  # shared-row tokens of each unit: the prompt once, then every response
     for g in groups:
         p = int(prompt_lens[g[0]])
         part, cost = [], p
@@ -102,12 +103,12 @@ def plan_units(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, prompt_lens: S
             r = lens[i] - p
             if part and cost + r > budget:
                 units.append(part)
+                costs.append(cost)
                 part, cost = [], p
             part.append(i)
             cost += r
         units.append(part)
-    costs = [lens[u[0]] if len(u) == 1 else int(prompt_lens[u[0]]) + sum(lens[i] - int(prompt_lens[u[0]]) for i in u)
-             for u in units]
+        costs.append(cost)
     bins = micro.plan(costs, budget)
     out = [sorted(i for b in bin_ for i in units[b]) for bin_ in bins]
     out.sort(key=lambda g: g[0])

@@ -145,23 +145,20 @@ class FSDPWorker(TrainingWorker):
     def _raw(self, ids: torch.Tensor, cu: torch.Tensor, shared: prefix.SharedRow | None = None) -> torch.Tensor:
         """Model output per packed token: logits ``(T, V)`` or head values ``(T,)``; with
         ``shared``, per position of its row ``(T', ...)``."""
+        flat = None  # padded rows: the flat index of each real token
         if shared is not None:
             kw = {"input_ids": shared.input_ids.view(1, -1).to(self.device),
                   "position_ids": shared.position_ids.view(1, -1).to(self.device),
                   "rlweave_plan": shared.plan, "attention_mask": dict(_NO_MASK)}
-            out = self.model(**kw, use_cache=False)
-            return (out if self.kind != "causal_lm" else out.logits)[0]
-        if self.packing:
+        elif self.packing:
             kw = micro.packed_inputs(ids, cu, self.device)
             if self.attn_impl != "sdpa":  # varlen kernels need no mask; sdpa builds a block mask
                 kw["attention_mask"] = dict(_NO_MASK)
-            out = self.model(**kw, use_cache=False)
-            raw = out if self.kind != "causal_lm" else out.logits
-            return raw[0]
-        kw, flat = micro.padded_inputs(ids, cu, self.device)
+        else:
+            kw, flat = micro.padded_inputs(ids, cu, self.device)
         out = self.model(**kw, use_cache=False)
         raw = out if self.kind != "causal_lm" else out.logits
-        return raw.reshape(-1, *raw.shape[2:])[flat]
+        return raw[0] if flat is None else raw.reshape(-1, *raw.shape[2:])[flat]
 
     def _outputs(self, mb: Batch, temperature: float = 1.0, with_entropy: bool = False) -> Outputs:
         ids = mb.token["input_ids"].to(self.device)
