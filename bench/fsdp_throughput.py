@@ -92,6 +92,22 @@ def fixed_count_plan(batches, budget: int):
     return plan, k
 
 
+def profile_step(w, batch, device: str, label: str, top: int = 15) -> None:
+    """One more (untimed) train step under torch.profiler; prints the ops that took the most
+    device time (CPU time on CPU) to stderr."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        w.train_step(batch, nll)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    print(f"# profile {label}\n" + prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=60),
+          file=sys.stderr, flush=True)
+
+
 def run_one(args, model_dir, preset, mode, prec, port) -> dict:
     import torch
 
@@ -126,6 +142,8 @@ def run_one(args, model_dir, preset, mode, prec, port) -> dict:
             flops += step_flops(preset, b.seqlens.tolist())
         sync()
         dt = time.perf_counter() - t0
+        if args.profile:
+            profile_step(w, batches[-1], args.device, f"{mode}/{prec}")
         grid = 0  # tokens of the rows the forward passes ran over (real + padding)
         for b in batches[args.warmup :]:
             lens = b.seqlens.tolist()
@@ -160,6 +178,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU")
     ap.add_argument("--act-ckpt", action="store_true", help="activation checkpointing")
     ap.add_argument("--model-dir", default=None, help="reuse/build the random model here")
+    ap.add_argument("--profile", action="store_true", help="profile one extra step per config (top ops to stderr)")
     args = ap.parse_args(argv)
 
     import torch

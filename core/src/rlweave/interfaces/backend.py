@@ -52,7 +52,12 @@ class LossFn(Protocol):
     Must be picklable (a module-level function or a small dataclass instance) because it
     travels to the ranks. ``loss`` is a scalar tensor following the token-weight
     convention above; ``metrics`` are floats summed over micro-batches by the backend
-    (so return token-weighted sums when a mean is wanted)."""
+    (so return token-weighted sums when a mean is wanted).
+
+    Optional attributes a backend reads from the loss function: ``temperature`` (float,
+    default 1.0: ``outputs.logprobs`` are those of ``logits / temperature``, as
+    ``compute_logprobs(temperature=...)`` computes them) and ``needs_entropy`` (bool,
+    default True: whether ``outputs.entropy`` is computed)."""
 
     def __call__(self, outputs: ModelOutputs, batch: "Batch") -> tuple["torch.Tensor", dict[str, float]]: ...
 

@@ -29,6 +29,9 @@ class WorkerContext:
         extra: anything else the algorithm passes to the worker (optimizer settings...).
         cpu_threads: intra-op threads of a rank on a CPU device (None: the node's cores
             divided by ``world_size``); the scheduler applies it before building the worker.
+        cpu_malloc_reuse: on a CPU device, the scheduler keeps freed memory in the rank's
+            process for reuse (:mod:`rlweave.scheduler.ray_impl.malloc`) before building the
+            worker; afterwards it says whether that was applied.
     """
 
     role: str = "policy"
@@ -43,6 +46,7 @@ class WorkerContext:
     parallel: dict[str, int] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     cpu_threads: int | None = None
+    cpu_malloc_reuse: bool = True
 
 
 class Worker:

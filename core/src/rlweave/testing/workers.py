@@ -37,6 +37,15 @@ def make_state_dict(megabytes: float, seed: int) -> dict[str, Any]:
     }
 
 
+def _started_with(name: str) -> bool | None:
+    """Whether this process's initial environment had ``name`` (None: not on Linux)."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            return any(v.startswith(name.encode() + b"=") for v in f.read().split(b"\0"))
+    except OSError:
+        return None
+
+
 class ProbeWorker(Worker):
     """Results are functions of the input; see the module docstring."""
 
@@ -50,7 +59,15 @@ class ProbeWorker(Worker):
                "device": self.ctx.device, "master": f"{self.ctx.master_addr}:{self.ctx.master_port}"}
         ray = sys.modules.get("ray")  # set inside a Ray actor; not imported just for this
         out["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()] if ray is not None and ray.is_initialized() else []
+        out["cpu_malloc_reuse"] = self.ctx.cpu_malloc_reuse
+        out["started_with_glibc_tunables"] = _started_with("GLIBC_TUNABLES")
         return out
+
+    def realloc_page_faults(self) -> int:
+        """Page faults of writing 32 MiB just after freeing 64 MiB in this rank's process."""
+        from rlweave.scheduler.ray_impl.malloc import realloc_page_faults
+
+        return realloc_page_faults()
 
     def all_reduce(self, value: float) -> float:
         import torch

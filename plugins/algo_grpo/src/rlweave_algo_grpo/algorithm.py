@@ -33,15 +33,6 @@ from rlweave_algo_grpo.loss import GRPOLoss
 from rlweave_algo_grpo.shaping import overlong_penalty
 
 
-#: Temperature of every policy/reference log-prob (old, reference, and the training forward).
-#: Training backends compute the training forward's log-probs at temperature 1 (the
-#: ``train_step`` contract has no temperature), so old and reference log-probs use 1 as well,
-#: keeping the PPO ratio and the KL between like quantities. Sampling still uses
-#: ``config.temperature``; with a temperature other than 1 the rollout log-probs (and
-#: ``logprob_gap``) are those of the tempered distribution.
-LOGPROB_TEMPERATURE = 1.0
-
-
 def _mean(xs: list[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else 0.0
 
@@ -156,8 +147,8 @@ class GRPO(Algorithm):
         # KL in the reward needs the policy's log-probs before the update as well
         need_old = c.ppo_epochs > 1 or c.mini_batches > 1 or c.kl_in_reward
         t0 = time.perf_counter()
-        ref_fut = roles["reference"].logprobs(batch, temperature=LOGPROB_TEMPERATURE) if c.kl_beta > 0 else None
-        old_fut = policy.logprobs(batch, temperature=LOGPROB_TEMPERATURE) if need_old else None
+        ref_fut = roles["reference"].logprobs(batch, temperature=c.temperature) if c.kl_beta > 0 else None
+        old_fut = policy.logprobs(batch, temperature=c.temperature) if need_old else None
         if ref_fut is not None:
             batch.add_token("ref_logprobs", ref_fut.result()["logprobs"].float())
             self._times["reference"] = time.perf_counter() - t0
@@ -184,7 +175,7 @@ class GRPO(Algorithm):
             clip_high=c.clip_high,
             kl_beta=0.0 if c.kl_in_reward else c.kl_beta,
             kl_estimator=c.kl_estimator,
-            temperature=LOGPROB_TEMPERATURE,
+            temperature=c.temperature,
         )
         rng = random.Random(int(self.ctx.seed) * 7919 + self.steps_done)
         train_metrics: list[dict[str, float]] = []

@@ -35,12 +35,16 @@ NAME = "rlweave_varlen"
 _registered = False
 
 
+@functools.lru_cache(maxsize=1)
 def _varlen_fused():
+    """``(varlen_attn, its keyword names)``, or ``(None, ())`` on a torch without it. The
+    keywords differ between torch versions: causality is ``is_causal`` (2.9-2.10) or
+    ``window_size=(-1, 0)``, and ``enable_gqa`` exists from 2.12 on."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except Exception:  # noqa: BLE001 - older torch
-        return None, False
-    return varlen_attn, "is_causal" in inspect.signature(varlen_attn).parameters
+        return None, ()
+    return varlen_attn, tuple(inspect.signature(varlen_attn).parameters)
 
 
 def varlen_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -56,15 +60,17 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
         raise ValueError(f"{NAME}: packed rows must have batch size 1, got {query.shape[0]}")
     gqa = query.shape[1] != key.shape[1]
     drop = dropout if module.training else 0.0
-    fused, has_causal_kw = _varlen_fused()
+    fused, params = _varlen_fused()
     if plan is None and fused is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) \
             and drop == 0.0:
         q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, D)
         cu32 = cu.to(device=q.device, dtype=torch.int32)
         mx = int(kwargs.get("max_length_q") or int((cu[1:] - cu[:-1]).max()))
-        extra = {"is_causal": True} if has_causal_kw else {"window_size": (-1, 0)}
-        if gqa:
+        extra = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+        if gqa and "enable_gqa" in params:
             extra["enable_gqa"] = True
+        elif gqa:  # no GQA keyword: one key/value head per query head
+            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
         out = fused(q, k, v, cu32, cu32, mx, mx, scale=scaling, **extra)
         return out.unsqueeze(0), None
     if plan is None:

@@ -41,7 +41,8 @@ class ScalarHeadModel(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, **kwargs):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
-        return self.score(out.last_hidden_state).squeeze(-1).float()
+        # a fresh tensor, not a view: FSDP2 warns about (and mishandles in-place ops on) view outputs
+        return self.score(out.last_hidden_state).squeeze(-1).to(torch.float32, copy=True)
 
 
 def read_hf_tensor(path: str | Path, name: str) -> torch.Tensor | None:

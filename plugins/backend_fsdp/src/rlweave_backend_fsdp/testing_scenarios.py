@@ -58,6 +58,20 @@ def value_loss(outputs, mb):
 value_loss.needs_entropy = False
 
 
+class TemperedLogprobSum:
+    """Loss whose ``temperature`` the backend must honour; its metric ``wlp`` is the
+    token-weighted sum of the training forward's log-probs (a loss of zero: no update)."""
+
+    needs_entropy = False
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+
+    def __call__(self, outputs, mb):
+        wlp = (mb.token["token_weight"] * outputs.logprobs).sum()
+        return wlp * 0.0, {"wlp": float(wlp.detach())}
+
+
 def shard_indices(world: int, rank: int, n: int) -> list[int]:
     """Deliberately uneven: rank 0 gets one sample, the others share the rest, so ranks
     run different micro-batch counts and the padding with empty micro-batches is exercised."""
@@ -131,6 +145,14 @@ def policy_scenario(ctx_kw: dict, model_dir: str, work: str, budget: int = 32) -
         w = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=budget, share_prompts=share)
         res[f"group_step_{share}"] = [w.train_step(gs, nll_loss) for _ in range(2)]
     a.cfg.share_prompts = True
+    # the training forward uses the loss function's temperature, like compute_logprobs
+    t = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=budget)
+    w_tok = shard.token["token_weight"]
+    local = [float((w_tok * t.compute_logprobs(shard, temperature=temp)["logprobs"]).sum()) for temp in (0.5, 1.0)]
+    sums: list = [None] * world
+    dist.all_gather_object(sums, local)
+    res["tempered"] = {"train_wlp": t.train_step(shard, TemperedLogprobSum(0.5))["wlp"],
+                       "wlp_t05": sum(x[0] for x in sums), "wlp_t1": sum(x[1] for x in sums)}
     ckpt = os.path.join(work, "ckpt")
     metrics = []
     for step in range(4):

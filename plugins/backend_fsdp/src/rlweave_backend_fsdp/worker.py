@@ -254,11 +254,15 @@ class FSDPWorker(TrainingWorker):
         groups = self._plan(batch, self.cfg.max_tokens_per_micro_batch)
         n_micro = self._max_over_ranks(len(groups))
         entropy = bool(getattr(loss_fn, "needs_entropy", True)) and self.kind == "causal_lm"
+        temperature = float(getattr(loss_fn, "temperature", 1.0))
+        if not temperature > 0:
+            raise ValueError(f"fsdp backend: loss function {type(loss_fn).__name__} has temperature {temperature}; "
+                             "it must be > 0")
         loss_sum, metrics = 0.0, {}
         for i in range(n_micro):
             if i < len(groups):
                 mb = self._on_device(batch.select(groups[i]))
-                loss, m = loss_fn(self._outputs(mb, with_entropy=entropy), mb)
+                loss, m = loss_fn(self._outputs(mb, temperature, with_entropy=entropy), mb)
                 for k, v in m.items():
                     metrics[k] = metrics.get(k, 0.0) + float(v)
             else:

@@ -20,6 +20,7 @@ import traceback
 from typing import Any
 
 from rlweave.scheduler.errors import RemoteFailure
+from rlweave.scheduler.ray_impl.malloc import keep_freed_memory
 
 
 def _free_port(host: str) -> int:
@@ -90,7 +91,10 @@ class WorkerActor:
         """Build the worker. ``device_kind`` is the pool's kind: a ``gpu`` pool gives
         ``ctx.device = "cuda"`` when this process sees CUDA, else ``"cpu"`` (virtual devices).
         On a CPU device the rank's intra-op threads are set first (``ctx.cpu_threads``, see
-        :func:`cpu_threads`), and ``ctx.cpu_threads`` holds the number applied."""
+        :func:`cpu_threads`), and ``ctx.cpu_threads`` holds the number applied; with
+        ``ctx.cpu_malloc_reuse`` freed memory is kept for reuse
+        (:func:`~rlweave.scheduler.ray_impl.malloc.keep_freed_memory`), and the field then
+        says whether it was applied."""
         try:
             if device_kind == "gpu":
                 import torch
@@ -101,6 +105,9 @@ class WorkerActor:
             if ctx.device == "cpu":
                 ctx.cpu_threads = cpu_threads(ctx.cpu_threads, ctx.world_size)
                 apply_cpu_threads(ctx.cpu_threads)
+                ctx.cpu_malloc_reuse = bool(ctx.cpu_malloc_reuse) and keep_freed_memory()
+            else:
+                ctx.cpu_malloc_reuse = False
             self.worker = self._cls(ctx)
         except BaseException as exc:  # noqa: BLE001
             raise self._fail("__init__", exc) from None

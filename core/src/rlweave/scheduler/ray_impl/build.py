@@ -44,6 +44,7 @@ def _context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int]) -> W
         parallel=dict(section.parallel),
         extra={"optim": section.optim.model_dump() if section.optim is not None else None},
         cpu_threads=section.cpu_threads,
+        cpu_malloc_reuse=cfg.ray.cpu_malloc_reuse,
     )
 
 
@@ -67,7 +68,8 @@ def build_roles(
     """
     import ray
 
-    from rlweave.scheduler.ray_impl.cluster import start_ray
+    from rlweave.scheduler.ray_impl.cluster import gpus_are_virtual, start_ray
+    from rlweave.scheduler.ray_impl.malloc import start_env
 
     roles = list(dict.fromkeys(roles))
     errors = check_placement(cfg, roles, {r: getattr(records[r], "parallel", None) for r in roles if r in records})
@@ -91,8 +93,10 @@ def build_roles(
             placement = pools[cfg.roles[role].pool]
             slot = placement.layout.slot_of(role)
             classes[role] = records[role].load()
+            on_cpu = placement.device == "cpu" or gpus_are_virtual()
+            env = start_env(cfg.ray.cpu_malloc_reuse, on_cpu)
             actors = [
-                actor_cls.options(**placement.actor_options(slot, rank)).remote(classes[role], role, rank)
+                actor_cls.options(**placement.actor_options(slot, rank, env)).remote(classes[role], role, rank)
                 for rank in range(cfg.roles[role].devices)
             ]
             placement.users += 1

@@ -4,7 +4,9 @@
 Ray process binds 127.0.0.1), no dashboard unless ``ray.dashboard``, token auth off
 (``RAY_AUTH_MODE=disabled`` unless set), and, on a machine without GPUs, the devices the
 placement needs declared as virtual GPUs (``num_gpus``), so the same placement runs
-everywhere. With ``ray.address`` it joins that cluster as is.
+everywhere; there, with ``ray.cpu_malloc_reuse``, this process and the cluster's processes
+keep freed memory for reuse (:mod:`rlweave.scheduler.ray_impl.malloc`). With ``ray.address``
+it joins that cluster as is.
 
 ``shutdown_ray`` disconnects and, for a local cluster, waits until every Ray process it
 started (GCS, raylet, agents, workers) has exited, killing stragglers.
@@ -16,6 +18,8 @@ import os
 import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
+
+from rlweave.scheduler.ray_impl.malloc import cpu_malloc
 
 if TYPE_CHECKING:  # pragma: no cover
     from rlweave.config.schema import RaySection
@@ -32,6 +36,12 @@ def real_gpu_count() -> int:
         return int(torch.cuda.device_count())
     except Exception:  # noqa: BLE001
         return 0
+
+
+def gpus_are_virtual() -> bool:
+    """Whether this process started the local cluster on a machine without GPUs, so the
+    ranks of gpu pools run on CPU (virtual devices)."""
+    return _started_local and real_gpu_count() == 0
 
 
 def start_ray(ray_cfg: "RaySection | None" = None, needs_gpus: int = 0) -> None:
@@ -58,6 +68,8 @@ def start_ray(ray_cfg: "RaySection | None" = None, needs_gpus: int = 0) -> None:
     num_gpus = None
     if real_gpu_count() == 0:
         num_gpus = cfg.virtual_gpus if cfg.virtual_gpus is not None else int(needs_gpus)
+    # everything runs on CPU: this process and the cluster's (inheriting the variable) keep freed memory
+    cpu_malloc(cfg.cpu_malloc_reuse and num_gpus is not None)
 
     from ray._private import ray_constants
 
@@ -108,6 +120,8 @@ def shutdown_ray(timeout_s: float = 15.0) -> None:
         return
     procs = ray_processes() if _started_local else []
     ray.shutdown()
+    if _started_local:
+        cpu_malloc(False)  # processes started from now on get glibc's defaults again
     _started_local = False
     if not procs:
         return

@@ -37,11 +37,14 @@ class PoolPlacement:
     pg: Any
     users: int = 0
 
-    def actor_options(self, slot: Slot, rank: int) -> dict[str, Any]:
+    def actor_options(self, slot: Slot, rank: int, env: dict[str, str] | None = None) -> dict[str, Any]:
+        """Ray options of rank ``rank`` of ``slot``; ``env``: variables its process starts with."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         frac = share(len(slot.roles))
+        extra = {"runtime_env": {"env_vars": dict(env)}} if env else {}
         return {
+            **extra,
             "num_cpus": math.floor(CPUS_PER_DEVICE * frac * 10000) / 10000,  # Ray precision, sums <= bundle
             "num_gpus": frac if self.device == "gpu" else 0,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
