@@ -40,6 +40,9 @@ PRESETS = {
     # Qwen2.5-0.5B shape, random weights
     "qwen2.5-0.5b": dict(vocab_size=151936, hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864,
                          tie_word_embeddings=True),
+    # Qwen2.5-1.5B shape, random weights
+    "qwen2.5-1.5b": dict(vocab_size=151936, hidden=1536, layers=28, heads=12, kv_heads=2, ffn=8960,
+                         tie_word_embeddings=True),
 }
 CEILING = {("cpu", "fp32"): 170e9, ("cpu", "bf16"): 414e9, ("cuda", "bf16"): 989e12, ("cuda", "fp32"): 67e12}
 
@@ -104,8 +107,10 @@ def profile_step(w, batch, device: str, label: str, top: int = 15) -> None:
         if device == "cuda":
             torch.cuda.synchronize()
     key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
-    print(f"# profile {label}\n" + prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=60),
-          file=sys.stderr, flush=True)
+    avg = prof.key_averages()
+    print(f"# profile {label}, by self time\n" + avg.table(sort_by=key, row_limit=top, max_name_column_width=60)
+          + f"\n# profile {label}, by host time including children\n"
+          + avg.table(sort_by="cpu_time_total", row_limit=top, max_name_column_width=60), file=sys.stderr, flush=True)
 
 
 def run_one(args, model_dir, preset, mode, prec, port) -> dict:
@@ -116,7 +121,7 @@ def run_one(args, model_dir, preset, mode, prec, port) -> dict:
     from rlweave_backend_fsdp.worker import FSDPWorker
 
     cfg = {"mixed_precision": "bf16" if prec == "bf16" else "none", "use_packing": mode == "packed",
-           "max_tokens_per_micro_batch": args.micro_tokens, "activation_checkpointing": args.act_ckpt}
+           "max_tokens_per_micro_batch": args.micro_tokens, "activation_checkpointing": args.act_ckpt, "compile": args.compile}
     ctx = WorkerContext(device=args.device, master_port=port, config=cfg, model={"path": model_dir},
                         extra={"optim": {"lr": 1e-4}})
     w = FSDPWorker(ctx)
@@ -178,6 +183,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU")
     ap.add_argument("--act-ckpt", action="store_true", help="activation checkpointing")
     ap.add_argument("--model-dir", default=None, help="reuse/build the random model here")
+    ap.add_argument("--compile", action="store_true", help="the backend's compile option (torch.compile per layer)")
     ap.add_argument("--profile", action="store_true", help="profile one extra step per config (top ops to stderr)")
     args = ap.parse_args(argv)
 

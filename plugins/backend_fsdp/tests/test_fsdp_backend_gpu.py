@@ -81,3 +81,12 @@ def test_gpu_reward_and_critic(heads):
     assert _maxdiff(res["critic_last"], res["scores"]) < TOL
     vl = [m["vloss"] for m in res["critic_metrics"]]
     assert vl[-1] < vl[0]
+
+
+def test_gpu_compiled_layers_equal_eager(tiny, tmp_path):
+    res = run_ranks(sc.compile_scenario, 1, tiny, str(tmp_path), device="cuda", timeout_s=600)
+    eager, comp = res[False], res[True]
+    assert comp["compiled_layers"] == 2 and comp["graphs"] > 0
+    for k in ("lp_packed", "lp_shared"):
+        assert float((eager[k] - comp[k]).abs().max()) < 1e-4, k
+    assert comp["losses"] == pytest.approx(eager["losses"], abs=1e-4)

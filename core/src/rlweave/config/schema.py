@@ -42,7 +42,7 @@ class RaySection(Strict):
         True,
         description="Processes on CPU keep freed memory for reuse (glibc mmap/trim thresholds raised) instead of "
         "returning it to the OS and page-faulting it back: the controller and the whole local cluster on a GPU-less "
-        "machine, and the ranks of cpu pools. 10-20% faster GRPO steps on CPU (bench/RESULTS.md); a process keeps "
+        "machine, and the ranks of cpu pools. GRPO steps 1.17x faster on CPU (bench/RESULTS.md); a process keeps "
         "its peak heap until it exits. false: glibc's defaults.",
     )
 

@@ -47,6 +47,7 @@ def _varlen_fused():
     return varlen_attn, tuple(inspect.signature(varlen_attn).parameters)
 
 
+@torch.compiler.disable
 def varlen_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention-interface signature; q/k/v are ``(B, H, T, D)``; returns
     ``((B, T, H, D), None)``."""

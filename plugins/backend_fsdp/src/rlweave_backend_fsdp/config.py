@@ -32,6 +32,10 @@ class FSDPConfig(BaseModel):
         description="auto: flash_attention_2 if installed on GPU, else rlweave's exact varlen attention (per-sample SDPA "
         "or torch varlen_attn).",
     )
+    compile: bool = Field(
+        False, description="torch.compile each decoder layer (attention stays eager): fused elementwise work and fewer "
+        "kernel launches on GPU; the first steps compile (tens of seconds). No gain measured on CPU.",
+    )
     offload_between_phases: bool = Field(
         False, description="Hint for the scheduler: offload() parameters and optimizer state when the role idles."
     )

@@ -86,6 +86,8 @@ class FSDPWorker(TrainingWorker):
         if mp is not None:
             kw["mp_policy"] = mp
         for layer in modeling.decoder_layers(model):
+            if self.cfg.compile:  # in place (same parameter names); before sharding, as FSDP2 expects
+                layer.compile(dynamic=True)
             fully_shard(layer, **kw)
         fully_shard(model, **kw)
         self.model = model

@@ -7,7 +7,7 @@ CPU training step allocates and frees gigabytes of activations and gradients: th
 yardstick GRPO step (``bench/grpo_vs_trl.py``) paid about 280,000 page faults (1.1 GB)
 per train step. With both thresholds raised freed blocks stay in the heap and are reused,
 as CUDA caching allocators keep device memory: 0 faults after the first step, and the
-whole GRPO step ran 10-20% faster (measured below).
+whole GRPO step ran 1.1-1.2x faster (measured below).
 
 Where it applies (``ray.cpu_malloc_reuse``, on by default):
 
@@ -19,9 +19,11 @@ Where it applies (``ray.cpu_malloc_reuse``, on by default):
 * a rank on a CPU device also calls :func:`keep_freed_memory` while it sets up (ranks the
   controller could not classify).
 
-Measured on the 2-core CPU machine, interleaved runs of the GRPO yardstick: the whole
-cluster tuned 27.1-30.0 s/step; only the ranks (started with the variable) 29.8-31.9 s;
-glibc's defaults 32.2-33.6 s.
+Measured with the GRPO yardstick, interleaved runs. 2-core AMD machine: the whole cluster
+tuned 27.1-30.0 s/step; only the ranks (started with the variable) 29.8-31.9 s; glibc's
+defaults 32.2-33.6 s. 2-core Intel machine with AMX (``bench/grpo_vs_trl.py``, one
+invocation): 11.00 vs 12.82 s/step (1.17x); TRL's step with the same settings 14.15 vs
+17.39 s (1.23x).
 
 Cost: a process keeps its heap's high-water mark until it exits (what it frees, it reuses
 itself). ``ray.cpu_malloc_reuse: false`` keeps glibc's defaults; a ``GLIBC_TUNABLES`` the
