@@ -22,6 +22,9 @@ so padded rows are charged for the work they waste.
     python bench/fsdp_throughput.py --steps 2 --tokens-per-step 4096   # quick check
     python bench/fsdp_throughput.py --preset qwen2.5-0.5b --device cuda --precisions bf16 \
         --modes packed --tokens-per-step 65536 --micro-tokens 16384 --max-len 1024
+
+``--compile`` turns on the backend's ``compile`` option; ``--profile`` profiles one extra step
+per config and prints the top ops by device (CPU) time and by host time to stderr.
 """
 
 from __future__ import annotations

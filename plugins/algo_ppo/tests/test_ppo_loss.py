@@ -37,7 +37,7 @@ def test_policy_loss_clipped_branch():
 def test_policy_loss_unclipped_gradient_and_clip_higher():
     logp, b = _policy_case([1.1, 0.9])
     loss, m = PolicyLoss(clip_low=0.2, clip_high=0.2)(SimpleNamespace(logprobs=logp, entropy=None), b)
-    assert float(loss) == pytest.approx(0.5 * -1.1 + 0.5 * 0.9)
+    assert float(loss.detach()) == pytest.approx(0.5 * -1.1 + 0.5 * 0.9)
     assert m["clip_frac"] == 0.0
     assert m["ratio"] == pytest.approx(1.0)
     loss.backward()
