@@ -56,7 +56,7 @@ def test_policy_loss_entropy_and_ptx():
     ent = torch.tensor([0.0, 2.0, 3.0])
     loss, m = PolicyLoss(entropy_coef=0.1, ptx_coef=0.5)(SimpleNamespace(logprobs=logp, entropy=ent), b)
     # pg = 0 (A = 0); entropy bonus -0.1*2.0; ptx 0.5 * -log(0.25)
-    assert float(loss) == pytest.approx(-0.2 + 0.5 * math.log(4))
+    assert float(loss.detach()) == pytest.approx(-0.2 + 0.5 * math.log(4))
     assert m["ptx_loss"] == pytest.approx(math.log(4))
     assert m["entropy"] == pytest.approx(2.0)
     with pytest.raises(ValueError, match="no entropy"):
@@ -69,7 +69,7 @@ def test_policy_loss_missing_field_and_empty_batch_and_pickle():
         PolicyLoss()(SimpleNamespace(logprobs=logp, entropy=None), _batch(token_weight=[0, 1, 1]))
     empty = torch.zeros(0, requires_grad=True)
     loss, _ = PolicyLoss()(SimpleNamespace(logprobs=empty, entropy=None), None)
-    assert float(loss) == 0.0 and loss.requires_grad
+    assert float(loss.detach()) == 0.0 and loss.requires_grad
     assert pickle.loads(pickle.dumps(PolicyLoss(0.1, 0.3))) == PolicyLoss(0.1, 0.3)
 
 
@@ -78,14 +78,14 @@ def test_value_loss_hand_computed():
     b = _batch(old_values=[0.0, 0.5, 0.0], returns=[0.0, 2.0, 1.0], token_weight=[0.0, 0.5, 0.5])
     loss, m = ValueLoss(clip_eps=0.2)(SimpleNamespace(logprobs=None, entropy=None, values=v), b)
     # token1: max((1-2)^2, (0.7-2)^2) = 1.69 -> 0.845; token2: max(1, 1) -> 0.5
-    assert float(loss) == pytest.approx(0.5 * 0.845 + 0.5 * 0.5)
+    assert float(loss.detach()) == pytest.approx(0.5 * 0.845 + 0.5 * 0.5)
     assert m["value_clipfrac"] == pytest.approx(0.5)
     loss.backward()
     # token1 uses the clipped branch (constant in v): no grad; token2: w * (v - R) = 0.5 * -1
     assert v.grad.tolist() == pytest.approx([0.0, 0.0, -0.5])
     v2 = torch.tensor([9.0, 1.0, 0.0])
     loss2, _ = ValueLoss(clip_eps=None)(SimpleNamespace(values=v2), b)
-    assert float(loss2) == pytest.approx(0.5 * 0.5 * 1.0 + 0.5 * 0.5 * 1.0)
+    assert float(loss2.detach()) == pytest.approx(0.5 * 0.5 * 1.0 + 0.5 * 0.5 * 1.0)
 
 
 def test_value_loss_needs_values():
