@@ -261,6 +261,10 @@ def compile_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
     """The same model eager and with ``compile: true``: log-probs of a packed and of a
     shared-prompt batch (two micro-batch shapes each, so the dynamic graph is reused), then
     three training steps from the same weights."""
+    from torch._dynamo.utils import counters
+
+    from rlweave_backend_fsdp.modeling import decoder_layers
+
     model = {"path": model_dir, "dtype": "float32", "model_type": "causal_lm"}
     optim = {"lr": 3e-3, "grad_clip": 1.0}
     res: dict = {}
@@ -269,10 +273,6 @@ def compile_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
         out = {f"lp_{name}": w.compute_logprobs(b)["logprobs"] for name, b in
                (("packed", fixed_batch()), ("shared", group_batch()))}
         out["losses"] = [w.train_step(b, nll_loss)["nll"] for b in (fixed_batch(), group_batch(), fixed_batch())]
-        from torch._dynamo.utils import counters
-
-        from rlweave_backend_fsdp.modeling import decoder_layers
-
         out["compiled_layers"] = sum(getattr(m, "_compiled_call_impl", None) is not None
                                      for m in decoder_layers(w.model))
         out["graphs"] = int(counters["stats"]["unique_graphs"])
