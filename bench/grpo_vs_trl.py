@@ -19,7 +19,8 @@ defaults; a row spec may end in ``/reuse`` or ``/default`` to compare both in on
 
 Prints step time, generated tokens/s (16 x 8 x 128 / step time) and the speed-up over TRL's
 best. CPU ceiling for reference: ~10 x params FLOPs per generated token at the bf16 matmul
-ceiling (~414 GFLOP/s here) is ~1,300 tokens/s for the 32M model.
+ceiling: ~1,300 tokens/s for the 32M model at 414 GFLOP/s (the 2-core AMD machine of sessions
+1-3), ~7,500 tokens/s at 2.6 TFLOP/s (the 2-core Intel machine with AMX of session 4).
 
     python bench/grpo_vs_trl.py                          # the yardstick (long: minutes per row)
     python bench/grpo_vs_trl.py --size tiny --steps 1    # quick check that every row runs
