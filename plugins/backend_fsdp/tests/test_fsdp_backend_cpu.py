@@ -194,13 +194,16 @@ def test_bf16_mixed_precision_with_activation_checkpointing(heads, tiny):
     assert losses[-1] < losses[0] and all(m["grad_norm"] > 0 for m in res["bf16_metrics"])
 
 
-def test_compiled_layers_equal_eager(tiny, tmp_path):
-    """compile: true (torch.compile per decoder layer, attention eager) gives the eager
-    log-probs and training losses, for packed and shared-prompt rows of several shapes."""
-    res = run_ranks(sc.compile_scenario, 1, tiny, str(tmp_path), timeout_s=600)
+@pytest.mark.parametrize("scope, units", [("layer", ["Qwen2DecoderLayer"] * 2),
+                                          ("auto", ["Qwen2MLP", "Qwen2RMSNorm", "Qwen2RMSNorm"] * 2)])
+def test_compiled_layers_equal_eager(tiny, tmp_path, scope, units):
+    """compile: true (torch.compile per decoder layer, or on CPU by default its norms and MLP;
+    attention eager) gives the eager log-probs and training losses, for packed and
+    shared-prompt rows of several shapes."""
+    res = run_ranks(sc.compile_scenario, 1, tiny, str(tmp_path), scope, timeout_s=600)
     eager, comp = res[False], res[True]
-    assert eager["compiled_layers"] == 0 and eager["graphs"] == 0
-    assert comp["compiled_layers"] == 2 and comp["graphs"] > 0  # the tiny model's two layers, really compiled
+    assert eager["compiled"] == [] and eager["graphs"] == 0
+    assert comp["compiled"] == sorted(units) and comp["graphs"] > 0  # the tiny model's two layers, really compiled
     for k in ("lp_packed", "lp_shared"):
         assert eager[k].shape == comp[k].shape and float((eager[k] - comp[k]).abs().max()) < 1e-4, k
     assert comp["losses"] == pytest.approx(eager["losses"], abs=1e-4)

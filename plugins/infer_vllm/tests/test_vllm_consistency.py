@@ -27,7 +27,9 @@ def rollout(tmp_path_factory):
 
     model_dir = build_tiny_qwen2(tmp_path_factory.mktemp("consistency") / "m", vocab_size=128, hidden=128,
                                  layers=2, heads=4, kv_heads=2, ffn=256, seed=3)
-    engine = VLLMEngine(WorkerContext(role="rollout", config={"max_model_len": 64, "kv_cache_gib": 0.25},
+    # subprocess: the engine-core process mode (the contract suite runs the CPU default, in process)
+    engine = VLLMEngine(WorkerContext(role="rollout", config={"max_model_len": 64, "kv_cache_gib": 0.25,
+                                                              "engine_core": "subprocess"},
                                       model={"path": str(model_dir), "dtype": "float32"}, seed=1))
     engine.init_engine()
     params = SamplingParams(n=4, temperature=0.8, max_new_tokens=16, seed=7)
@@ -44,6 +46,7 @@ def rollout(tmp_path_factory):
             if len(cores) == 1:
                 pinned |= cores
     weight_dtype = engine.weight_dtype()
+    assert engine.health()["engine_core"] == "subprocess" and engine.engine_pids()
     engine.shutdown()
     return model_dir, params, gens, (pinned, weight_dtype)
 

@@ -37,6 +37,17 @@ def test_engine_kwargs_cpu_defaults():
         VLLMEngine(WorkerContext(role="rollout", rank=1)).engine_kwargs()
 
 
+@pytest.mark.parametrize("option, device, want", [("auto", "cpu", True), ("auto", "cuda", False),
+                                                  ("subprocess", "cpu", False), ("in_process", "cpu", True)])
+def test_engine_core_placement(option, device, want, monkeypatch):
+    pytest.importorskip("vllm")
+    from rlweave_infer_vllm.engine import VLLMEngine
+
+    eng = VLLMEngine(WorkerContext(role="rollout", device=device, config={"engine_core": option}))
+    monkeypatch.setattr(VLLMEngine, "_on_gpu", lambda self: self.ctx.device == "cuda")
+    assert eng.engine_in_process() is want
+
+
 def test_plugin_import_is_light():
     import subprocess
     import sys

@@ -227,6 +227,8 @@ class GRPO(Algorithm):
             vals = [float(m[key]) for m in train_metrics if key in m]
             if vals:
                 metrics[key] = _mean(vals)
+        # the policy ranks' own train_step time (time/train minus this is dispatch and transfer)
+        metrics["time/train_compute"] = float(sum(m.get("time_s", 0.0) for m in train_metrics))
         if not need_old and train_metrics and "logprob_gap" in train_metrics[0]:
             metrics["logprob_gap"] = float(train_metrics[0]["logprob_gap"])
         return metrics

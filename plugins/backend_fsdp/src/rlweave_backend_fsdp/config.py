@@ -33,8 +33,13 @@ class FSDPConfig(BaseModel):
         "or torch varlen_attn).",
     )
     compile: bool = Field(
-        False, description="torch.compile each decoder layer (attention stays eager): fused elementwise work and fewer "
-        "kernel launches on GPU; the first steps compile (tens of seconds). No gain measured on CPU.",
+        False, description="torch.compile parts of each decoder layer (see compile_scope; attention stays eager): fused "
+        "elementwise work and fewer kernel launches; the first steps compile (tens of seconds).",
+    )
+    compile_scope: Literal["auto", "layer", "mlp_norms"] = Field(
+        "auto", description="With compile: 'layer' compiles each decoder layer whole (rotary and projections included); "
+        "'mlp_norms' compiles only the layer's other children (its norms and MLP). auto: layer on GPU, mlp_norms on CPU, "
+        "where inductor's rotary backward is slow (measured: bench/RESULTS.md).",
     )
     offload_between_phases: bool = Field(
         False, description="Hint for the scheduler: offload() parameters and optimizer state when the role idles."

@@ -118,3 +118,17 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def tied_lm_head(model: nn.Module) -> bool:
     cfg = getattr(model, "config", None)
     return bool(getattr(cfg, "tie_word_embeddings", False)) and hasattr(model, "lm_head")
+
+
+def compile_units(layer: nn.Module, scope: str) -> list[nn.Module]:
+    """What ``compile`` compiles in one decoder layer: the layer itself (``layer``), or its
+    children other than the attention block (``mlp_norms``: norms and MLP in Llama-style
+    layers)."""
+    if scope == "layer":
+        return [layer]
+    if scope != "mlp_norms":
+        raise ValueError(f"fsdp backend: compile_scope {scope!r}; choose auto, layer or mlp_norms")
+    attn = getattr(layer, "self_attn", None)
+    if attn is None:
+        raise ValueError(f"fsdp backend: compile_scope mlp_norms: {type(layer).__name__} has no self_attn; use layer")
+    return [m for m in layer.children() if m is not attn]

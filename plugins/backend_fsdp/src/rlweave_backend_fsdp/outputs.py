@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlweave_backend_fsdp.logprob import selected_logprobs
+
 
 @dataclass
 class Outputs:
@@ -42,16 +44,13 @@ def token_logprobs(
     rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``logits`` ``(T, V)`` (position t predicts t+1; ``(T', V)`` per row position with
-    ``rows``) -> log-prob and entropy ``(T,)`` float32 of the original tokens ``input_ids``."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    lsm = torch.log_softmax(logits, dim=-1)
+    ``rows``) -> log-prob and entropy ``(T,)`` float32 of the original tokens ``input_ids``,
+    computed in fp32 chunk by chunk (:mod:`.logprob`)."""
     first = first_token_mask(cu_seqlens, input_ids.numel(), logits.device)
     pred = _predictors(rows, first)
-    lp = lsm[pred, input_ids].masked_fill(first, 0.0)
-    ent = (-(lsm.exp() * lsm).sum(-1))[pred].masked_fill(first, 0.0) if with_entropy else None
-    return lp, ent
+    lp, ent = selected_logprobs(logits, pred, input_ids.to(logits.device), temperature, with_entropy)
+    lp = lp.masked_fill(first, 0.0)
+    return lp, (ent.masked_fill(first, 0.0) if ent is not None else None)
 
 
 def token_values(raw: torch.Tensor, cu_seqlens: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:

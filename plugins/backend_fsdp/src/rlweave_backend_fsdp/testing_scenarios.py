@@ -257,10 +257,11 @@ def hf_dir_exists(p: str) -> bool:
     return (Path(p) / "config.json").exists()
 
 
-def compile_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
-    """The same model eager and with ``compile: true``: log-probs of a packed and of a
-    shared-prompt batch (two micro-batch shapes each, so the dynamic graph is reused), then
-    three training steps from the same weights."""
+def compile_scenario(ctx_kw: dict, model_dir: str, work: str, scope: str = "auto") -> dict:
+    """The same model eager and with ``compile: true`` (``compile_scope``): log-probs of a
+    packed and of a shared-prompt batch (two micro-batch shapes each, so the dynamic graph
+    is reused), then three training steps from the same weights. ``compiled`` counts the
+    compiled modules in the decoder layers."""
     from torch._dynamo.utils import counters
 
     from rlweave_backend_fsdp.modeling import decoder_layers
@@ -269,12 +270,12 @@ def compile_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
     optim = {"lr": 3e-3, "grad_clip": 1.0}
     res: dict = {}
     for compiled in (False, True):
-        w = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=32, compile=compiled)
+        w = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=32, compile=compiled, compile_scope=scope)
         out = {f"lp_{name}": w.compute_logprobs(b)["logprobs"] for name, b in
                (("packed", fixed_batch()), ("shared", group_batch()))}
         out["losses"] = [w.train_step(b, nll_loss)["nll"] for b in (fixed_batch(), group_batch(), fixed_batch())]
-        out["compiled_layers"] = sum(getattr(m, "_compiled_call_impl", None) is not None
-                                     for m in decoder_layers(w.model))
+        out["compiled"] = sorted(type(m).__name__.removeprefix("FSDP") for layer in decoder_layers(w.model) for m in layer.modules()
+                                 if getattr(m, "_compiled_call_impl", None) is not None)
         out["graphs"] = int(counters["stats"]["unique_graphs"])
         res[compiled] = out
     return res

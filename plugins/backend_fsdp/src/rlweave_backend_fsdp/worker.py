@@ -87,7 +87,8 @@ class FSDPWorker(TrainingWorker):
             kw["mp_policy"] = mp
         for layer in modeling.decoder_layers(model):
             if self.cfg.compile:  # in place (same parameter names); before sharding, as FSDP2 expects
-                layer.compile(dynamic=True)
+                for part in modeling.compile_units(layer, self._compile_scope()):
+                    part.compile(dynamic=True)
             fully_shard(layer, **kw)
         fully_shard(model, **kw)
         self.model = model
@@ -98,6 +99,11 @@ class FSDPWorker(TrainingWorker):
         if optim:
             self._build_optimizer(optim)
         torch.manual_seed(seed + 1000 + self.rank)  # per-rank dropout stream
+
+    def _compile_scope(self) -> str:
+        if self.cfg.compile_scope != "auto":
+            return self.cfg.compile_scope
+        return "layer" if self.device.type == "cuda" else "mlp_norms"
 
     def _build_optimizer(self, o: dict[str, Any]) -> None:
         self.optim_cfg = dict(o)

@@ -29,6 +29,9 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
 * **Sleep.** On GPU with ``sleep_mode``: vLLM's sleep (level 1: KV cache freed, weights to
   host; level 2: both discarded — a ``load_weights`` must follow ``wake_up``). On CPU vLLM has
   no sleep mode: ``sleep`` only resets the prefix cache and reports ``freed_bytes: 0``.
+* **Engine core.** ``engine_core`` (auto: in this process on CPU, a subprocess on GPU)
+  decides where vLLM's scheduler and model runner run. In process, a decode step hands
+  nothing to another process, and ``collective_rpc`` calls the worker directly.
 * **Failure.** If vLLM's engine process dies, ``generate``/``load_weights`` raise
   ``RuntimeError`` naming role, rank and the dead process; the scheduler turns it into a
   ``WorkerError``.
@@ -138,6 +141,12 @@ class VLLMEngine(RolloutEngine):
             kw["enable_sleep_mode"] = True
         return kw
 
+    def engine_in_process(self) -> bool:
+        """Whether vLLM's engine core runs in this process (``engine_core``; auto: on CPU)."""
+        if self.cfg.engine_core == "auto":
+            return not self._on_gpu()
+        return self.cfg.engine_core == "in_process"
+
     def init_engine(self) -> None:
         t0 = time.perf_counter()
         if self.is_follower:
@@ -157,6 +166,9 @@ class VLLMEngine(RolloutEngine):
             if reserved is None:
                 reserved = int(os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))
             os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(reserved)  # read by the engine-core subprocess
+        self.in_process = self.engine_in_process()
+        # read by vllm.LLM when it builds its engine: 0 = the engine core runs in this process
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
         self.llm = LLM(**kw)
         self._max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self._weight_dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
@@ -342,8 +354,12 @@ class VLLMEngine(RolloutEngine):
 
     # ----------------------------------------------------------------- misc
     def engine_pids(self) -> list[int]:
-        """Processes vLLM started for this replica (engine core, workers)."""
+        """Processes vLLM started for this replica (engine core, workers); none when the
+        engine core runs in this process without tensor parallelism."""
         import psutil
+
+        if getattr(self, "in_process", False) and self.tp == 1:
+            return []
 
         try:
             return [p.pid for p in psutil.Process(os.getpid()).children(recursive=True)]
@@ -355,6 +371,7 @@ class VLLMEngine(RolloutEngine):
         engine process no longer answers."""
         info = self.ping()
         info.update(engine=self.engine_name, ready=self.llm is not None or self.is_follower,
+                    engine_core="in_process" if getattr(self, "in_process", False) else "subprocess",
                     asleep=bool(self._asleep), follower=self.is_follower)
         if self.llm is not None:
             if not self._engine_alive():
