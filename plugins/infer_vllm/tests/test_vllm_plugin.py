@@ -73,3 +73,18 @@ def test_tensor_parallel_followers_start_nothing():
     assert follower.sleep()["freed_bytes"] == 0 and follower.health()["follower"]
     with pytest.raises(RuntimeError, match="rank 3 is a tensor-parallel follower; rank 2"):
         follower.generate([[1, 2]], None)
+
+
+def test_sampled_logprobs_from_flat_and_dict_layouts():
+    pytest.importorskip("vllm")
+    from vllm.logprobs import FlatLogprobs, Logprob
+
+    from rlweave_infer_vllm.engine import sampled_logprobs
+
+    flat = FlatLogprobs()
+    flat.append({5: Logprob(-0.5, 3, None)})
+    flat.append({7: Logprob(-1.25, 1, None), 2: Logprob(-0.1, 1, None)})  # sampled first, then a top-k entry
+    assert sampled_logprobs([5, 7], flat, "here") == [-0.5, -1.25]
+    assert sampled_logprobs([5, 7], [{5: Logprob(-0.5, 3, None)}, {7: Logprob(-1.25, 1, None)}], "here") == [-0.5, -1.25]
+    with pytest.raises(RuntimeError, match="here: .*sampled"):
+        sampled_logprobs([5, 8], flat, "here")

@@ -79,7 +79,9 @@ class OptimSection(Strict):
     grad_clip: float = Field(1.0, ge=0, description="Max global grad norm (0: no clipping).")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up optimizer steps.")
     schedule: Literal["constant", "cosine"] = Field("constant", description="LR schedule after warm-up.")
-    total_steps: Optional[int] = Field(None, description="Optimizer steps for the cosine schedule (null: derived).")
+    total_steps: Optional[int] = Field(
+        None, description="Optimizer steps for the cosine schedule (null: run.total_steps x the algorithm's updates per step)."
+    )
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
 
 

@@ -46,6 +46,14 @@ class Algorithm(ABC):
         self.config = config
         self.ctx = ctx
 
+    @classmethod
+    def optimizer_steps_per_step(cls, config: Any, role: str) -> int:
+        """Optimizer updates ``role`` makes in one run step. The runner multiplies it by
+        ``run.total_steps`` for a trained role whose ``optim.total_steps`` is null (the length
+        of a cosine schedule). Default: ``ppo_epochs x mini_batches`` where the algorithm's
+        config has those fields, else 1; override when an algorithm updates otherwise."""
+        return int(getattr(config, "ppo_epochs", 1) or 1) * int(getattr(config, "mini_batches", 1) or 1)
+
     def setup(self) -> None:
         """Called once after the roles are built (e.g. first weight sync)."""
 

@@ -287,14 +287,18 @@ class _Run:
         self.ray_started = True
         if _Signals.active is not None:
             _Signals.active.reinstall()
-        self.roles = build_roles(cfg, {r: resolved.roles[r] for r in role_names}, role_names)
+        algo_cls = resolved.algorithm.load()
+        algo_cfg = resolved.algorithm_config if resolved.algorithm_config is not None else cfg.algorithm
+        # optimizer steps of the whole run per trained role: the length of a cosine schedule
+        totals = {r: cfg.run.total_steps * algo_cls.optimizer_steps_per_step(algo_cfg, r)
+                  for r in role_names if cfg.roles[r].optim is not None}
+        self.roles = build_roles(cfg, {r: resolved.roles[r] for r in role_names}, role_names,
+                                 optimizer_total_steps=totals)
 
         ctx = RunContext(roles=self.roles, tokenizer=tokenizer, run_dir=self.run_dir, config=cfg,
                          rewards=self.rewards, seed=cfg.run.seed)
         if self.data_iter is not None:
             ctx.extra["next_records"] = self.data_iter.next_batch
-        algo_cls = resolved.algorithm.load()
-        algo_cfg = resolved.algorithm_config if resolved.algorithm_config is not None else cfg.algorithm
         self.algo = algo_cls(algo_cfg, ctx)
 
         start = 0

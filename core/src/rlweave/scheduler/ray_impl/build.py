@@ -29,8 +29,12 @@ def init_method(record: Any, worker_cls: type) -> str | None:
     return None
 
 
-def _context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int]) -> WorkerContext:
+def _context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int],
+             total_steps: int | None = None) -> WorkerContext:
     section = cfg.roles[role]
+    extra: dict = {"optim": section.optim.model_dump() if section.optim is not None else None}
+    if total_steps:
+        extra["total_steps"] = int(total_steps)
     model = section.model if section.model is not None else cfg.model
     return WorkerContext(
         role=role,
@@ -42,7 +46,7 @@ def _context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int]) -> W
         model=model.model_dump(),
         seed=cfg.run.seed,
         parallel=dict(section.parallel),
-        extra={"optim": section.optim.model_dump() if section.optim is not None else None},
+        extra=extra,
         cpu_threads=section.cpu_threads,
         cpu_malloc_reuse=cfg.ray.cpu_malloc_reuse,
     )
@@ -54,6 +58,7 @@ def build_roles(
     roles: Sequence[str],
     init: bool = True,
     init_timeout_s: float | None = None,
+    optimizer_total_steps: Mapping[str, int] | None = None,
 ) -> dict[str, RoleHandle]:
     """Start every rank of ``roles`` and return their handles.
 
@@ -61,7 +66,9 @@ def build_roles(
     problem), starts a local Ray cluster if none is connected, reserves one placement
     group per pool, creates one actor per rank, fills each rank's
     :class:`~rlweave.interfaces.worker.WorkerContext` (``config`` = the role's ``options``,
-    ``model`` = the role's or the top-level model, ``extra['optim']``, rendezvous = rank 0's
+    ``model`` = the role's or the top-level model, ``extra['optim']``, ``extra['total_steps']``
+    from ``optimizer_total_steps`` (the run's optimizer steps of that role, used where
+    ``optim.total_steps`` is null), rendezvous = rank 0's
     node and a free port there), then, with ``init``, calls ``init_model()`` /
     ``init_engine()`` on all ranks of all roles at once. On any failure everything started
     so far is shut down before the error propagates.
@@ -111,7 +118,8 @@ def build_roles(
         for role, handle in handles.items():
             addr = tuple(addr_futs[role].result(timeout=120))
             device = pools[cfg.roles[role].pool].device
-            rank_args = [((_context(cfg, role, r, addr), device), {}) for r in range(handle.world_size)]
+            total = (optimizer_total_steps or {}).get(role)
+            rank_args = [((_context(cfg, role, r, addr, total), device), {}) for r in range(handle.world_size)]
             ranks = list(range(handle.world_size))
             setup_futs.append(handle.submit_ranks("setup", ranks, rank_args, list, on_actor=True))
         for fut in setup_futs:
