@@ -274,7 +274,8 @@ def compile_scenario(ctx_kw: dict, model_dir: str, work: str, scope: str = "auto
         out = {f"lp_{name}": w.compute_logprobs(b)["logprobs"] for name, b in
                (("packed", fixed_batch()), ("shared", group_batch()))}
         out["losses"] = [w.train_step(b, nll_loss)["nll"] for b in (fixed_batch(), group_batch(), fixed_batch())]
-        out["compiled"] = sorted(type(m).__name__.removeprefix("FSDP") for layer in decoder_layers(w.model) for m in layer.modules()
+        out["compiled"] = sorted(type(m).__name__.removeprefix("FSDP")  # FSDP2 renames the classes it wraps
+                                 for layer in decoder_layers(w.model) for m in layer.modules()
                                  if getattr(m, "_compiled_call_impl", None) is not None)
         out["graphs"] = int(counters["stats"]["unique_graphs"])
         res[compiled] = out
