@@ -33,6 +33,12 @@ def seconds(fn, reps: int) -> float:
     return best
 
 
+def square_ceiling(dtype: torch.dtype, reps: int = 5) -> float:
+    """FLOP/s of the best of ``reps`` 2048 x 2048 matmuls in ``dtype`` (this process's threads)."""
+    sq = torch.randn(2048, 2048, dtype=dtype)
+    return 2 * 2048**3 / seconds(lambda: sq @ sq, reps)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=8448)
@@ -46,8 +52,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     dt = getattr(torch, a.dtype)
-    sq = torch.randn(2048, 2048, dtype=dt)
-    ceiling = 2 * 2048**3 / seconds(lambda: sq @ sq, a.reps) / 1e12
+    ceiling = square_ceiling(dt, a.reps) / 1e12
     print(f"{a.dtype}, {a.threads} threads, {a.tokens} tokens; square 2048 ceiling {ceiling:.2f} TFLOP/s\n")
     shapes = [("q/o proj", a.hidden, a.hidden), ("k/v proj", a.hidden, a.kv_dim), ("gate/up", a.hidden, a.ffn),
               ("down", a.ffn, a.hidden), ("lm_head", a.hidden, a.vocab)]

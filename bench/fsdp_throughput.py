@@ -55,20 +55,15 @@ CEILING = {("cuda", "bf16"): 989e12, ("cuda", "fp32"): 67e12}
 @functools.lru_cache(maxsize=None)
 def ceiling(device: str, prec: str) -> float:
     """FLOP/s the fraction column divides by. On CPU: the best of five 2048 x 2048 matmuls
-    in this process with its thread count (machines differ: 0.41 TFLOP/s bf16 on the AMD
-    machine of sessions 1-3, 2.6 on the AMX one of session 4)."""
+    in this process with its thread count (``bench/cpu_matmul.py``; machines differ: 0.41
+    TFLOP/s bf16 on the AMD machine of sessions 1-3, 2.6 on the AMX one of session 4)."""
     if device == "cuda":
         return CEILING[(device, prec)]
     import torch
 
-    a = torch.randn(2048, 2048, dtype=torch.bfloat16 if prec == "bf16" else torch.float32)
-    a @ a
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        a @ a
-        best = min(best, time.perf_counter() - t)
-    return 2 * 2048**3 / best
+    from cpu_matmul import square_ceiling  # bench/ is this script's directory, first on sys.path
+
+    return square_ceiling(torch.bfloat16 if prec == "bf16" else torch.float32)
 
 
 def matmul_params(p: dict) -> int:

@@ -82,6 +82,7 @@ class VLLMEngine(RolloutEngine):
         self.llm = None
         self._asleep = 0
         self._dead: str | None = None
+        self.in_process = False  # vLLM's engine core runs in this process (set by init_engine)
 
     @property
     def where(self) -> str:
@@ -359,7 +360,7 @@ class VLLMEngine(RolloutEngine):
         engine core runs in this process without tensor parallelism."""
         import psutil
 
-        if getattr(self, "in_process", False) and self.tp == 1:
+        if self.in_process and self.tp == 1:
             return []
 
         try:
@@ -372,7 +373,7 @@ class VLLMEngine(RolloutEngine):
         engine process no longer answers."""
         info = self.ping()
         info.update(engine=self.engine_name, ready=self.llm is not None or self.is_follower,
-                    engine_core="in_process" if getattr(self, "in_process", False) else "subprocess",
+                    engine_core="in_process" if self.in_process else "subprocess",
                     asleep=bool(self._asleep), follower=self.is_follower)
         if self.llm is not None:
             if not self._engine_alive():
