@@ -71,9 +71,12 @@ class _SelectedLogprobs(torch.autograd.Function):
             ge_row.index_add_(0, rows, g_ent.float())
         # tokens sorted by row, so each chunk finds its one-hot terms by a slice
         order = torch.argsort(rows, stable=True)
-        rows_sorted = rows[order]
+        bounds = _bounds(n_rows, vocab, ctx.chunk_elements)
+        # where each chunk's tokens start in ``order``: one search (one host sync on GPU) for all chunks
+        edges = torch.tensor([s for s, _ in bounds] + [n_rows], device=rows.device)
+        cuts = torch.searchsorted(rows[order], edges).tolist()
         grad = torch.empty_like(logits)
-        for s, e in _bounds(n_rows, vocab, ctx.chunk_elements):
+        for k, (s, e) in enumerate(bounds):
             z = _scaled(logits[s:e], inv_temp)
             p = (z - lse[s:e, None]).exp_()
             # d lp / dz = onehot(target) - p ;  d H / dz = -p * (z - sum_v p_v z_v) = -p * (z - lse + H)
@@ -82,7 +85,7 @@ class _SelectedLogprobs(torch.autograd.Function):
                 coef = coef - ge_row[s:e, None] * (z - lse[s:e, None] + ent[s:e, None])
             gz = p.mul_(coef)
             if g_lp is not None:
-                lo, hi = torch.searchsorted(rows_sorted, torch.tensor([s, e], device=rows.device)).tolist()
+                lo, hi = cuts[k], cuts[k + 1]
                 if hi > lo:
                     idx = order[lo:hi]
                     gz.index_put_((rows[idx] - s, targets[idx]), g_lp[idx].float(), accumulate=True)
