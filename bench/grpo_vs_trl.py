@@ -204,7 +204,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--steps", type=int, default=2, help="timed steps after one warm-up step")
-    ap.add_argument("--micro-tokens", type=int, default=8192)
+    ap.add_argument("--micro-tokens", type=int, default=20480,
+                    help="rlweave's token budget per micro-batch (default: 128 x 160, the tokens of TRL's one 128-sample batch)")
     ap.add_argument("--compile", action="store_true",
                     help="rows without their own: torch.compile (rlweave: vLLM enforce_eager false + FSDP compile; "
                          "TRL: torch_compile); slower start")

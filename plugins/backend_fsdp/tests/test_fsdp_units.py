@@ -115,6 +115,8 @@ def test_shared_prompt_attention_equals_unshared(dtype):
     row = share(ids, cu, plens)
     assert row is not None and row.input_ids.numel() == 3 + 2 + 4 + (3 + 3 + 1) + (1 + 4) + 2
     assert torch.equal(row.input_ids[row.tok_row], ids)  # every token maps to its own id
+    # laid out in bucket order: every bucket's queries are one slice of the row, no scatter back
+    assert row.plan.inv is None and all(isinstance(b.q_idx, tuple) for b in row.plan.buckets)
     t = row.input_ids.numel()
     q = torch.randn(1, 4, t, 8, dtype=dt, requires_grad=True)
     k = torch.randn(1, 2, t, 8, dtype=dt, requires_grad=True)

@@ -7,16 +7,17 @@ flash-attention path reads) and with the mask mapping pre-set to ``None`` so no 
 is ever built. Each sample then attends causally to itself only:
 
 * CUDA, bf16/fp16, and ``torch.nn.attention.varlen.varlen_attn`` present: one fused call.
-* otherwise (CPU, fp32): causal SDPA per group of equal-length samples (stacked on the
-  batch dimension, no padding), which equals padded attention exactly.
+* otherwise: causal attention per group of equal-length samples (stacked on the batch
+  dimension, no padding), which equals padded attention exactly.
 
 A row may also share prompt tokens between samples (:mod:`.prefix`): the model is then
 called with ``rlweave_plan``, an :class:`AttentionPlan` in which a continuation segment (one
 sample's response) attends to all of its prefix segment (the shared prompt) and causally to
 itself, which is exactly what the unshared sample's attention computes for those tokens.
 
-On CPU, bf16/fp16 inputs are attended in fp32: forward about as fast, backward 1.4-1.7x
-faster than CPU SDPA in bf16 at GRPO shapes (``bench/cpu_attention.py``), and more exact.
+On CPU the kernel is PyTorch's flash attention with the forward in the inputs' dtype and the
+backward in fp32 (:class:`_CPUFlash`): for bf16 the forward is ~3x faster than in fp32 and
+the backward ~2x faster than in bf16 (``bench/cpu_attention.py``).
 
 Without ``cu_seq_lens_q`` (padded rows) the call is plain SDPA with the padding mask, so
 the same model serves both layouts.
@@ -81,25 +82,28 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
 
 @dataclass(frozen=True)
 class Bucket:
-    """``g`` segments attended in one SDPA call: ``n_q`` queries each, over ``n_k`` keys.
+    """``g`` segments attended in one kernel call: ``n_q`` queries each, over ``n_k`` keys.
 
-    ``q_idx`` holds the row positions of the queries (segment-major), ``kv_idx`` those of the
-    keys (None: the queries themselves); either may be a ``(start, stop)`` slice of the row
-    instead of an index tensor. ``mask`` is None for plain causal attention (``n_q == n_k``),
-    else a bool ``(n_q, n_k)`` mask: every prefix key, then causal over the segment itself."""
+    ``q_idx`` holds the row positions of the queries (segment-major), as an index tensor or a
+    ``(start, stop)`` slice of the row. A segment's own keys are at its query positions;
+    ``prefix_idx`` (None: no prefix) holds the row positions of each segment's prefix keys,
+    ``n_k - n_q`` per segment (segment-major), attended before its own. ``mask`` is None for
+    plain causal attention (``n_q == n_k``), else a bool ``(n_q, n_k)`` mask: every prefix
+    key, then causal over the segment itself."""
 
     g: int
     n_q: int
     n_k: int
     q_idx: torch.Tensor | tuple[int, int]
-    kv_idx: torch.Tensor | tuple[int, int] | None
+    prefix_idx: torch.Tensor | None
     mask: torch.Tensor | None
 
 
 @dataclass(frozen=True)
 class AttentionPlan:
     """How to attend a packed row: the buckets, and ``inv`` (the row order of the
-    concatenated bucket outputs; None when they are already in row order)."""
+    concatenated bucket outputs; None when the buckets' queries already tile the row in
+    order, so that they are consecutive slices of it: no gather, no scatter)."""
 
     buckets: tuple[Bucket, ...]
     inv: torch.Tensor | None
@@ -109,7 +113,9 @@ def plan_segments(prefixes: list[tuple[int, int]], conts: list[tuple[int, int, i
     """Plan for a row made of prefix segments ``(start, length)``, each attending causally to
     itself, and continuation segments ``(prefix_index, start, length)``, each attending to its
     whole prefix and causally to itself. Every row position must be in exactly one segment.
-    Segments of equal shape share a bucket (one SDPA call)."""
+    Segments of equal shape share a bucket (one kernel call): prefixes by length, then
+    continuations by (prefix length, length), each in increasing order. A row laid out in
+    that order (as :func:`.prefix.share` does) gets a plan without gathers."""
     by_len: dict[int, list[int]] = {}
     for s, n in prefixes:
         by_len.setdefault(n, []).append(s)
@@ -124,9 +130,9 @@ def plan_segments(prefixes: list[tuple[int, int]], conts: list[tuple[int, int, i
         order.append(q)
     for (pn, n), pairs in sorted(by_shape.items()):
         q = torch.cat([torch.arange(s, s + n) for _, s in pairs])
-        kv = torch.cat([torch.cat([torch.arange(ps, ps + pn), torch.arange(s, s + n)]) for ps, s in pairs])
+        pre = torch.cat([torch.arange(ps, ps + pn) for ps, _ in pairs])
         mask = torch.ones(n, pn + n, dtype=torch.bool).tril(pn)
-        buckets.append(Bucket(len(pairs), n, pn + n, _as_slice(q), kv, mask))
+        buckets.append(Bucket(len(pairs), n, pn + n, _as_slice(q), pre, mask))
         order.append(q)
     perm = torch.cat(order) if order else torch.zeros(0, dtype=torch.long)
     inv = None
@@ -150,34 +156,80 @@ def _as_slice(idx: torch.Tensor) -> torch.Tensor | tuple[int, int]:
     return idx
 
 
-def _take(x: torch.Tensor, idx) -> torch.Tensor:
+def _rows(x: torch.Tensor, idx) -> torch.Tensor:
+    """Rows ``idx`` (a slice or an index tensor) of a ``(T, H, D)`` tensor."""
     if isinstance(idx, tuple):
-        return x[:, :, idx[0] : idx[1]]
-    return x.index_select(2, idx.to(x.device))
+        return x[idx[0] : idx[1]]
+    return x.index_select(0, idx.to(x.device))
+
+
+class _CPUFlash(torch.autograd.Function):
+    """PyTorch's CPU flash-attention kernel, forward in the inputs' dtype and backward in
+    fp32. On CPU the bf16 forward is ~3x faster than fp32, but the bf16 backward is ~2x
+    slower than fp32 (``bench/cpu_attention.py``), so the backward upcasts: it is the fp32
+    kernel's backward from the bf16 forward's output and log-sum-exp (the flash-attention
+    recipe of keeping the output in the input dtype). Inputs ``(B, H, L, D)`` (any strides
+    with a contiguous last dimension; fewer key/value heads than query heads allowed);
+    ``mask`` an additive fp32 ``(L, S)`` mask, or None for causal attention."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, mask is None, attn_mask=mask, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mask, ctx.scale = mask, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad.float(), q.float(), k.float(), v.float(), out.float(), lse, 0.0, ctx.mask is None,
+            attn_mask=ctx.mask, scale=ctx.scale)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def _attend(q, k, v, mask: torch.Tensor | None, scaling, drop: float, gqa: bool) -> torch.Tensor:
+    """Attention of ``(B, H, L, D)`` inputs; ``mask`` bool ``(L, S)`` or None (causal)."""
+    if q.device.type == "cpu" and drop == 0.0:
+        additive = None if mask is None else torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
+        return _CPUFlash.apply(q, k, v, additive, scaling)
+    dtype = q.dtype
+    if q.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):  # dropout on CPU: fp32 SDPA
+        q, k, v = q.float(), k.float(), v.float()
+    mask = None if mask is None else mask.to(q.device)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scaling,
+                                       dropout_p=drop, enable_gqa=gqa)
+    return o.to(dtype)
 
 
 def planned_sdpa(query, key, value, plan: AttentionPlan, scaling, drop: float, gqa: bool) -> torch.Tensor:
-    """Attention of a packed row by ``plan``: one SDPA call per bucket, segments stacked on
-    the batch dimension (no padding). Inputs ``(1, H, T, D)``; returns ``(1, T, H, D)``."""
+    """Attention of a packed row by ``plan``: one kernel call per bucket, segments stacked on
+    the batch dimension (no padding). Inputs ``(1, H, T, D)``; returns ``(1, T, H, D)``.
+
+    Works on ``(T, H, D)`` views of the inputs (the layout the projections produce, so
+    bucket inputs and outputs are mostly views); a plan without ``inv`` takes its buckets as
+    consecutive slices, so the backward concatenates instead of scattering."""
     dtype = query.dtype
-    if query.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
-        query, key, value = query.float(), key.float(), value.float()
+    rows = [x[0].transpose(0, 1) for x in (query, key, value)]  # (T, H, D)
+    if plan.inv is None:
+        sizes = [b.g * b.n_q for b in plan.buckets]
+        parts = list(zip(*(x.split(sizes) for x in rows)))
+    else:
+        parts = [tuple(_rows(x, b.q_idx) for x in rows) for b in plan.buckets]
     outs = []
-    for b in plan.buckets:
-        kv = b.q_idx if b.kv_idx is None else b.kv_idx
-        q = _take(query, b.q_idx)
-        k, v = _take(key, kv), _take(value, kv)
-        # (1, H, g*n, D) -> (g, H, n, D)
-        q = q.reshape(q.shape[1], b.g, b.n_q, q.shape[3]).transpose(0, 1)
-        k, v = (x.reshape(x.shape[1], b.g, b.n_k, x.shape[3]).transpose(0, 1) for x in (k, v))
-        mask = None if b.mask is None else b.mask.to(q.device)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scaling,
-                                           dropout_p=drop, enable_gqa=gqa)
-        outs.append(o.transpose(0, 1).reshape(1, o.shape[1], b.g * b.n_q, o.shape[3]))
-    out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
+    for b, (q, k, v) in zip(plan.buckets, parts):
+        q, k, v = (x.reshape(b.g, b.n_q, x.shape[1], x.shape[2]) for x in (q, k, v))  # (g, n, H, D)
+        if b.prefix_idx is not None:
+            pre = b.prefix_idx.to(q.device)
+            k, v = (torch.cat([full.index_select(0, pre).view(b.g, b.n_k - b.n_q, *full.shape[1:]), x], dim=1)
+                    for full, x in ((rows[1], k), (rows[2], v)))
+        o = _attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), b.mask, scaling, drop, gqa)
+        outs.append(o.transpose(1, 2).reshape(b.g * b.n_q, o.shape[1], o.shape[3]))
+    out = torch.cat(outs) if len(outs) > 1 else outs[0]
     if plan.inv is not None:
-        out = out.index_select(2, plan.inv.to(out.device))
-    return out.transpose(1, 2).to(dtype).contiguous()
+        out = out.index_select(0, plan.inv.to(out.device))
+    return out.unsqueeze(0).to(dtype)
 
 
 def register() -> str:

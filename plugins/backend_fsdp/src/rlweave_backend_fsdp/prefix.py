@@ -44,44 +44,50 @@ def prompt_groups(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, prompt_lens
 
 
 def share(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, prompt_lens: Sequence[int]) -> SharedRow | None:
-    """The shared-prompt row of a micro-batch, or None when no two samples share a prompt."""
+    """The shared-prompt row of a micro-batch, or None when no two samples share a prompt.
+
+    The row holds the prefix segments (shared prompts, and whole samples whose prompt no
+    other sample shares) by increasing length, then the continuation segments (responses) by
+    increasing (prompt length, length): the order of :func:`.attention.plan_segments`'
+    buckets, so each bucket's queries are one slice of the row."""
     groups = prompt_groups(input_ids, cu_seqlens, prompt_lens)
     if all(len(g) == 1 for g in groups):
         return None
     cu = cu_seqlens.tolist()
-    ids, pos = [], []
-    tok_row = torch.empty(int(cu[-1]), dtype=torch.long)
-    prefixes: list[tuple[int, int]] = []
-    conts: list[tuple[int, int, int]] = []
-    at = 0
+    # prefix segments: (length, [(first original token, count) it stands for]); continuations:
+    # (prefix index, original start, length)
+    pre: list[tuple[int, list[tuple[int, int]]]] = []
+    cont: list[tuple[int, int, int]] = []
     for g in groups:
         if len(g) == 1:  # nothing to share: the whole sample is one causal segment
             i = g[0]
-            n = cu[i + 1] - cu[i]
-            prefixes.append((at, n))
-            ids.append(input_ids[cu[i] : cu[i + 1]])
-            pos.append(torch.arange(n))
-            tok_row[cu[i] : cu[i + 1]] = torch.arange(at, at + n)
-            at += n
+            pre.append((cu[i + 1] - cu[i], [(cu[i], cu[i + 1] - cu[i])]))
             continue
         p = int(prompt_lens[g[0]])
-        prefix = len(prefixes)
-        prefixes.append((at, p))
-        ids.append(input_ids[cu[g[0]] : cu[g[0]] + p])
-        pos.append(torch.arange(p))
-        for i in g:
-            tok_row[cu[i] : cu[i] + p] = torch.arange(at, at + p)
-        at += p
-        for i in g:
-            r = cu[i + 1] - cu[i] - p
-            if r == 0:
-                continue
-            conts.append((prefix, at, r))
-            ids.append(input_ids[cu[i] + p : cu[i + 1]])
-            pos.append(torch.arange(p, p + r))
-            tok_row[cu[i] + p : cu[i + 1]] = torch.arange(at, at + r)
-            at += r
-    return SharedRow(torch.cat(ids), torch.cat(pos), tok_row, plan_segments(prefixes, conts))
+        pre.append((p, [(cu[i], p) for i in g]))
+        cont.extend((len(pre) - 1, cu[i] + p, cu[i + 1] - cu[i] - p) for i in g if cu[i + 1] - cu[i] > p)
+    tok_row = torch.empty(int(cu[-1]), dtype=torch.long)
+    ids, pos = [], []
+    starts = [0] * len(pre)
+    at = 0
+    for j in sorted(range(len(pre)), key=lambda j: pre[j][0]):
+        n, sources = pre[j]
+        starts[j] = at
+        ids.append(input_ids[sources[0][0] : sources[0][0] + n])
+        pos.append(torch.arange(n))
+        for src, _ in sources:
+            tok_row[src : src + n] = torch.arange(at, at + n)
+        at += n
+    conts: list[tuple[int, int, int]] = []
+    for j, src, r in sorted(cont, key=lambda c: (pre[c[0]][0], c[2])):
+        p = pre[j][0]
+        conts.append((j, at, r))
+        ids.append(input_ids[src : src + r])
+        pos.append(torch.arange(p, p + r))
+        tok_row[src : src + r] = torch.arange(at, at + r)
+        at += r
+    plan = plan_segments([(starts[j], n) for j, (n, _) in enumerate(pre)], conts)
+    return SharedRow(torch.cat(ids), torch.cat(pos), tok_row, plan)
 
 
 def plan_units(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, prompt_lens: Sequence[int],

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from rlweave.data.batch import Batch
 from rlweave.interfaces.backend import LossFn, TrainingWorker
-from rlweave_backend_fsdp import attention, checkpoint, hf_export, micro, modeling, prefix
+from rlweave_backend_fsdp import attention, checkpoint, cpu_linear, hf_export, micro, modeling, prefix
 from rlweave_backend_fsdp.config import FSDPConfig
 from rlweave_backend_fsdp.outputs import Outputs, last_token_scores, token_logprobs, token_values
 from rlweave_backend_fsdp.schedule import WarmupSchedule
@@ -73,6 +73,8 @@ class FSDPWorker(TrainingWorker):
         self.attn_impl = attention.choose(self.cfg.attn_implementation, ctx.device)
         self.packing = self.cfg.use_packing
         model = modeling.load_model(ctx.model, self.attn_impl, param_dtype, seed)
+        if self._cpu_linears(param_dtype):
+            cpu_linear.install(model)
         if self.cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         mesh = init_device_mesh(self.device.type, (self.world_size,))
@@ -99,6 +101,12 @@ class FSDPWorker(TrainingWorker):
         if optim:
             self._build_optimizer(optim)
         torch.manual_seed(seed + 1000 + self.rank)  # per-rank dropout stream
+
+    def _cpu_linears(self, param_dtype: torch.dtype) -> bool:
+        if self.cfg.cpu_linears != "auto":
+            return self.cfg.cpu_linears == "rlweave"
+        bf16 = self.cfg.mixed_precision == "bf16" or param_dtype == torch.bfloat16
+        return self.device.type == "cpu" and bf16
 
     def _compile_scope(self) -> str:
         if self.cfg.compile_scope != "auto":
@@ -166,7 +174,8 @@ class FSDPWorker(TrainingWorker):
             kw, flat = micro.padded_inputs(ids, cu, self.device)
         out = self.model(**kw, use_cache=False)
         raw = out if self.kind != "causal_lm" else out.logits
-        return raw[0] if flat is None else raw.reshape(-1, *raw.shape[2:])[flat]
+        # squeeze, not raw[0]: the backward of a select allocates and zero-fills a (1, T, V) gradient
+        return raw.squeeze(0) if flat is None else raw.reshape(-1, *raw.shape[2:])[flat]
 
     def _outputs(self, mb: Batch, temperature: float = 1.0, with_entropy: bool = False) -> Outputs:
         ids = mb.token["input_ids"].to(self.device)
