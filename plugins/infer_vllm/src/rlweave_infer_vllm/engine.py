@@ -283,7 +283,8 @@ class VLLMEngine(RolloutEngine):
 
     # --------------------------------------------------------------- weights
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> dict[str, Any]:
-        """Send HF-named tensors to vLLM's workers in safetensors chunks and reload in place.
+        """Send HF-named tensors to vLLM's workers in safetensors chunks (to an engine core in this
+        process: the tensors themselves) and reload them in place.
 
         Raises ``RuntimeError`` naming role and rank when vLLM rejects a tensor (unknown
         name, wrong shape); the staged update is discarded and the old weights stay."""
@@ -304,9 +305,13 @@ class VLLMEngine(RolloutEngine):
         seen: set[int] = set()
         t0 = time.perf_counter()
 
+        direct = self.in_process and self.tp == 1  # the worker is called in this process: no serialising
+
         def flush() -> None:
             nonlocal chunk, size
-            if chunk:
+            if chunk and direct:
+                llm.collective_rpc("rlweave_stage_tensors", args=(list(chunk.items()),))
+            elif chunk:
                 llm.collective_rpc("rlweave_stage_weights", args=(save(chunk),))
             chunk, size = {}, 0
 

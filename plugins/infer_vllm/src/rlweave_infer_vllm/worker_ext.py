@@ -5,7 +5,9 @@ engine can call these methods by name with ``LLM.collective_rpc`` without sendin
 (no ``VLLM_ALLOW_INSECURE_SERIALIZATION``). A weight update is two-phase:
 
 1. ``rlweave_stage_weights(blob)`` once per chunk: ``blob`` is a safetensors byte string
-   made in memory (no files); its tensors are kept in the worker.
+   made in memory (no files); its tensors are kept in the worker. An engine core in the
+   caller's process (one worker, no serialisation) gets the tensors themselves instead
+   (``rlweave_stage_tensors(items)``), which saves two copies of the weights.
 2. ``rlweave_commit_weights()``: one ``model_runner.reload_weights`` call over everything
    staged, in place. One call because vLLM's layer-wise reload processes a layer once all
    of its tensors arrived; a layer split across calls would be processed half-loaded.
@@ -29,6 +31,15 @@ class RlweaveWorkerExtension:
         tensors = load(bytes(blob))
         staged.extend(tensors.items())
         return len(tensors)
+
+    def rlweave_stage_tensors(self, items: list) -> int:
+        """Stage ``[(name, tensor), ...]`` as they are: for an engine core in the caller's
+        process, where ``collective_rpc`` passes arguments without serialising them."""
+        staged = getattr(self, "_rlweave_staged", None)
+        if staged is None:
+            staged = self._rlweave_staged = []
+        staged.extend(items)
+        return len(items)
 
     def rlweave_commit_weights(self) -> dict[str, Any]:
         staged = getattr(self, "_rlweave_staged", None) or []
