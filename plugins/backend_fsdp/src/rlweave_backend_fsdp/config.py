@@ -41,10 +41,11 @@ class FSDPConfig(BaseModel):
         "'mlp_norms' compiles only the layer's other children (its norms and MLP). auto: layer on GPU, mlp_norms on CPU, "
         "where inductor's rotary backward is slow (measured: bench/RESULTS.md).",
     )
-    cpu_linears: Literal["auto", "rlweave", "torch"] = Field(
-        "auto", description="'rlweave': the weight gradients of Llama-style MLP projections and the LM head transpose "
-        "their narrower operand first (on CPU, oneDNN's bf16 weight-gradient matmul runs at half speed otherwise); "
-        "'torch': nn.Linear as is. auto: rlweave on CPU with bf16 compute, torch elsewhere.",
+    cpu_kernels: Literal["auto", "rlweave", "torch"] = Field(
+        "auto", description="'rlweave': CPU fast paths: rotary embeddings as one autograd function in the projections' "
+        "layout, and the weight gradients of Llama-style MLP projections and the LM head with their narrower operand "
+        "transposed first (oneDNN's bf16 weight-gradient matmul runs at half speed otherwise); 'torch': transformers' "
+        "code as is. auto: rlweave on CPU with bf16 compute, torch elsewhere.",
     )
     offload_between_phases: bool = Field(
         False, description="Hint for the scheduler: offload() parameters and optimizer state when the role idles."

@@ -1,4 +1,4 @@
-"""Linear layers laid out for CPU bf16 training (option ``cpu_linears``).
+"""Linear layers laid out for CPU bf16 training (option ``cpu_kernels``).
 
 On CPU, oneDNN's bf16 matmul runs a weight gradient ``grad_out.t() @ x`` (both operands
 ``(tokens, features)``, the reduction over tokens) at about half the rate of the forward and
@@ -29,7 +29,7 @@ class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w):
         ctx.save_for_backward(x, w)
-        return F.linear(x, w)
+        return F.linear(x.contiguous(), w)
 
     @staticmethod
     def backward(ctx, grad):

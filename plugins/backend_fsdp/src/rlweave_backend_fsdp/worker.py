@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from rlweave.data.batch import Batch
 from rlweave.interfaces.backend import LossFn, TrainingWorker
-from rlweave_backend_fsdp import attention, checkpoint, cpu_linear, hf_export, micro, modeling, prefix
+from rlweave_backend_fsdp import attention, checkpoint, cpu_linear, hf_export, micro, modeling, prefix, rotary
 from rlweave_backend_fsdp.config import FSDPConfig
 from rlweave_backend_fsdp.outputs import Outputs, last_token_scores, token_logprobs, token_values
 from rlweave_backend_fsdp.schedule import WarmupSchedule
@@ -73,8 +73,9 @@ class FSDPWorker(TrainingWorker):
         self.attn_impl = attention.choose(self.cfg.attn_implementation, ctx.device)
         self.packing = self.cfg.use_packing
         model = modeling.load_model(ctx.model, self.attn_impl, param_dtype, seed)
-        if self._cpu_linears(param_dtype):
+        if self._cpu_kernels(param_dtype):
             cpu_linear.install(model)
+            rotary.install(model)
         if self.cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         mesh = init_device_mesh(self.device.type, (self.world_size,))
@@ -102,9 +103,9 @@ class FSDPWorker(TrainingWorker):
             self._build_optimizer(optim)
         torch.manual_seed(seed + 1000 + self.rank)  # per-rank dropout stream
 
-    def _cpu_linears(self, param_dtype: torch.dtype) -> bool:
-        if self.cfg.cpu_linears != "auto":
-            return self.cfg.cpu_linears == "rlweave"
+    def _cpu_kernels(self, param_dtype: torch.dtype) -> bool:
+        if self.cfg.cpu_kernels != "auto":
+            return self.cfg.cpu_kernels == "rlweave"
         bf16 = self.cfg.mixed_precision == "bf16" or param_dtype == torch.bfloat16
         return self.device.type == "cpu" and bf16
 
