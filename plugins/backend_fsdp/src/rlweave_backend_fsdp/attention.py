@@ -170,7 +170,7 @@ class _CPUFlash(torch.autograd.Function):
     kernel's backward from the bf16 forward's output and log-sum-exp (the flash-attention
     recipe of keeping the output in the input dtype). Inputs ``(B, H, L, D)`` (any strides
     with a contiguous last dimension; fewer key/value heads than query heads allowed);
-    ``mask`` an additive fp32 ``(L, S)`` mask, or None for causal attention."""
+    ``mask`` an additive fp32 (fp64 for fp64 inputs) ``(L, S)`` mask, or None for causal attention."""
 
     @staticmethod
     def forward(ctx, q, k, v, mask, scale):
@@ -183,16 +183,18 @@ class _CPUFlash(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         q, k, v, out, lse = ctx.saved_tensors
+        wide = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad.float(), q.float(), k.float(), v.float(), out.float(), lse, 0.0, ctx.mask is None,
-            attn_mask=ctx.mask, scale=ctx.scale)
+            *(x.to(wide) for x in (grad, q, k, v, out)), lse, 0.0, ctx.mask is None,
+            attn_mask=None if ctx.mask is None else ctx.mask.to(wide), scale=ctx.scale)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
 def _attend(q, k, v, mask: torch.Tensor | None, scaling, drop: float, gqa: bool) -> torch.Tensor:
     """Attention of ``(B, H, L, D)`` inputs; ``mask`` bool ``(L, S)`` or None (causal)."""
     if q.device.type == "cpu" and drop == 0.0:
-        additive = None if mask is None else torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
+        wide = torch.promote_types(q.dtype, torch.float32)
+        additive = None if mask is None else torch.zeros(mask.shape, dtype=wide).masked_fill_(~mask, float("-inf"))
         return _CPUFlash.apply(q, k, v, additive, scaling)
     dtype = q.dtype
     if q.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):  # dropout on CPU: fp32 SDPA
