@@ -6,9 +6,10 @@ Side by side, forward and backward time of one attention call per layer and micr
 * ``shared``: the same samples with their 32-token prompt shared: 43 responses of 128
   queries over 160 keys (the prompt, then causal over themselves), masked SDPA;
 
-each in bf16 (CPU SDPA as is) and bf16 attended in fp32 (what ``attention.planned_sdpa``
-does on CPU). 8 query heads, 2 KV heads, head dim 64 (the yardstick model of
-bench/grpo_vs_trl.py). Prints ms per call and the fp32/bf16 ratio.
+each with bf16 inputs three ways: CPU SDPA in bf16, attended in fp32 (``attention.planned_sdpa``
+on CPU up to session 5), and the forward in bf16 with the backward in fp32 (``attention._attend``
+on CPU now). 8 query heads, 2 KV heads, head dim 64 (the yardstick model of
+bench/grpo_vs_trl.py). Prints ms per call and the ratios to bf16 SDPA.
 
     python bench/cpu_attention.py [--reps 5] [--samples 43]
 """
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 
-def run(q_len: int, k_len: int, mask, dtype, upcast: bool, samples: int, reps: int) -> tuple[float, float]:
+def run(q_len: int, k_len: int, mask, dtype, mode: str, samples: int, reps: int) -> tuple[float, float]:
     g = torch.Generator().manual_seed(0)
     q = torch.randn(samples, 8, q_len, 64, generator=g).to(dtype).requires_grad_()
     k = torch.randn(samples, 2, k_len, 64, generator=g).to(dtype).requires_grad_()
@@ -31,7 +32,11 @@ def run(q_len: int, k_len: int, mask, dtype, upcast: bool, samples: int, reps: i
     grad = torch.randn(samples, 8, q_len, 64, generator=g).to(dtype)
 
     def attend():
-        a, b, c = (x.float() for x in (q, k, v)) if upcast else (q, k, v)
+        if mode == "mixed":
+            from rlweave_backend_fsdp.attention import _attend
+
+            return _attend(q, k, v, mask, None, 0.0, True)
+        a, b, c = (x.float() for x in (q, k, v)) if mode == "fp32" else (q, k, v)
         o = F.scaled_dot_product_attention(a, b, c, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
         return o.to(dtype)
 
@@ -60,14 +65,16 @@ def main() -> None:
     cases = [("causal", p + r, p + r, None), ("shared", r, p + r, shared_mask)]
     print(f"{a.samples} samples, 8 q heads / 2 kv heads, head dim 64, prompt {p} + response {r}; "
           f"{torch.get_num_threads()} threads, ms per call")
-    print(f"{'layout':8s} {'inputs':14s} {'fwd ms':>8s} {'bwd ms':>8s} {'total':>8s}")
+    print(f"{'layout':8s} {'inputs':18s} {'fwd ms':>8s} {'bwd ms':>8s} {'total':>8s}")
     for name, q_len, k_len, mask in cases:
         rows = {}
-        for label, upcast in (("bf16", False), ("bf16 as fp32", True)):
-            f, b = run(q_len, k_len, mask, torch.bfloat16, upcast, a.samples, a.reps)
-            rows[label] = f + b
-            print(f"{name:8s} {label:14s} {f:8.1f} {b:8.1f} {f + b:8.1f}", flush=True)
-        print(f"{name:8s} fp32 attention is {rows['bf16'] / rows['bf16 as fp32']:.2f}x as fast as bf16 (fwd+bwd)")
+        for label, mode in (("bf16", "bf16"), ("bf16 as fp32", "fp32"), ("fwd bf16/bwd fp32", "mixed")):
+            f, b = run(q_len, k_len, mask, torch.bfloat16, mode, a.samples, a.reps)
+            rows[label] = (f, f + b)
+            print(f"{name:8s} {label:18s} {f:8.1f} {b:8.1f} {f + b:8.1f}", flush=True)
+        for label in ("bf16 as fp32", "fwd bf16/bwd fp32"):
+            print(f"{name:8s} {label}: {rows['bf16'][1] / rows[label][1]:.2f}x as fast as bf16 SDPA (fwd+bwd), "
+                  f"forward {rows['bf16'][0] / rows[label][0]:.2f}x")
 
 
 if __name__ == "__main__":
