@@ -17,25 +17,13 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-
-def parse_set(text: str) -> dict:
-    """``key=value,key=value`` -> options (values parsed as JSON when they parse)."""
-    out = {}
-    for item in filter(None, text.split(",")):
-        key, _, value = item.partition("=")
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value.strip()
-    return out
+from turns import emit, label, parse_set, run_turns  # noqa: E402
 
 
 def measure(opts: dict, model: Path, rounds: int, micro_tokens: int) -> dict:
@@ -87,7 +75,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.child:
         opts, model = json.loads(a.child)
-        print("RESULT " + json.dumps(measure(opts, Path(model), a.rounds, a.micro_tokens)), flush=True)
+        emit(measure(opts, Path(model), a.rounds, a.micro_tokens))
         return
 
     from grpo_vs_trl import build
@@ -95,28 +83,14 @@ def main() -> None:
     model = Path(tempfile.mkdtemp(prefix="rlweave-step-"))
     build(model, "yardstick", 16, 32, seed=0)
     sets = [parse_set(s) for s in a.sets.split(";")]
-    best: list[dict] = [{} for _ in sets]
-    tokens = 0
-    for turn in range(a.repeat):
-        for i, opts in enumerate(sets):
-            cmd = [sys.executable, __file__, "--child", json.dumps([opts, str(model)]), "--rounds", str(a.rounds),
-                   "--micro-tokens", str(a.micro_tokens)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            if proc.returncode or not lines:
-                sys.exit(f"set {opts} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-            res = json.loads(lines[-1][7:])
-            tokens = res["tokens"]
-            for k in ("reference", "train"):
-                best[i][k] = min([best[i].get(k, float("inf"))] + res[k])
-            print(f"turn {turn + 1}/{a.repeat}: {opts}: reference {min(res['reference']):.2f} s, "
-                  f"train {min(res['train']):.2f} s", flush=True)
-    print(f"\nGRPO yardstick batch ({tokens} tokens, shared prompts), {os.cpu_count()} threads, best of "
+    runs = run_turns(__file__, sets, str(model), ["--rounds", str(a.rounds), "--micro-tokens", str(a.micro_tokens)],
+                     a.repeat, lambda r: f"reference {min(r['reference']):.2f} s, train {min(r['train']):.2f} s")
+    print(f"\nGRPO yardstick batch ({runs[0][0]['tokens']} tokens, shared prompts), {os.cpu_count()} threads, best of "
           f"{a.repeat} x {a.rounds} rounds, seconds")
     print(f"{'options':55s} {'reference':>10s} {'train step':>11s}")
-    for opts, b in zip(sets, best):
-        label = ",".join(f"{k}={v}" for k, v in opts.items()) or "(defaults)"
-        print(f"{label:55s} {b['reference']:10.2f} {b['train']:11.2f}")
+    for opts, rs in zip(sets, runs):
+        best = {k: min(t for r in rs for t in r[k]) for k in ("reference", "train")}
+        print(f"{label(opts):55s} {best['reference']:10.2f} {best['train']:11.2f}")
 
 
 if __name__ == "__main__":

@@ -17,13 +17,13 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from turns import emit, label, parse_set, run_turns  # noqa: E402
 
 
 def measure(opts: dict, model: str, calls: int) -> list[float]:
@@ -50,8 +50,6 @@ def measure(opts: dict, model: str, calls: int) -> list[float]:
 
 
 def main() -> None:
-    from grpo_train_step import parse_set
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sets", default="block_size=32;block_size=128", help="';'-separated vllm.LLM keyword sets")
     ap.add_argument("--calls", type=int, default=3, help="timed generate calls per process, after one warm-up")
@@ -60,7 +58,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.child:
         opts, model = json.loads(a.child)
-        print("RESULT " + json.dumps(measure(opts, model, a.calls)), flush=True)
+        emit(measure(opts, model, a.calls))
         return
 
     from grpo_vs_trl import build
@@ -68,23 +66,14 @@ def main() -> None:
     model = Path(tempfile.mkdtemp(prefix="rlweave-decode-"))
     build(model, "yardstick", 16, 32, seed=0)
     sets = [parse_set(s) for s in a.sets.split(";")]
-    best = [float("inf")] * len(sets)
-    for turn in range(a.repeat):
-        for i, opts in enumerate(sets):
-            proc = subprocess.run([sys.executable, __file__, "--child", json.dumps([opts, str(model)]),
-                                   "--calls", str(a.calls)], capture_output=True, text=True)
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            if proc.returncode or not lines:
-                sys.exit(f"set {opts} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-            times = json.loads(lines[-1][7:])
-            best[i] = min([best[i]] + times)
-            print(f"turn {turn + 1}/{a.repeat}: {opts}: " + ", ".join(f"{t:.2f}" for t in times) + " s", flush=True)
+    runs = run_turns(__file__, sets, str(model), ["--calls", str(a.calls)], a.repeat,
+                     lambda times: ", ".join(f"{t:.2f}" for t in times) + " s")
     print(f"\n128 sequences x 128 new tokens, bf16, {os.cpu_count()} CPU threads; best call of "
           f"{a.repeat} x {a.calls}")
     print(f"{'vllm.LLM options':50s} {'seconds':>8s} {'tokens/s':>9s}")
-    for opts, b in zip(sets, best):
-        label = ",".join(f"{k}={v}" for k, v in opts.items()) or "(defaults)"
-        print(f"{label:50s} {b:8.2f} {128 * 128 / b:9.0f}")
+    for opts, rs in zip(sets, runs):
+        best = min(t for times in rs for t in times)
+        print(f"{label(opts):50s} {best:8.2f} {128 * 128 / best:9.0f}")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ class _Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w):
         ctx.save_for_backward(x, w)
-        return F.linear(x.contiguous(), w)
+        return F.linear(x, w)
 
     @staticmethod
     def backward(ctx, grad):

@@ -9,8 +9,9 @@ way: fwd+bwd per layer of the yardstick batch (16,896 tokens, 8 + 2 heads of 64,
 32 -> 12 ms on 2 CPU cores. Same formula; bf16 results differ by rounding only.
 
 :func:`install` swaps the function in the modules that define a model's layers (the way
-kernel libraries patch transformers), for CPU tensors with full-width rotary; any other
-call (CUDA, partial rotary, other broadcast layouts) goes to the original function.
+kernel libraries patch transformers; process-wide, so every model of that family in the
+process gets it), for CPU tensors with full-width rotary; any other call (CUDA, partial
+rotary, other broadcast layouts) goes to the original function.
 """
 
 from __future__ import annotations
