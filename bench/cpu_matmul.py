@@ -6,8 +6,9 @@ micro-batch of the grpo_vs_trl yardstick), times the three products a training s
 * forward ``x @ W.t()``, input gradient ``g @ W``, weight gradient ``g.t() @ x``,
 
 plus the weight gradient with both operands transposed to contiguous memory first (copy
-included, and without it), and prints TFLOP/s next to the square 2048 x 2048 ceiling of the
-same dtype. Run with the allocator setting rlweave uses on CPU, or fresh outputs page-fault:
+included, and without it) and with only the narrower operand transposed first, copy included
+(what the FSDP backend's ``cpu_kernels`` does for the MLP and LM head), and prints TFLOP/s
+next to the square 2048 x 2048 ceiling of the same dtype. Run with the allocator setting rlweave uses on CPU, or fresh outputs page-fault:
 
     GLIBC_TUNABLES=glibc.malloc.mmap_threshold=2147483647:glibc.malloc.trim_threshold=2147483647 \\
         .venv/bin/python bench/cpu_matmul.py
@@ -57,16 +58,17 @@ def main() -> None:
     shapes = [("q/o proj", a.hidden, a.hidden), ("k/v proj", a.hidden, a.kv_dim), ("gate/up", a.hidden, a.ffn),
               ("down", a.ffn, a.hidden), ("lm_head", a.hidden, a.vocab)]
     print(f"{'linear':10s} {'in':>5s} {'out':>5s}   {'fwd':>6s} {'dX':>6s} {'dW':>6s} {'dW contig':>9s} "
-          f"{'dW pre-T':>8s}   (TFLOP/s)")
+          f"{'dW pre-T':>8s} {'dW narrow-T':>11s}   (TFLOP/s)")
     for name, i, o in shapes:
         x, w, g = torch.randn(a.tokens, i, dtype=dt), torch.randn(o, i, dtype=dt), torch.randn(a.tokens, o, dtype=dt)
         gt, xt = g.t().contiguous(), x.t().contiguous()
         flop = 2 * a.tokens * i * o
         rates = [flop / seconds(f, a.reps) / 1e12 for f in (
             lambda: x @ w.t(), lambda: g @ w, lambda: g.t() @ x,
-            lambda: g.t().contiguous() @ x.t().contiguous().t(), lambda: gt @ xt.t())]
+            lambda: g.t().contiguous() @ x.t().contiguous().t(), lambda: gt @ xt.t(),
+            (lambda: (x.t().contiguous() @ g).t()) if i <= o else (lambda: g.t().contiguous() @ x))]
         print(f"{name:10s} {i:5d} {o:5d}   " + " ".join(f"{r:6.2f}" for r in rates[:3])
-              + f" {rates[3]:9.2f} {rates[4]:8.2f}")
+              + f" {rates[3]:9.2f} {rates[4]:8.2f} {rates[5]:11.2f}")
 
 
 if __name__ == "__main__":

@@ -145,6 +145,12 @@ class VLLMEngine(RolloutEngine):
             kw["enable_sleep_mode"] = True
         return kw
 
+    @property
+    def local_worker(self) -> bool:
+        """True when vLLM's one worker runs in this process (engine core in process, no
+        tensor parallelism): ``collective_rpc`` calls it directly, no other process exists."""
+        return self.in_process and self.tp == 1
+
     def engine_in_process(self) -> bool:
         """Whether vLLM's engine core runs in this process (``engine_core``; auto: on CPU)."""
         if self.cfg.engine_core == "auto":
@@ -308,11 +314,9 @@ class VLLMEngine(RolloutEngine):
         seen: set[int] = set()
         t0 = time.perf_counter()
 
-        direct = self.in_process and self.tp == 1  # the worker is called in this process: no serialising
-
         def flush() -> None:
             nonlocal chunk, size
-            if chunk and direct:
+            if chunk and self.local_worker:  # called in this process: no serialising
                 llm.collective_rpc("rlweave_stage_tensors", args=(list(chunk.items()),))
             elif chunk:
                 llm.collective_rpc("rlweave_stage_weights", args=(save(chunk),))
@@ -368,7 +372,7 @@ class VLLMEngine(RolloutEngine):
         engine core runs in this process without tensor parallelism."""
         import psutil
 
-        if self.in_process and self.tp == 1:
+        if self.local_worker:
             return []
 
         try:

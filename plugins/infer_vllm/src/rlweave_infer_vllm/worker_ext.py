@@ -25,16 +25,11 @@ class RlweaveWorkerExtension:
     def rlweave_stage_weights(self, blob: bytes) -> int:
         from safetensors.torch import load
 
-        staged = getattr(self, "_rlweave_staged", None)
-        if staged is None:
-            staged = self._rlweave_staged = []
-        tensors = load(bytes(blob))
-        staged.extend(tensors.items())
-        return len(tensors)
+        return self.rlweave_stage_tensors(list(load(bytes(blob)).items()))
 
     def rlweave_stage_tensors(self, items: list) -> int:
-        """Stage ``[(name, tensor), ...]`` as they are: for an engine core in the caller's
-        process, where ``collective_rpc`` passes arguments without serialising them."""
+        """Stage ``[(name, tensor), ...]`` as they are. Called directly by an engine core in the
+        caller's process, where ``collective_rpc`` passes arguments without serialising them."""
         staged = getattr(self, "_rlweave_staged", None)
         if staged is None:
             staged = self._rlweave_staged = []
