@@ -208,3 +208,15 @@ def test_compiled_layers_equal_eager(tiny, tmp_path, scope, units):
         assert eager[k].shape == comp[k].shape and float((eager[k] - comp[k]).abs().max()) < 1e-4, k
     assert comp["losses"] == pytest.approx(eager["losses"], abs=1e-4)
     assert eager["losses"][2] < eager["losses"][0]  # it trained: the same batch scores better afterwards
+
+
+def test_bf16_compiled_attention_backward_trains_like_fp32_backward(tiny, tmp_path):
+    """bf16 + compile on CPU: ``cpu_attention_backward: auto`` marks every attention module
+    for the compiled bf16 backward, and training follows the fp32 backward's losses within
+    bf16 rounding."""
+    res = run_ranks(sc.bf16_attention_backward_scenario, 1, tiny, str(tmp_path), timeout_s=600)
+    fp32, auto = res["fp32"], res["auto"]
+    assert fp32["marks"] == ["fp32", "fp32"] and auto["marks"] == ["bf16", "bf16"]
+    assert auto["losses"] == pytest.approx(fp32["losses"], abs=3e-2)
+    assert auto["losses"][1:] != fp32["losses"][1:]  # another backward really ran (the first loss precedes it)
+    assert auto["losses"][2] < auto["losses"][0]  # it trained

@@ -14,9 +14,11 @@ def _reference(logits, rows, targets, temperature):
     return lsm[rows, targets], (-(lsm.exp() * lsm).sum(-1))[rows]
 
 
+@pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("dtype, temperature", [(torch.float32, 1.0), (torch.float32, 0.7), (torch.bfloat16, 1.0),
                                                 (torch.bfloat16, 1.3)])
-def test_values_and_gradients_match_log_softmax(dtype, temperature):
+def test_values_and_gradients_match_log_softmax(dtype, temperature, compiled):
+    """Eager chunks, and the inductor kernels (``compiled``)."""
     g = torch.Generator().manual_seed(0)
     n_rows, vocab, n_tok = 37, 101, 60
     base = (torch.randn(n_rows, vocab, generator=g) * 3).to(dtype)
@@ -26,7 +28,8 @@ def test_values_and_gradients_match_log_softmax(dtype, temperature):
     w_lp, w_ent = torch.randn(n_tok, generator=g), torch.randn(n_tok, generator=g)
 
     ours = base.clone().requires_grad_()
-    lp, ent = selected_logprobs(ours, rows, targets, temperature, with_entropy=True, chunk_elements=3 * vocab + 5)
+    lp, ent = selected_logprobs(ours, rows, targets, temperature, with_entropy=True, chunk_elements=3 * vocab + 5,
+                                compiled=compiled)
     (lp * w_lp + ent * w_ent).sum().backward()
     ref = base.clone().requires_grad_()
     lp_r, ent_r = _reference(ref, rows, targets, temperature)
@@ -41,11 +44,12 @@ def test_values_and_gradients_match_log_softmax(dtype, temperature):
     assert torch.equal(ours.detach(), base)  # the logits are not modified in place (fp32 .float() is no copy)
 
 
-def test_log_prob_only_gradient_and_no_entropy():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_log_prob_only_gradient_and_no_entropy(compiled):
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(9, 17, generator=g, requires_grad=True)
     rows, targets = torch.arange(9), torch.randint(0, 17, (9,), generator=g)
-    lp, ent = selected_logprobs(logits, rows, targets, with_entropy=False, chunk_elements=17)
+    lp, ent = selected_logprobs(logits, rows, targets, with_entropy=False, chunk_elements=17, compiled=compiled)
     assert ent is None
     lp.sum().backward()
     expected = torch.nn.functional.one_hot(targets, 17) - torch.softmax(logits.detach(), -1)

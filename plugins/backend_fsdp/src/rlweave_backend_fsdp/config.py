@@ -47,6 +47,12 @@ class FSDPConfig(BaseModel):
         "transposed first (oneDNN's bf16 weight-gradient matmul runs at half speed otherwise); 'torch': transformers' "
         "code as is. auto: rlweave on CPU with bf16 compute, torch elsewhere.",
     )
+    cpu_attention_backward: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="CPU attention backward with bf16 compute: 'fp32' runs PyTorch's flash kernel in fp32; 'bf16' "
+        "recomputes the probabilities and runs bf16 matmuls around an fp32 softmax gradient, compiled by inductor "
+        "(~2x faster on AMX CPUs, bench/cpu_attention.py; gradients within bf16 rounding, as on GPU). auto: bf16 when "
+        "compile is on and cpu_kernels resolves to rlweave, else fp32.",
+    )
     offload_between_phases: bool = Field(
         False, description="Hint for the scheduler: offload() parameters and optimizer state when the role idles."
     )

@@ -10,6 +10,11 @@ log-probs or their gradient: rows are processed in chunks of about ``chunk_eleme
 values (cache-sized on CPU), the forward keeps only each row's log-sum-exp, and the
 backward recomputes the softmax chunk by chunk, writing the gradient in the logits' dtype.
 Same values as the unchunked fp32 computation up to float rounding.
+
+With ``compiled`` (the backend's ``compile`` option, CPU), the entropy forward and the
+backward are inductor kernels over all rows instead of eager chunk loops; they too read the
+logits once per pass and never hold fp32 ``(R, V)`` tensors. Yardstick logits (16,896 x
+4,096 bf16, 2 CPU cores): entropy forward 52 -> 39 ms, backward 83 -> 25 ms.
 """
 
 from __future__ import annotations
@@ -32,20 +37,58 @@ def _scaled(chunk: torch.Tensor, inv_temp: float) -> torch.Tensor:
     return z * inv_temp if inv_temp != 1.0 else z
 
 
+def _stats_math(logits: torch.Tensor, inv_temp: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: log-sum-exp and entropy of ``softmax(logits * inv_temp)``, fp32."""
+    z = logits.float() * inv_temp
+    m = z.amax(-1, keepdim=True)
+    e = torch.exp(z - m)
+    total = e.sum(-1, keepdim=True)
+    lse = (m + torch.log(total)).squeeze(-1)
+    return lse, lse - (e * z).sum(-1) / total.squeeze(-1)
+
+
+def _grad_math(logits, lse, ent, g_row, ge_row, hot_col, hot_grad, inv_temp: float, entropy: bool):
+    """Gradient to ``logits`` (their dtype): ``-g_row * p`` per row, the entropy term when
+    ``entropy``, plus ``hot_grad[r]`` at column ``hot_col[r]`` (-1: none) of each row."""
+    z = logits.float() * inv_temp
+    p = torch.exp(z - lse[:, None])
+    coef = -g_row[:, None]
+    if entropy:
+        coef = coef - ge_row[:, None] * (z - lse[:, None] + ent[:, None])
+    cols = torch.arange(z.shape[1], device=z.device)
+    gz = p * coef + torch.where(cols[None, :] == hot_col[:, None], hot_grad[:, None], 0.0)
+    return (gz * inv_temp).to(logits.dtype)
+
+
+_compiled: dict = {}
+
+
+def _kernel(name: str):
+    """``_stats_math`` / ``_grad_math`` compiled once per process (dynamic row count)."""
+    if name not in _compiled:
+        _compiled[name] = torch.compile({"stats": _stats_math, "grad": _grad_math}[name], dynamic=True)
+    return _compiled[name]
+
+
 class _SelectedLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, rows, targets, inv_temp: float, with_entropy: bool, chunk_elements: int):
+    def forward(ctx, logits, rows, targets, inv_temp: float, with_entropy: bool, chunk_elements: int,
+                compiled: bool = False):
         ctx.set_materialize_grads(False)
+        ctx.compiled = compiled
         n_rows, vocab = logits.shape
-        lse = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
-        ent = torch.empty(n_rows, dtype=torch.float32, device=logits.device) if with_entropy else None
-        for s, e in _bounds(n_rows, vocab, chunk_elements):
-            z = _scaled(logits[s:e], inv_temp)
-            m = torch.logsumexp(z, dim=-1)
-            lse[s:e] = m
-            if ent is not None:  # H = lse - sum_v p_v z_v
-                p = (z - m[:, None]).exp_()
-                ent[s:e] = m - (p * z).sum(-1)
+        if compiled and with_entropy:  # lse alone: the eager chunks are as fast as inductor's kernel
+            lse, ent = _kernel("stats")(logits, inv_temp)
+        else:
+            lse = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+            ent = torch.empty(n_rows, dtype=torch.float32, device=logits.device) if with_entropy else None
+            for s, e in _bounds(n_rows, vocab, chunk_elements):
+                z = _scaled(logits[s:e], inv_temp)
+                m = torch.logsumexp(z, dim=-1)
+                lse[s:e] = m
+                if ent is not None:  # H = lse - sum_v p_v z_v
+                    p = (z - m[:, None]).exp_()
+                    ent[s:e] = m - (p * z).sum(-1)
         picked = logits[rows, targets].float()
         if inv_temp != 1.0:
             picked = picked * inv_temp
@@ -58,7 +101,10 @@ class _SelectedLogprobs(torch.autograd.Function):
     def backward(ctx, g_lp, g_ent):
         logits, rows, targets, lse, ent = ctx.saved_tensors
         if g_lp is None and g_ent is None:
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
+        if ctx.compiled:
+            return (_compiled_backward(ctx, logits, rows, targets, lse, ent, g_lp, g_ent),
+                    None, None, None, None, None, None)
         n_rows, vocab = logits.shape
         inv_temp = ctx.inv_temp
         # per row: the summed upstream gradients of the tokens reading it
@@ -92,15 +138,48 @@ class _SelectedLogprobs(torch.autograd.Function):
             if inv_temp != 1.0:
                 gz.mul_(inv_temp)
             grad[s:e] = gz
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
+
+
+def _compiled_backward(ctx, logits, rows, targets, lse, ent, g_lp, g_ent) -> torch.Tensor:
+    """The backward as one inductor kernel: each row's first reading token adds its one-hot
+    term inside the kernel (fp32, one rounding); further tokens reading the same row (a
+    shared prompt's last position) are added afterwards."""
+    n_rows = logits.shape[0]
+    dev = logits.device
+    g_row = torch.zeros(n_rows, dtype=torch.float32, device=dev)
+    hot_col = torch.full((n_rows,), -1, dtype=torch.long, device=dev)
+    hot_grad = torch.zeros(n_rows, dtype=torch.float32, device=dev)
+    extra = None
+    if g_lp is not None:
+        g = g_lp.float()
+        g_row.index_add_(0, rows, g)
+        order = torch.argsort(rows, stable=True)
+        srt = rows[order]
+        first = torch.ones_like(srt, dtype=torch.bool)
+        first[1:] = srt[1:] != srt[:-1]
+        lead = order[first]
+        hot_col[rows[lead]] = targets[lead]
+        hot_grad[rows[lead]] = g[lead]
+        extra = order[~first]
+    entropy = g_ent is not None and ctx.with_entropy
+    ge_row = torch.zeros(n_rows, dtype=torch.float32, device=dev)
+    if entropy:
+        ge_row.index_add_(0, rows, g_ent.float())
+    grad = _kernel("grad")(logits, lse, ent, g_row, ge_row, hot_col, hot_grad, ctx.inv_temp, entropy)
+    if extra is not None and extra.numel():
+        grad.index_put_((rows[extra], targets[extra]), (g_lp[extra].float() * ctx.inv_temp).to(grad.dtype),
+                        accumulate=True)
+    return grad
 
 
 def selected_logprobs(
     logits: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-    with_entropy: bool = False, chunk_elements: int | None = None,
+    with_entropy: bool = False, chunk_elements: int | None = None, compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``logits`` ``(R, V)`` any float dtype; ``rows``, ``targets`` ``(T,)`` long. Returns
-    ``(logprobs (T,), entropy (T,) or None)`` float32 (see module docstring)."""
+    ``(logprobs (T,), entropy (T,) or None)`` float32 (see module docstring; ``compiled``:
+    inductor kernels for the entropy forward and the backward)."""
     if logits.dim() != 2:
         raise ValueError(f"selected_logprobs: logits must be (rows, vocab), got shape {tuple(logits.shape)}")
     if not temperature > 0:
@@ -108,4 +187,4 @@ def selected_logprobs(
     if chunk_elements is None:
         chunk_elements = GPU_CHUNK if logits.is_cuda else CPU_CHUNK
     return _SelectedLogprobs.apply(logits, rows, targets, 1.0 / float(temperature), bool(with_entropy),
-                                   int(chunk_elements))
+                                   int(chunk_elements), bool(compiled))

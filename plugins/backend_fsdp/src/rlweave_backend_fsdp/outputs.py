@@ -41,14 +41,15 @@ def _predictors(rows: torch.Tensor | None, first: torch.Tensor) -> torch.Tensor:
 
 def token_logprobs(
     logits: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, temperature: float, with_entropy: bool,
-    rows: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None, compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``logits`` ``(T, V)`` (position t predicts t+1; ``(T', V)`` per row position with
     ``rows``) -> log-prob and entropy ``(T,)`` float32 of the original tokens ``input_ids``,
-    computed in fp32 chunk by chunk (:mod:`.logprob`)."""
+    computed in fp32 chunk by chunk, or by inductor kernels with ``compiled`` (:mod:`.logprob`)."""
     first = first_token_mask(cu_seqlens, input_ids.numel(), logits.device)
     pred = _predictors(rows, first)
-    lp, ent = selected_logprobs(logits, pred, input_ids.to(logits.device), temperature, with_entropy)
+    lp, ent = selected_logprobs(logits, pred, input_ids.to(logits.device), temperature, with_entropy,
+                                compiled=compiled)
     lp = lp.masked_fill(first, 0.0)
     return lp, (ent.masked_fill(first, 0.0) if ent is not None else None)
 

@@ -11,7 +11,9 @@ way: fwd+bwd per layer of the yardstick batch (16,896 tokens, 8 + 2 heads of 64,
 :func:`install` swaps the function in the modules that define a model's layers (the way
 kernel libraries patch transformers; process-wide, so every model of that family in the
 process gets it), for CPU tensors with full-width rotary; any other call (CUDA, partial
-rotary, other broadcast layouts) goes to the original function.
+rotary, other broadcast layouts) goes to the original function. With ``compiled`` (the
+backend's ``compile`` option) each rotation is one inductor kernel instead of four eager
+ones: 3.9 -> 1.5 ms per query rotation of that batch.
 """
 
 from __future__ import annotations
@@ -38,18 +40,43 @@ def _rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, inverse: bool) ->
     return out
 
 
+def _rotate_math(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, inverse: bool) -> torch.Tensor:
+    """:func:`_rotate` as plain tensor maths, for inductor (fp32 inside, one rounding)."""
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h].float(), x[..., h:].float()
+    c1, c2, s1, s2 = c[..., :h].float(), c[..., h:].float(), s[..., :h].float(), s[..., h:].float()
+    if inverse:
+        o1, o2 = x1 * c1 + x2 * s2, x2 * c2 - x1 * s1
+    else:
+        o1, o2 = x1 * c1 - x2 * s1, x2 * c2 + x1 * s2
+    return torch.cat([o1, o2], dim=-1).to(x.dtype)
+
+
+_compiled = {"on": False, "fn": None}  # process-wide, like the patch itself
+
+
+def _rotation():
+    if not _compiled["on"]:
+        return _rotate
+    if _compiled["fn"] is None:
+        _compiled["fn"] = torch.compile(_rotate_math, dynamic=True)
+    return _compiled["fn"]
+
+
 class _Rotary(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, cos, sin):
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)
         ctx.save_for_backward(c, s)
-        return _rotate(q, c, s, False), _rotate(k, c, s, False)
+        rot = _rotation()
+        return rot(q, c, s, False), rot(k, c, s, False)
 
     @staticmethod
     def backward(ctx, gq, gk):
         c, s = ctx.saved_tensors
-        dq = None if gq is None else _rotate(gq, c, s, True)
-        dk = None if gk is None else _rotate(gk, c, s, True)
+        rot = _rotation()
+        dq = None if gq is None else rot(gq, c, s, True)
+        dk = None if gk is None else rot(gk, c, s, True)
         return dq, dk, None, None
 
 
@@ -74,9 +101,12 @@ def _wrap(original):
     return apply_rotary_pos_emb
 
 
-def install(model: nn.Module) -> list[str]:
+def install(model: nn.Module, compiled: bool = False) -> list[str]:
     """Swap ``apply_rotary_pos_emb`` in the module of every layer class of ``model`` that
-    defines it (idempotent); returns the names of the modules patched now."""
+    defines it (idempotent); returns the names of the modules patched now. ``compiled``
+    switches every patched rotation in the process to the inductor kernel (never back)."""
+    if compiled:
+        _compiled["on"] = True
     patched = []
     for name in sorted({type(m).__module__ for m in model.modules()}):
         mod = sys.modules.get(name)

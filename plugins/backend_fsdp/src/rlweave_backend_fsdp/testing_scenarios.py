@@ -280,3 +280,24 @@ def compile_scenario(ctx_kw: dict, model_dir: str, work: str, scope: str = "auto
         out["graphs"] = int(counters["stats"]["unique_graphs"])
         res[compiled] = out
     return res
+
+
+def bf16_attention_backward_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
+    """bf16 compute with ``compile: true`` on CPU, the attention backward chosen by
+    ``cpu_attention_backward`` (``fp32``, and ``auto``, which resolves to the compiled bf16
+    one): what each worker marked its attention modules with, and the losses of three
+    training steps from the same weights (packed and shared-prompt rows)."""
+    from rlweave_backend_fsdp.attention import _BACKWARD_ATTR
+    from rlweave_backend_fsdp.modeling import decoder_layers
+
+    model = {"path": model_dir, "dtype": "float32", "model_type": "causal_lm"}
+    optim = {"lr": 3e-3, "grad_clip": 1.0}
+    res: dict = {}
+    for kind in ("fp32", "auto"):
+        w = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=32, compile=True, mixed_precision="bf16",
+                    cpu_attention_backward=kind)
+        res[kind] = {
+            "marks": [getattr(layer.self_attn, _BACKWARD_ATTR, None) for layer in decoder_layers(w.model)],
+            "losses": [w.train_step(b, nll_loss)["nll"] for b in (fixed_batch(), group_batch(), fixed_batch())],
+        }
+    return res

@@ -75,7 +75,10 @@ class FSDPWorker(TrainingWorker):
         model = modeling.load_model(ctx.model, self.attn_impl, param_dtype, seed)
         if self._cpu_kernels(param_dtype):
             cpu_linear.install(model)
-            rotary.install(model)
+            rotary.install(model, compiled=self.cfg.compile)
+        if self.device.type == "cpu":
+            attention.set_cpu_backward([getattr(m, "self_attn", None) for m in modeling.decoder_layers(model)],
+                                       self._cpu_attention_backward(param_dtype))
         if self.cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         mesh = init_device_mesh(self.device.type, (self.world_size,))
@@ -108,6 +111,11 @@ class FSDPWorker(TrainingWorker):
             return self.cfg.cpu_kernels == "rlweave"
         bf16 = self.cfg.mixed_precision == "bf16" or param_dtype == torch.bfloat16
         return self.device.type == "cpu" and bf16
+
+    def _cpu_attention_backward(self, param_dtype: torch.dtype) -> str:
+        if self.cfg.cpu_attention_backward != "auto":
+            return self.cfg.cpu_attention_backward
+        return "bf16" if self.cfg.compile and self._cpu_kernels(param_dtype) else "fp32"
 
     def _compile_scope(self) -> str:
         if self.cfg.compile_scope != "auto":
@@ -184,7 +192,8 @@ class FSDPWorker(TrainingWorker):
         raw = self._raw(ids, mb.cu_seqlens, shared)
         rows = shared.tok_row if shared is not None else None
         if self.kind == "causal_lm":
-            lp, ent = token_logprobs(raw, ids, mb.cu_seqlens, temperature, with_entropy, rows)
+            lp, ent = token_logprobs(raw, ids, mb.cu_seqlens, temperature, with_entropy, rows,
+                                     compiled=self.cfg.compile and self.device.type == "cpu")
             return Outputs(logprobs=lp, entropy=ent)
         return Outputs(values=token_values(raw, mb.cu_seqlens, rows))
 
