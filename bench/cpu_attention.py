@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from turns import as_rank_process  # bench/ is this script's directory, first on sys.path
 
 
 def run(q_len: int, k_len: int, mask, dtype, mode: str, samples: int, reps: int) -> tuple[float, float]:
@@ -63,10 +63,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--response", type=int, default=128)
     a = ap.parse_args()
-    if "GLIBC_TUNABLES" not in os.environ:  # as rlweave starts its CPU workers (freed memory kept)
-        from rlweave.scheduler.ray_impl.malloc import start_env
-
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **start_env(True, True)})
+    as_rank_process()
     torch.set_num_threads(os.cpu_count() or 1)
     p, r = a.prompt, a.response
     shared_mask = torch.ones(r, p + r, dtype=torch.bool).tril(p)

@@ -8,10 +8,11 @@ micro-batch of the grpo_vs_trl yardstick), times the three products a training s
 plus the weight gradient with both operands transposed to contiguous memory first (copy
 included, and without it) and with only the narrower operand transposed first, copy included
 (what the FSDP backend's ``cpu_kernels`` does for the MLP and LM head), and prints TFLOP/s
-next to the square 2048 x 2048 ceiling of the same dtype. Run with the allocator setting rlweave uses on CPU, or fresh outputs page-fault:
+next to the square 2048 x 2048 ceiling of the same dtype. Runs with the allocator settings
+rlweave uses on CPU (re-executes itself with ``GLIBC_TUNABLES`` unless set), or fresh outputs
+would page-fault:
 
-    GLIBC_TUNABLES=glibc.malloc.mmap_threshold=2147483647:glibc.malloc.trim_threshold=2147483647 \\
-        .venv/bin/python bench/cpu_matmul.py
+    .venv/bin/python bench/cpu_matmul.py
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import time
 
 import torch
+from turns import as_rank_process  # bench/ is this script's directory, first on sys.path
 
 
 def seconds(fn, reps: int) -> float:
@@ -51,6 +53,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     a = ap.parse_args()
+    as_rank_process()
     torch.set_num_threads(a.threads)
     dt = getattr(torch, a.dtype)
     ceiling = square_ceiling(dt, a.reps) / 1e12

@@ -5,7 +5,8 @@ A benchmark script calls :func:`run_turns` with its own path; every turn runs
 line ``RESULT <json>`` (:func:`emit`). Separate processes keep process-wide state (patched
 libraries, allocator, compiled code) from leaking between sets; taking turns spreads a
 noisy neighbour over all of them. Children start with the allocator settings rlweave gives
-its CPU workers (``ray.cpu_malloc_reuse``), unless ``GLIBC_TUNABLES`` is already set.
+its CPU workers (``ray.cpu_malloc_reuse``), unless ``GLIBC_TUNABLES`` is already set;
+a single-process benchmark gets them with :func:`as_rank_process`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,21 @@ import os
 import subprocess
 import sys
 from typing import Any, Callable
+
+
+def rank_env() -> dict[str, str]:
+    """This environment plus the allocator settings a CPU rank of rlweave starts with."""
+    from rlweave.scheduler.ray_impl.malloc import start_env
+
+    return {**os.environ, **start_env(True, True)}
+
+
+def as_rank_process() -> None:
+    """Re-execute this script with :func:`rank_env` unless ``GLIBC_TUNABLES`` is set already
+    (glibc reads it only at start): without it every fresh output page-faults, and matmul-heavy
+    code looks several times slower than it runs in rlweave's workers."""
+    if "GLIBC_TUNABLES" not in os.environ:
+        os.execve(sys.executable, [sys.executable, *sys.argv], rank_env())
 
 
 def parse_set(text: str) -> dict:
@@ -42,9 +58,7 @@ def run_turns(script: str, sets: list[dict], payload: Any, args: list[str], repe
               describe: Callable[[Any], str]) -> list[list[Any]]:
     """Every set's results, turn by turn (``describe(result)`` is printed after each run);
     exits naming the set when a child fails."""
-    from rlweave.scheduler.ray_impl.malloc import start_env
-
-    env = {**os.environ, **start_env(True, True)}  # as a rank process of rlweave starts
+    env = rank_env()
     results: list[list[Any]] = [[] for _ in sets]
     for turn in range(repeat):
         for i, opts in enumerate(sets):

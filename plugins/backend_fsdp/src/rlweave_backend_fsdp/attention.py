@@ -20,7 +20,8 @@ backward in fp32 (:class:`_CPUFlash`): for bf16 the forward is ~3x faster than i
 the backward ~2x faster than in bf16 (``bench/cpu_attention.py``). Attention modules marked
 by :func:`set_cpu_backward` with ``"bf16"`` get a bf16 backward instead: the probabilities
 recomputed from the forward's log-sum-exp, bf16 matmuls (AMX) around an fp32 softmax
-gradient, compiled by inductor into a few fused kernels (:func:`_bf16_backward`).
+gradient, compiled by inductor into a few fused kernels (:func:`_bf16_backward_math`; run
+eagerly it would be slower than the fp32 flash backward).
 
 Without ``cu_seq_lens_q`` (padded rows) the call is plain SDPA with the padding mask, so
 the same model serves both layouts.
@@ -34,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from rlweave_backend_fsdp import inductor
 
 NAME = "rlweave_varlen"
 _registered = False
@@ -172,7 +175,7 @@ _BACKWARD_ATTR = "rlweave_cpu_attention_backward"
 def set_cpu_backward(modules, kind: str) -> int:
     """Mark attention ``modules`` (those transformers passes to the attention function) to
     run the CPU backward ``kind``: ``"fp32"`` (the fp32 flash kernel) or ``"bf16"``
-    (:func:`_bf16_backward`, for bf16 inputs; other dtypes keep fp32). Returns how many
+    (:func:`_bf16_backward_math`, for bf16 inputs; other dtypes keep fp32). Returns how many
     modules were marked."""
     if kind not in ("fp32", "bf16"):
         raise ValueError(f"{NAME}: CPU attention backward {kind!r}; choose fp32 or bf16")
@@ -209,13 +212,6 @@ def _bf16_backward_math(q, k, v, out, grad, lse, mask, scale: float):
     return dq, dk, dv
 
 
-@functools.lru_cache(maxsize=1)
-def _bf16_backward():
-    """:func:`_bf16_backward_math` compiled once per process with dynamic shapes (a bucket
-    of any size reuses it). Eager it would be slower than the fp32 flash backward."""
-    return torch.compile(_bf16_backward_math, dynamic=True)
-
-
 class _CPUFlash(torch.autograd.Function):
     """PyTorch's CPU flash-attention kernel, forward in the inputs' dtype and backward in
     fp32. On CPU the bf16 forward is ~3x faster than fp32, but the bf16 backward is ~2x
@@ -224,7 +220,8 @@ class _CPUFlash(torch.autograd.Function):
     recipe of keeping the output in the input dtype). Inputs ``(B, H, L, D)`` (any strides
     with a contiguous last dimension; fewer key/value heads than query heads allowed);
     ``mask`` an additive fp32 (fp64 for fp64 inputs) ``(L, S)`` mask, or None for causal attention.
-    ``backward="bf16"`` with bf16 inputs: :func:`_bf16_backward` instead of the fp32 kernel."""
+    ``backward="bf16"`` with bf16 inputs: :func:`_bf16_backward_math`, compiled, instead of the
+    fp32 kernel."""
 
     @staticmethod
     def forward(ctx, q, k, v, mask, scale, backward="fp32"):
@@ -238,12 +235,12 @@ class _CPUFlash(torch.autograd.Function):
     def backward(ctx, grad):
         q, k, v, out, lse = ctx.saved_tensors
         if ctx.low:
+            n = q.shape[2]  # causal buckets: L == S
             mask = ctx.mask
-            if mask is None:  # causal, L == S
-                n = q.shape[2]
-                mask = torch.zeros(n, n).masked_fill_(torch.ones(n, n, dtype=torch.bool).triu_(1), float("-inf"))
+            if mask is None:
+                mask = _additive(torch.ones(n, n, dtype=torch.bool).tril_(), lse.dtype)
             scale = ctx.scale if ctx.scale is not None else q.shape[-1] ** -0.5
-            dq, dk, dv = _bf16_backward()(q, k, v, out, grad, lse, mask, float(scale))
+            dq, dk, dv = inductor.compiled(_bf16_backward_math)(q, k, v, out, grad, lse, mask, float(scale))
             return dq, dk, dv, None, None, None
         wide = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
@@ -252,12 +249,17 @@ class _CPUFlash(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool ``allowed`` -> additive mask: 0 where allowed, -inf elsewhere."""
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+
+
 def _attend(q, k, v, mask: torch.Tensor | None, scaling, drop: float, gqa: bool,
             cpu_backward: str = "fp32") -> torch.Tensor:
     """Attention of ``(B, H, L, D)`` inputs; ``mask`` bool ``(L, S)`` or None (causal)."""
     if q.device.type == "cpu" and drop == 0.0:
         wide = torch.promote_types(q.dtype, torch.float32)
-        additive = None if mask is None else torch.zeros(mask.shape, dtype=wide).masked_fill_(~mask, float("-inf"))
+        additive = None if mask is None else _additive(mask, wide)
         return _CPUFlash.apply(q, k, v, additive, scaling, cpu_backward)
     dtype = q.dtype
     if q.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):  # dropout on CPU: fp32 SDPA

@@ -34,7 +34,9 @@ class FSDPConfig(BaseModel):
     )
     compile: bool = Field(
         False, description="torch.compile parts of each decoder layer (see compile_scope; attention stays eager): fused "
-        "elementwise work and fewer kernel launches; the first steps compile (tens of seconds).",
+        "elementwise work and fewer kernel launches; the first steps compile (tens of seconds). On CPU it also compiles "
+        "the log-prob/entropy gradient, rotary embeddings (with cpu_kernels) and the attention backward "
+        "(cpu_attention_backward).",
     )
     compile_scope: Literal["auto", "layer", "mlp_norms"] = Field(
         "auto", description="With compile: 'layer' compiles each decoder layer whole (rotary and projections included); "

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from rlweave_backend_fsdp import inductor
+
 #: values per chunk: ~1 MiB of fp32 on CPU (fits a core's L2), 64 MiB on GPU (few launches)
 CPU_CHUNK = 1 << 18
 GPU_CHUNK = 1 << 24
@@ -60,14 +62,12 @@ def _grad_math(logits, lse, ent, g_row, ge_row, hot_col, hot_grad, inv_temp: flo
     return (gz * inv_temp).to(logits.dtype)
 
 
-_compiled: dict = {}
-
-
-def _kernel(name: str):
-    """``_stats_math`` / ``_grad_math`` compiled once per process (dynamic row count)."""
-    if name not in _compiled:
-        _compiled[name] = torch.compile({"stats": _stats_math, "grad": _grad_math}[name], dynamic=True)
-    return _compiled[name]
+def _row_sum(rows: torch.Tensor, g: torch.Tensor | None, n_rows: int) -> torch.Tensor:
+    """Per row, the summed upstream gradients ``g`` of the tokens reading it (zeros: no ``g``)."""
+    out = torch.zeros(n_rows, dtype=torch.float32, device=rows.device)
+    if g is not None:
+        out.index_add_(0, rows, g.float())
+    return out
 
 
 class _SelectedLogprobs(torch.autograd.Function):
@@ -78,7 +78,7 @@ class _SelectedLogprobs(torch.autograd.Function):
         ctx.compiled = compiled
         n_rows, vocab = logits.shape
         if compiled and with_entropy:  # lse alone: the eager chunks are as fast as inductor's kernel
-            lse, ent = _kernel("stats")(logits, inv_temp)
+            lse, ent = inductor.compiled(_stats_math)(logits, inv_temp)
         else:
             lse = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
             ent = torch.empty(n_rows, dtype=torch.float32, device=logits.device) if with_entropy else None
@@ -107,14 +107,8 @@ class _SelectedLogprobs(torch.autograd.Function):
                     None, None, None, None, None, None)
         n_rows, vocab = logits.shape
         inv_temp = ctx.inv_temp
-        # per row: the summed upstream gradients of the tokens reading it
-        g_row = torch.zeros(n_rows, dtype=torch.float32, device=logits.device)
-        if g_lp is not None:
-            g_row.index_add_(0, rows, g_lp.float())
-        ge_row = None
-        if g_ent is not None and ctx.with_entropy:
-            ge_row = torch.zeros(n_rows, dtype=torch.float32, device=logits.device)
-            ge_row.index_add_(0, rows, g_ent.float())
+        g_row = _row_sum(rows, g_lp, n_rows)
+        ge_row = _row_sum(rows, g_ent, n_rows) if g_ent is not None and ctx.with_entropy else None
         # tokens sorted by row, so each chunk finds its one-hot terms by a slice
         order = torch.argsort(rows, stable=True)
         bounds = _bounds(n_rows, vocab, ctx.chunk_elements)
@@ -147,13 +141,12 @@ def _compiled_backward(ctx, logits, rows, targets, lse, ent, g_lp, g_ent) -> tor
     shared prompt's last position) are added afterwards."""
     n_rows = logits.shape[0]
     dev = logits.device
-    g_row = torch.zeros(n_rows, dtype=torch.float32, device=dev)
+    g_row = _row_sum(rows, g_lp, n_rows)
     hot_col = torch.full((n_rows,), -1, dtype=torch.long, device=dev)
     hot_grad = torch.zeros(n_rows, dtype=torch.float32, device=dev)
     extra = None
     if g_lp is not None:
         g = g_lp.float()
-        g_row.index_add_(0, rows, g)
         order = torch.argsort(rows, stable=True)
         srt = rows[order]
         first = torch.ones_like(srt, dtype=torch.bool)
@@ -163,10 +156,8 @@ def _compiled_backward(ctx, logits, rows, targets, lse, ent, g_lp, g_ent) -> tor
         hot_grad[rows[lead]] = g[lead]
         extra = order[~first]
     entropy = g_ent is not None and ctx.with_entropy
-    ge_row = torch.zeros(n_rows, dtype=torch.float32, device=dev)
-    if entropy:
-        ge_row.index_add_(0, rows, g_ent.float())
-    grad = _kernel("grad")(logits, lse, ent, g_row, ge_row, hot_col, hot_grad, ctx.inv_temp, entropy)
+    ge_row = _row_sum(rows, g_ent if entropy else None, n_rows)
+    grad = inductor.compiled(_grad_math)(logits, lse, ent, g_row, ge_row, hot_col, hot_grad, ctx.inv_temp, entropy)
     if extra is not None and extra.numel():
         grad.index_put_((rows[extra], targets[extra]), (g_lp[extra].float() * ctx.inv_temp).to(grad.dtype),
                         accumulate=True)

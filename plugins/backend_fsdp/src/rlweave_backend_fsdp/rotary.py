@@ -23,6 +23,8 @@ import sys
 import torch
 from torch import nn
 
+from rlweave_backend_fsdp import inductor
+
 
 def _rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, inverse: bool) -> torch.Tensor:
     """``x * c + rotate_half(x) * s`` (``inverse``: the transposed rotation, for gradients)."""
@@ -52,15 +54,11 @@ def _rotate_math(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, inverse: boo
     return torch.cat([o1, o2], dim=-1).to(x.dtype)
 
 
-_compiled = {"on": False, "fn": None}  # process-wide, like the patch itself
+_compiled = {"on": False}  # process-wide, like the patch itself
 
 
 def _rotation():
-    if not _compiled["on"]:
-        return _rotate
-    if _compiled["fn"] is None:
-        _compiled["fn"] = torch.compile(_rotate_math, dynamic=True)
-    return _compiled["fn"]
+    return inductor.compiled(_rotate_math) if _compiled["on"] else _rotate
 
 
 class _Rotary(torch.autograd.Function):
