@@ -203,8 +203,8 @@ def test_unknown_role_name_and_unsupported_parallelism():
 
 def test_kernel_that_cannot_run_here_and_unknown_kernel():
     assert errors(base(kernels={"moe_groupgemm": True, "flash": True, "off_one": False})) == [
-        "c.yaml: kernels.flash: unknown kernel 'flash'. Choose one of: moe_groupgemm (rlweave 0.1.0).",
-        "c.yaml: kernels.moe_groupgemm: kernel 'moe_groupgemm' cannot run here: needs CUDA"]
+        "c.yaml: kernels.flash: unknown kernel 'flash'. Choose one of: moe_groupgemm (rlweave 0.1.0, unavailable).",
+        "c.yaml: kernels.moe_groupgemm: kernel 'moe_groupgemm' (rlweave 0.1.0) is unavailable here: needs CUDA"]
 
 
 def test_selecting_a_name_two_distributions_offer_names_both():
@@ -251,3 +251,54 @@ def test_plugin_problems_are_reported_even_when_an_unrelated_core_section_fails(
         "c.yaml: data.batch_sise: unknown key. Did you mean 'batch_size'?",
         "c.yaml: roles.policy.backend: unknown training backend 'fsdpp'. Choose one of: fsdp "
         "(rlweave-backend-fsdp 0.1.0), megatron (rlweave-backend-megatron 0.1.0). Did you mean 'fsdp'?"]
+
+
+# ---------------------------------------------------------------- both passes together
+def test_a_core_error_in_a_section_pass_two_reads_still_lets_pass_two_report():
+    assert errors(base(roles__policy__devices=0, algorithm={"name": "grpo", "group_sz": 8})) == [
+        "c.yaml: roles.policy.devices: Input should be greater than or equal to 1 (got 0)",
+        "c.yaml: algorithm.group_sz: unknown key. Did you mean 'group_size'?"]
+
+
+def test_pass_two_paths_point_at_the_file_after_an_invalid_list_entry_is_dropped():
+    assert errors(base(rewards=[{"weight": 1.0}, {"name": "arith_exct"}, {"name": "format", "args": {"patern": "x"}}])) == [
+        "c.yaml: rewards.0.name: required key is missing",
+        "c.yaml: rewards.1.name: unknown reward 'arith_exct'. Choose one of: arith_exact (rlweave 0.1.0), "
+        "format (rlweave 0.1.0). Did you mean 'arith_exact'?",
+        "c.yaml: rewards.2.args.patern: unknown key. Did you mean 'pattern'?"]
+
+
+def test_pass_two_issues_that_only_echo_a_core_error_are_left_out():
+    # the backend (wrong type) is dropped, so pass two would say the role has none
+    assert errors(base(roles__policy__backend=5, roles__rollout__engine="vlm")) == [
+        "c.yaml: roles.policy.backend: Input should be a valid string (got 5)",
+        "c.yaml: roles.rollout.engine: unknown inference engine 'vlm'. Choose one of: hf (rlweave-infer-hf 0.1.0), "
+        "vllm (rlweave-infer-vllm 0.1.0). Did you mean 'vllm'?"]
+
+
+def test_an_invalid_algorithm_name_is_not_replaced_by_the_default_algorithm():
+    # no checks of the default algorithm's keys or roles: only the real problems
+    assert errors(base(algorithm={"name": ["grpo"], "group_size": "many"}, roles={"policy": {"backend": "fsdpp"}})) == [
+        "c.yaml: algorithm.name: Input should be a valid string",
+        "c.yaml: roles.policy.backend: unknown training backend 'fsdpp'. Choose one of: fsdp "
+        "(rlweave-backend-fsdp 0.1.0), megatron (rlweave-backend-megatron 0.1.0). Did you mean 'fsdp'?"]
+
+
+def test_selecting_an_unavailable_record_says_why():
+    pm = fakes.make_pm()
+    pm.register(fakes.plugin(rlweave_inference_engines=lambda: [EngineRecord(
+        "sglang", "SGLang", "x:y", probe=lambda: "not implemented yet (needs CUDA)")]),
+        name="sglang", distribution="rlweave-infer-sglang", version="0.1.0")
+    assert errors(base(roles__rollout__engine="sglang", roles__rollout__options={"anything": 1}), pm=pm) == [
+        "c.yaml: roles.rollout.engine: inference engine 'sglang' (rlweave-infer-sglang 0.1.0) is unavailable here: "
+        "not implemented yet (needs CUDA)"]
+
+
+def test_placement_issues_around_a_core_error_are_left_out_and_others_kept():
+    PLACEMENT.extend([("resources.colocate.0", "a colocation group needs at least two roles, got ['policy']"),
+                      ("resources.pools.default", "pool 'default' has 1 node x 1 devices = 1; needs 2")])
+    assert errors(base(resources={"colocate": [[1, "policy"]]}, required_plugins=[3, "rlweave>=9"])) == [
+        "c.yaml: required_plugins.0: Input should be a valid string (got 3)",
+        "c.yaml: resources.colocate.0.0: Input should be a valid string (got 1)",
+        "c.yaml: required_plugins.1: required plugin 'rlweave>=9' is not satisfied: rlweave 0.1.0 is installed",
+        "c.yaml: resources.pools.default: pool 'default' has 1 node x 1 devices = 1; needs 2"]

@@ -57,7 +57,7 @@ def test_overrides_set_nested_keys_list_items_and_change_the_roles_needed(tmp_pa
     cfg, resolved = load_config(write(tmp_path, {**BASE, "roles": {**BASE["roles"], "reference": {"backend": "fsdp"}}}),
                                 ["run.total_steps=7", "rewards.1.weight=2", "algorithm.kl_beta=0.1",
                                  "roles.rollout.options.gpu_memory_utilization=0.5", "run.name='042'",
-                                 "data.train=data/train.jsonl"], pm=fakes.make_pm())
+                                 "data.train=data/train.jsonl"], pm=fakes.make_pm(), check_inputs=False)
     assert cfg.run.total_steps == 7 and cfg.rewards[1].weight == 2.0 and cfg.run.name == "042"
     assert cfg.roles["rollout"].options["gpu_memory_utilization"] == 0.5
     assert cfg.data.train == "data/train.jsonl"
@@ -68,6 +68,15 @@ def test_role_not_needed_by_the_algorithm_is_a_warning(tmp_path):
     data = {**BASE, "roles": {**BASE["roles"], "critic": {"backend": "fsdp"}}}
     _, resolved = load_config(write(tmp_path, data), pm=fakes.make_pm())
     assert resolved.warnings == ["roles.critic: role 'critic' is not used by algorithm 'grpo'"]
+
+
+def test_an_optimizer_on_a_role_that_never_trains_is_a_warning(tmp_path):
+    roles = {**BASE["roles"], "rollout": {"engine": "vllm", "optim": {"lr": 1e-4}},
+             "reference": {"backend": "fsdp", "optim": {"lr": 1e-4}}}
+    _, resolved = load_config(write(tmp_path, {**BASE, "roles": roles}), ["algorithm.kl_beta=0.1"], pm=fakes.make_pm(),
+                              check_inputs=False)
+    assert sorted(w.split(":")[0] for w in resolved.warnings) == ["roles.reference.optim", "roles.rollout.optim"]
+    assert all("never trains" in w for w in resolved.warnings)
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -25,3 +25,15 @@ def test_rank_context_carries_the_total():
     ctx = _context(cfg, "policy", 0, ("127.0.0.1", 1234), total_steps=600)
     assert ctx.extra["total_steps"] == 600 and ctx.extra["optim"]["schedule"] == "cosine"
     assert "total_steps" not in _context(cfg, "policy", 0, ("127.0.0.1", 1234)).extra
+
+
+def test_trained_roles_and_worker_contexts_leave_out_roles_that_never_train():
+    from rlweave.config.schema import RunConfig
+    from rlweave.runner.loop import _trained_roles
+    from rlweave.scheduler.ray_impl.build import _context
+
+    cfg = RunConfig.model_validate({"roles": {"policy": {"backend": "fsdp", "optim": {"lr": 1e-4}},
+                                              "reference": {"backend": "fsdp", "optim": {"lr": 1e-4}}}})
+    assert _trained_roles(cfg, ["policy", "reference"]) == ["policy"]
+    assert _context(cfg, "reference", 0, ("127.0.0.1", 1)).extra["optim"] is None
+    assert _context(cfg, "policy", 0, ("127.0.0.1", 1)).extra["optim"]["lr"] == 1e-4

@@ -60,10 +60,10 @@ def test_colocation_group_errors():
     c = cfg(roles, pools=pools, colocate=[["policy", "ghost"], ["reference", "reference"], ["policy", "rollout"]])
     errors = check_placement(c, ["policy", "rollout", "reference"])
     msgs = [f"{p}: {m}" for p, m in errors]
-    assert any(p == "resources.colocate[0]" and "unknown role 'ghost'" in m for p, m in errors), msgs
-    assert any(p == "resources.colocate[1]" and "listed twice" in m for p, m in errors), msgs
-    assert any(p == "resources.colocate[2]" and "already in resources.colocate[0]" in m for p, m in errors), msgs
-    assert any(p == "resources.colocate[2]" and "share one pool" in m and "rollout in 'other'" in m
+    assert any(p == "resources.colocate.0" and "unknown role 'ghost'" in m for p, m in errors), msgs
+    assert any(p == "resources.colocate.1" and "listed twice" in m for p, m in errors), msgs
+    assert any(p == "resources.colocate.2" and "already in resources.colocate.0" in m for p, m in errors), msgs
+    assert any(p == "resources.colocate.2" and "share one pool" in m and "rollout in 'other'" in m
                for p, m in errors), msgs
 
 

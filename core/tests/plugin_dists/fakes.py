@@ -3,7 +3,8 @@
 :func:`make_pm` returns a :class:`PluginManager` without entry points, with records
 registered through the normal hook path (:meth:`PluginManager.register`) under the
 distribution names the real plugins use, so messages look like a real installation.
-Targets point nowhere: validation never loads them.
+Targets point nowhere (validation never imports them), except the rewards': the input
+checks dry-run a reward in a worker process when the config names data files.
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ def make_pm() -> PluginManager:
         AlgorithmRecord("grpo", "GRPO", "x:y", GrpoOptions, roles=grpo_roles),
         AlgorithmRecord("sft", "SFT", "x:y", None, roles=lambda cfg: ("policy",))]),
         name="grpo", distribution="rlweave-algo-grpo", version="0.1.0")
-    pm.register(plugin(rlweave_rewards=lambda: [RewardRecord("arith_exact", "exact", "x:y"),
-                                                RewardRecord("format", "regex", "x:y", FormatArgs)],
+    pm.register(plugin(rlweave_rewards=lambda: [RewardRecord("arith_exact", "exact", "rlweave.rewards.rules:arith_exact"),
+                                                RewardRecord("format", "regex", "rlweave.rewards.rules:format_reward",
+                                                             FormatArgs)],
                        rlweave_kernels=lambda: [KernelRecord("moe_groupgemm", "grouped GEMM", "x:y",
                                                              probe=lambda: "needs CUDA")]),
                 name="builtin-rewards", distribution="rlweave", version="0.1.0")

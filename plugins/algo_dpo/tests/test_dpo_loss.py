@@ -168,3 +168,14 @@ def test_loss_is_picklable():
 
     fn = DPOLoss(beta=0.2, loss_type="ipo")
     assert pickle.loads(pickle.dumps(fn)) == fn
+
+
+def test_cosine_schedule_length_counts_epochs_and_mini_batches():
+    """The run's optimizer steps per step (the length of a cosine schedule) are the policy's
+    epochs x mini_batches for both DPO algorithms (DPO names its passes ``epochs``)."""
+    from rlweave_algo_dpo.config import DPOConfig, OnlineDPOConfig
+    from rlweave_algo_dpo.dpo import DPO
+    from rlweave_algo_dpo.online_dpo import OnlineDPO
+
+    assert DPO.optimizer_steps_per_step(DPOConfig(epochs=3, mini_batches=2), "policy") == 6
+    assert OnlineDPO.optimizer_steps_per_step(OnlineDPOConfig(epochs=2, mini_batches=4), "policy") == 8

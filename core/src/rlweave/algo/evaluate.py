@@ -8,13 +8,12 @@ directly (:class:`rlweave.algo.local_generate.LocalHFGenerator`). Never trains.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from rlweave.algo.rollout import encode_prompts
 from rlweave.interfaces.engine import SamplingParams
-
-#: record keys that are not passed to the reward as extra fields
-_NOT_FIELDS = ("id", "prompt", "query", "response", "messages")
+from rlweave.rewards.failures import RewardFailureError
+from rlweave.rewards.fields import reward_fields  # noqa: F401 - re-exported: algorithms import it from here
 
 
 def record_prompt(record: dict[str, Any], tokenizer: Any = None) -> str:
@@ -32,11 +31,6 @@ def record_prompt(record: dict[str, Any], tokenizer: Any = None) -> str:
             return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         return "".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant: "
     raise ValueError(f"record {record.get('id', '?')}: no 'prompt', 'query' or 'messages' field")
-
-
-def reward_fields(record: dict[str, Any]) -> dict[str, Any]:
-    """The extra fields of a record handed to reward functions (e.g. ``answer``)."""
-    return {k: v for k, v in record.items() if k not in _NOT_FIELDS}
 
 
 def _result(x: Any) -> Any:
@@ -60,6 +54,10 @@ def exact_match(
     e.g. :class:`rlweave.rewards.RewardSet`) or a rule ``fn(prompt, response, **fields)``.
     A sample is correct when its reward is ``>= threshold``. Returns ``accuracy`` (fraction
     correct), ``reward_mean``, ``response_len`` (mean tokens), ``n`` and ``time_s``.
+
+    When the reward set stops on failing rewards (:class:`~rlweave.rewards.RewardFailureError`,
+    e.g. the held-out records lack a field the reward needs), the error is raised again with
+    ``held-out evaluation`` in front: an accuracy over failed reward calls is no measurement.
     """
     t0 = time.perf_counter()
     if not records:
@@ -78,7 +76,11 @@ def exact_match(
     responses = [tokenizer.decode(g[0].token_ids, skip_special_tokens=True) for g in gens]
     samples = [{"prompt": t, "response": resp, **reward_fields(r)} for t, resp, r in zip(texts, responses, records)]
     if hasattr(reward_fn, "score"):
-        scores = list(reward_fn.score(samples)[0])
+        try:
+            scores = list(reward_fn.score(samples)[0])
+        except RewardFailureError as exc:
+            raise RewardFailureError(f"held-out evaluation on {len(samples)} records: {exc}", exc.reward,
+                                     exc.failed, exc.total, exc.first) from exc
     else:
         scores = [float(reward_fn(**s)) for s in samples]
     n = len(samples)

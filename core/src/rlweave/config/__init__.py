@@ -1,4 +1,4 @@
-"""Config: core schema (pass one), plugin sections (pass two), overrides, run directory.
+"""Config: core schema (pass one), plugin sections (pass two), input checks, overrides, run directory.
 
 Light: importing it never imports torch or ray.
 """

@@ -72,6 +72,22 @@ def _parent_model(model: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel]
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
 
 
+def unknown_key_message(key: str, allowed: Sequence[str]) -> str:
+    """``unknown key. Did you mean 'x'?`` or ``unknown key (allowed: a, b)``."""
+    close = difflib.get_close_matches(str(key), list(allowed), n=1, cutoff=0.6)
+    return f"unknown key. Did you mean '{close[0]}'?" if close else f"unknown key (allowed: {', '.join(allowed)})"
+
+
+def is_within(path: str, other: str) -> bool:
+    """Whether dotted ``path`` is ``other`` or lies inside it (``rewards.0.name`` in ``rewards.0``)."""
+    return path == other or path.startswith(other + ".")
+
+
+def related(path: str, other: str) -> bool:
+    """Whether two dotted paths are the same or one lies inside the other."""
+    return is_within(path, other) or is_within(other, path)
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -86,11 +102,8 @@ def issues_from_validation(exc: ValidationError, source: str, model: type[BaseMo
         path = dotted(tuple(prefix) + loc)
         if err["type"] == "extra_forbidden":
             parent = _parent_model(model, loc) if model is not None else None
-            message = "unknown key"
-            if parent is not None:
-                close = difflib.get_close_matches(str(loc[-1]), list(parent.model_fields), n=1, cutoff=0.6)
-                message += f". Did you mean '{close[0]}'?" if close else \
-                    f" (allowed: {', '.join(parent.model_fields)})"
+            message = unknown_key_message(str(loc[-1]), list(parent.model_fields)) \
+                if parent is not None else "unknown key"
         elif err["type"] == "missing":
             message = "required key is missing"
         else:

@@ -1,24 +1,37 @@
 """Load a run config: YAML file + overrides -> validated :class:`RunConfig` + plugins.
 
-``load_config(path, overrides, pm)`` reads the YAML (strict: duplicate keys are errors),
-applies ``key.path=value`` overrides, validates the core sections (pass one, strict
-pydantic models of :mod:`rlweave.config.schema`) and then the selected plugins and their
-own sections (pass two, :mod:`rlweave.config.resolve`). Every problem found is collected
-into one :class:`~rlweave.config.errors.ConfigError`, each line
-``<file>: <dotted.path>: <message>``. Nothing heavy (torch, ray, engines) is imported.
+``load_config(path, overrides, pm, check_inputs=True)`` reads the YAML (strict: duplicate keys
+are errors), applies ``key.path=value`` overrides and validates in three steps, reporting
+every problem of all of them in one :class:`~rlweave.config.errors.ConfigError`, each line
+``<file>: <dotted.path>: <message>``:
+
+1. pass one: the core sections (strict pydantic models of :mod:`rlweave.config.schema`);
+2. pass two: the selected plugins and their own sections (:mod:`rlweave.config.resolve`).
+   It runs even when pass one fails: on the config with the invalid parts dropped so their
+   defaults apply (:mod:`rlweave.config.repair`). Its issues use the paths of the user's file,
+   and an issue at the same path as a pass-one error, or inside or around one, is left out
+   as a mere consequence of it;
+3. the inputs (:mod:`rlweave.config.inputs`, skipped with ``check_inputs=False``): model
+   directories, data files and a dry run of each reward, again skipping what an earlier
+   issue already covers.
+
+Nothing heavy (torch, ray, engines) is imported.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
 from pydantic import ValidationError
 
-from rlweave.config.errors import ConfigError, ConfigIssue, issues_from_validation
+from rlweave.config.errors import ConfigError, ConfigIssue, is_within, issues_from_validation, related
+from rlweave.config.inputs import collect_input_issues
 from rlweave.config.overrides import apply_overrides
+from rlweave.config.repair import Repair
 from rlweave.config.resolve import ResolvedPlugins, collect_plugin_issues
 from rlweave.config.schema import RunConfig
 from rlweave.plugins.manager import PluginManager
@@ -66,60 +79,65 @@ def read_yaml(path: str | os.PathLike[str], source: str | None = None) -> dict[s
     return data
 
 
-#: sections pass two reads; if one of them fails pass one, pass two is skipped
-PASS_TWO_SECTIONS = frozenset({"required_plugins", "algorithm", "roles", "rewards", "kernels", "resources"})
-
-
-def validate_core(data: dict[str, Any], source: str) -> tuple[RunConfig | None, RunConfig | None, list[ConfigIssue]]:
+def validate_core(data: dict[str, Any], source: str) -> tuple[RunConfig | None, list[ConfigIssue], Repair | None]:
     """Pass one: the core sections.
 
-    Returns ``(cfg, partial, issues)``: ``cfg`` when valid; otherwise ``partial`` is the
-    config with the failing sections left at their defaults, when none of them is one pass
-    two reads (so pass two can still report its own problems in the same message).
+    Returns ``(cfg, issues, repair)``. Valid: ``(cfg, [], None)``. Invalid: ``cfg`` is the
+    config with the invalid parts dropped so their defaults apply (``None`` when that does not
+    give a valid config), for pass two to run on; ``repair`` maps its paths back.
     """
     try:
-        return RunConfig.model_validate(data), None, []
+        return RunConfig.model_validate(data), [], None
     except ValidationError as exc:
-        issues = issues_from_validation(exc, source, RunConfig)
-        failed = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
-        if failed & PASS_TWO_SECTIONS:
-            return None, None, issues
-        try:
-            partial = RunConfig.model_validate({k: v for k, v in data.items() if k not in failed})
-        except ValidationError:
-            partial = None
-        return None, partial, issues
+        repair = Repair(data)
+        return repair.run(RunConfig, exc.errors()), issues_from_validation(exc, source, RunConfig), repair
 
 
 def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = (),
-                pm: PluginManager | None = None) -> tuple[RunConfig, ResolvedPlugins]:
-    """Read, override and validate a run config (both passes).
+                pm: PluginManager | None = None, *, check_inputs: bool = True) -> tuple[RunConfig, ResolvedPlugins]:
+    """Read, override and validate a run config (both passes, then the inputs).
 
     Args:
         path: the YAML file; shown in messages as given.
         overrides: ``key.path=value`` strings, applied in order.
         pm: plugin manager (default: the process-wide one over installed plugins).
+        check_inputs: also check what the run reads (:mod:`rlweave.config.inputs`: model
+            directories, data files, a dry run of each reward). ``False`` checks the config
+            alone, e.g. for a shipped example whose model an earlier stage builds.
 
     Returns:
         ``(cfg, resolved)``: the config with plugin sections filled with their defaults,
         and the selected records.
 
     Raises:
-        ConfigError: listing every problem; nothing has been started.
+        ConfigError: listing every problem of every pass; nothing has been started.
     """
     source = str(path)
     data = read_yaml(path, source)
     issues = apply_overrides(data, overrides)
-    cfg, partial, core_issues = validate_core(data, source)
+    cfg, core_issues, repair = validate_core(data, source)
     issues += core_issues
-    resolved = ResolvedPlugins()
-    if cfg is not None or partial is not None:
-        if pm is None:
-            from rlweave.plugins.manager import get_plugin_manager
+    if cfg is None:
+        raise ConfigError(issues)
+    if pm is None:
+        from rlweave.plugins.manager import get_plugin_manager
 
-            pm = get_plugin_manager()
-        resolved, plugin_issues = collect_plugin_issues(cfg or partial, pm, source)
-        issues += plugin_issues
-    if issues or cfg is None:  # cfg is None only together with pass-one issues
+        pm = get_plugin_manager()
+    original = repair.original if repair is not None else (lambda p: p)
+    broken = [i.path for i in core_issues]
+
+    def keep(found: list[ConfigIssue]) -> list[ConfigIssue]:
+        """Paths of the original file; drop issues that only echo a pass-one error."""
+        mapped = [replace(i, path=original(i.path)) for i in found]
+        return [i for i in mapped if not any(related(i.path, b) for b in broken)]
+
+    resolved, plugin_issues = collect_plugin_issues(
+        cfg, pm, source, skip=lambda p: any(is_within(original(p), b) for b in broken))
+    issues += keep(plugin_issues)
+    if check_inputs:
+        flagged = broken + [i.path for i in issues]
+        issues += keep(collect_input_issues(cfg, resolved, source,
+                                            skip=lambda p: any(related(original(p), f) for f in flagged)))
+    if issues:
         raise ConfigError(issues)
     return cfg, resolved

@@ -7,7 +7,7 @@ passes here is what Ray is asked for.
 Rules:
 
 * every role names a pool in ``resources.pools``;
-* a colocation group (``resources.colocate[i]``) names configured roles, each once, all in
+* a colocation group (``resources.colocate.<i>``) names configured roles, each once, all in
   the same pool, and a role is in at most one group;
 * capacity: inside a pool each *slot* takes devices side by side; a lone role is a slot
   of ``devices``, a colocation group is one slot of the largest ``devices`` of its
@@ -142,7 +142,7 @@ def check_placement(
 
     seen_in_group: dict[str, int] = {}
     for i, group in enumerate(cfg.resources.colocate):
-        path = f"resources.colocate[{i}]"
+        path = f"resources.colocate.{i}"
         if len(group) < 2:
             errors.append((path, f"a colocation group needs at least two roles, got {group}"))
         for r in group:
@@ -153,7 +153,7 @@ def check_placement(
             errors.append((path, f"role(s) {', '.join(dups)} listed twice in one colocation group"))
         for r in dict.fromkeys(group):
             if r in seen_in_group:
-                errors.append((path, f"role {r!r} is already in resources.colocate[{seen_in_group[r]}]; "
+                errors.append((path, f"role {r!r} is already in resources.colocate.{seen_in_group[r]}; "
                                "a role belongs to at most one colocation group"))
             else:
                 seen_in_group[r] = i

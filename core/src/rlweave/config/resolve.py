@@ -1,13 +1,17 @@
 """Pass two of config validation: the selected plugins and their own sections.
 
-Given a :class:`~rlweave.config.schema.RunConfig` that passed pass one, this
+Given a :class:`~rlweave.config.schema.RunConfig` that passed pass one (or was repaired after
+it failed, see :mod:`rlweave.config.loader`), this
 
 * resolves ``algorithm.name``, every ``roles.<r>.backend`` / ``.engine``, every
   ``rewards[].name`` and every enabled ``kernels.<name>`` through the plugin manager
-  (unknown names get the choices, their distributions and a "did you mean");
+  (unknown names get the choices, their distributions and a "did you mean"; a record whose
+  ``probe()`` says it cannot run here is refused with that reason);
 * validates the algorithm's own keys, each ``roles.<r>.options`` and each reward's
-  ``args`` against the record's ``config_model`` and writes the result (defaults filled)
-  back into the config, so the resolved config shows every setting;
+  ``args`` against the record's ``config_model`` and writes the result (defaults filled,
+  keys as the model reads them) back into the config, so the resolved config shows every
+  setting. Unknown keys are errors at every depth whatever the model's own ``extra``
+  setting (:mod:`rlweave.config.strict`);
 * checks the roles the algorithm needs (``record.roles(algorithm_config)``) are present
   with a backend (trained/scoring roles) or an engine (``rollout``), and that their
   ``parallel`` sizes are ones the plugin understands;
@@ -22,19 +26,23 @@ from __future__ import annotations
 import difflib
 import importlib.metadata as md
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import BaseModel, ValidationError
 
-from rlweave.config.errors import ConfigError, ConfigIssue, issues_from_validation
+from rlweave.config.errors import ConfigError, ConfigIssue, dotted, issues_from_validation
 from rlweave.config.schema import ROLE_NAMES, AlgorithmSection, RunConfig
+from rlweave.config.strict import split_unknown
 from rlweave.plugins.errors import PluginError
 from rlweave.plugins.manager import PluginManager
 from rlweave.plugins.types import AlgorithmRecord, KernelRecord, PluginRecord, RewardRecord
 
 ROLLOUT_ROLE = "rollout"
+#: roles no algorithm trains, and why (an ``optim`` there is ignored, with a warning)
+NEVER_TRAINED = {ROLLOUT_ROLE: "it generates with the policy's weights", "reference": "it is the frozen policy"}
 
 
 @dataclass
@@ -67,8 +75,9 @@ class ResolvedPlugins:
 class _Pass:
     """Collects issues while resolving one config (one instance per validation)."""
 
-    def __init__(self, cfg: RunConfig, pm: PluginManager, source: str) -> None:
-        self.cfg, self.pm, self.source = cfg, pm, source
+    def __init__(self, cfg: RunConfig, pm: PluginManager, source: str,
+                 skip: Callable[[str], bool] = lambda path: False) -> None:
+        self.cfg, self.pm, self.source, self.skip = cfg, pm, source, skip
         self.issues: list[ConfigIssue] = []
         self.out = ResolvedPlugins()
 
@@ -76,6 +85,9 @@ class _Pass:
         self.issues.append(ConfigIssue(self.source, path, message))
 
     def get(self, kind: str, name: str, path: str) -> Any:
+        """The selected record, or None (with an issue, unless ``path`` is skipped)."""
+        if self.skip(path):
+            return None
         try:
             return self.pm.get(kind, name)
         except PluginError as exc:
@@ -83,16 +95,21 @@ class _Pass:
             return None
 
     def section(self, record: PluginRecord, data: dict[str, Any], path: str) -> BaseModel | None:
-        """Validate a plugin's own section; unknown keys are errors when it has no model."""
+        """Validate a plugin's own section; every unknown key is an error (all of them when
+        the plugin has no model). Returns the model, or None when its values are invalid."""
         if record.config_model is None:
             for key in data:
                 self.issue(f"{path}.{key}", f"unknown key: {record.kind} '{record.name}' takes no options")
             return None
+        clean, unknown = split_unknown(record.config_model, data)
+        parsed = None
         try:
-            return record.config_model.model_validate(data)
+            parsed = record.config_model.model_validate(clean)
         except ValidationError as exc:
             self.issues += issues_from_validation(exc, self.source, record.config_model, path.split("."))
-            return None
+        for loc, message in unknown:
+            self.issue(f"{path}.{dotted(loc)}", message)
+        return parsed
 
     # ------------------------------------------------------------------ parts
     def algorithm(self) -> None:
@@ -110,7 +127,7 @@ class _Pass:
             return
         self.out.algorithm_config = parsed
         if parsed is not None:
-            dumped = {k: v for k, v in parsed.model_dump(mode="json").items() if k != "name"}
+            dumped = {k: v for k, v in parsed.model_dump(mode="json", by_alias=True).items() if k != "name"}
             self.cfg.algorithm = AlgorithmSection(name=section.name, **dumped)
         try:
             self.out.role_names = tuple(record.roles(parsed if parsed is not None else section))
@@ -135,6 +152,9 @@ class _Pass:
                 continue
             if self.out.algorithm is not None and role not in needed:
                 self.out.warnings.append(f"{path}: role '{role}' is not used by algorithm '{algo}'")
+            if section.optim is not None and role in NEVER_TRAINED:
+                self.out.warnings.append(f"{path}.optim: ignored: the {role} role never trains "
+                                         f"({NEVER_TRAINED[role]}); remove it")
             kind, key, other = ("engine", "engine", "backend") if role == ROLLOUT_ROLE else ("backend", "backend", "engine")
             if getattr(section, other) is not None:
                 self.issue(f"{path}.{other}", f"role '{role}' takes {'an engine' if key == 'engine' else 'a backend'}"
@@ -152,7 +172,7 @@ class _Pass:
             options = self.section(record, section.options, f"{path}.options")
             self.out.role_options[role] = options
             if options is not None:
-                section.options = options.model_dump(mode="json")
+                section.options = options.model_dump(mode="json", by_alias=True)
             supported = tuple(getattr(record, "parallel", ()))
             for dim in section.parallel:
                 if dim not in supported:
@@ -165,7 +185,9 @@ class _Pass:
             if ":" in entry.name:
                 module, _, attr = entry.name.partition(":")
                 if not module or not attr:
-                    self.issue(f"{path}.name", f"'{entry.name}' must look like 'module:function'")
+                    self.issue(f"{path}.name", f"'{entry.name}' must look like 'module:function' or 'path/file.py:function'")
+                elif module.endswith(".py"):
+                    pass  # a file: the input checks look for it
                 elif importlib.util.find_spec(module.split(".")[0]) is None:
                     self.issue(f"{path}.name", f"module '{module}' of reward function '{entry.name}' is not importable")
                 self.out.rewards.append(None)
@@ -174,21 +196,16 @@ class _Pass:
             record = self.get("reward", entry.name, f"{path}.name")
             self.out.rewards.append(record)
             args = None
-            if record is not None and record.config_model is not None:
+            if record is not None:  # no config model: the reward takes no args, so any key is an error
                 args = self.section(record, entry.args, f"{path}.args")
                 if args is not None:
-                    entry.args = args.model_dump(mode="json")
+                    entry.args = args.model_dump(mode="json", by_alias=True)
             self.out.reward_args.append(args)
 
     def kernels(self) -> None:
         for name, enabled in self.cfg.kernels.items():
             record = self.get("kernel", name, f"kernels.{name}") if enabled else None
-            if record is None:
-                continue
-            reason = record.probe()
-            if reason:
-                self.issue(f"kernels.{name}", f"kernel '{name}' cannot run here: {reason}")
-            else:
+            if record is not None:
                 self.out.kernels[name] = record
 
     def required(self) -> None:
@@ -223,9 +240,14 @@ class _Pass:
             self.issue(path, message)
 
 
-def collect_plugin_issues(cfg: RunConfig, pm: PluginManager, source: str) -> tuple[ResolvedPlugins, list[ConfigIssue]]:
-    """Run pass two and return what was resolved plus every issue (none raised)."""
-    run = _Pass(cfg, pm, source)
+def collect_plugin_issues(cfg: RunConfig, pm: PluginManager, source: str,
+                          skip: Callable[[str], bool] = lambda path: False) -> tuple[ResolvedPlugins, list[ConfigIssue]]:
+    """Run pass two and return what was resolved plus every issue (none raised).
+
+    ``skip(path)`` is true for selections (``algorithm.name``, ``roles.<r>.backend``...) whose
+    value pass one rejected: they are left unresolved without an issue of their own.
+    """
+    run = _Pass(cfg, pm, source, skip)
     run.required()
     run.algorithm()
     run.roles()

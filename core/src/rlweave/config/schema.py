@@ -29,6 +29,11 @@ class RunSection(Strict):
     keep_last: int = Field(2, ge=1, description="Complete checkpoints to keep.")
     log_every: int = Field(1, ge=1, description="Print a status line every k steps.")
     save_hf: bool = Field(True, description="Write a Hugging Face checkpoint of the policy at the end.")
+    max_restarts: int = Field(
+        0, ge=0, description="Times a run recovers from a dead or hung worker: the lost roles are rebuilt, every "
+        "trained role reloads the newest complete checkpoint (one is written at step 0 when there is none) and the run "
+        "goes on from there. 0: the run stops with the error.",
+    )
 
 
 class RaySection(Strict):
@@ -85,6 +90,18 @@ class OptimSection(Strict):
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
 
 
+class CallTimeouts(Strict):
+    """Seconds a call on a role may take before the run stops with an error naming role, rank and method."""
+
+    init: float = Field(1800.0, gt=0, description="Building the model or engine (init_model / init_engine).")
+    generate: float = Field(3600.0, gt=0, description="One generate() call of a rollout engine.")
+    train: float = Field(3600.0, gt=0, description="One train step (all micro-batches of a mini-batch).")
+    logprobs: float = Field(1800.0, gt=0, description="One forward pass call: log-probs, values or scores.")
+    sync: float = Field(900.0, gt=0, description="One weight sync into this role (all buckets).")
+    checkpoint: float = Field(1800.0, gt=0, description="Saving or loading a checkpoint, or writing the HF model.")
+    other: float = Field(600.0, gt=0, description="Any other call (offload, onload, sleep, ping...).")
+
+
 class RoleSection(Strict):
     backend: Optional[str] = Field(None, description="Training backend plugin (trained/scoring roles).")
     engine: Optional[str] = Field(None, description="Inference engine plugin (rollout role).")
@@ -100,6 +117,7 @@ class RoleSection(Strict):
     model: Optional[ModelSection] = Field(None, description="Model for this role (default: top-level model).")
     optim: Optional[OptimSection] = Field(None, description="Optimizer, for roles that train.")
     options: dict[str, Any] = Field(default_factory=dict, description="The selected plugin's own settings.")
+    timeouts: CallTimeouts = Field(default_factory=CallTimeouts, description="Per-method call timeouts (seconds).")
 
 
 class RewardEntry(Strict):
@@ -108,10 +126,43 @@ class RewardEntry(Strict):
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the function.")
 
 
+class RewardSandbox(Strict):
+    """Limits of each reward worker process (``rlweave.rewards.pool``). They guard against accidents and runaway
+    reward code (a huge allocation, an endless loop, a fork bomb, a stray request), not against deliberately
+    malicious native code: process and network refusal are Python audit hooks, which C code can bypass. A reward
+    that uses CUDA in its worker needs ``memory_mb: null`` (CUDA reserves far more address space than it uses)."""
+
+    memory_mb: Optional[int] = Field(
+        4096, ge=64, description="Address space of each worker in MiB (RLIMIT_AS; BLAS/OpenMP pools default to 1 "
+        "thread): a larger allocation fails the call with MemoryError. null: no limit.",
+    )
+    cpu_s: Optional[float] = Field(
+        None, gt=0, description="CPU seconds one call may use (RLIMIT_CPU, rounded up to whole seconds): the call "
+        "fails and the worker is kept. null: timeout_s.",
+    )
+    private_dir: bool = Field(
+        True, description="Each worker runs in its own temporary directory (cwd and TMPDIR), removed when it ends; "
+        "relative paths in reward code resolve there. false: the run's cwd.",
+    )
+    network: bool = Field(
+        True, description="Reward code may open IP sockets and resolve names (LLM judges, remote code sandboxes). "
+        "false: refused with PermissionError.",
+    )
+    processes: bool = Field(
+        False, description="Reward code may start processes (code-execution rewards); what a call leaves running "
+        "is killed when it returns. false: refused with PermissionError, so a fork bomb stops at its first fork.",
+    )
+
+
 class RewardsRuntime(Strict):
     timeout_s: float = Field(5.0, gt=0, description="Per-call timeout of a reward function.")
     failure_reward: float = Field(0.0, description="Reward given to a sample whose reward call fails.")
     workers: int = Field(2, ge=1, description="Reward worker processes.")
+    sandbox: RewardSandbox = Field(default_factory=RewardSandbox, description="Limits of each reward worker process.")
+    max_failed_share: float = Field(
+        0.5, ge=0, le=1, description="Stop the run (RewardFailureError) when more than this share of one reward's "
+        "calls in one scoring (a step's batch, an evaluation) fail: error, timeout, crash. 1.0: never stop.",
+    )
 
 
 class DataSection(Strict):

@@ -7,6 +7,10 @@ nothing heavy. The heavy code is imported by ``record.load()`` when a run select
 
 Implementing a function named ``rlweave_*`` that is not listed here is an error: the
 plugin is reported as broken rather than silently ignored.
+
+Any record may pass ``probe=`` (a cheap, light ``() -> None | reason``): a record that cannot
+run on this machine is listed as ``unavailable`` with the reason, and a config selecting it
+fails validation with that reason.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ def rlweave_training_backends():  # type: ignore[empty-body]
             return [BackendRecord(
                 name="fsdp", summary="torch FSDP2 on gloo/NCCL",
                 target="rlweave_backend_fsdp.worker:FSDPWorker",
-                config_model=FSDPConfig, parallel=("dp",))]
+                config_model=FSDPConfig, parallel=("dp",),
+                probe=lambda: None if importlib.util.find_spec("torch") else "torch is not installed")]
 
     :return: list of :class:`~rlweave.plugins.types.BackendRecord`
     """
@@ -64,7 +69,8 @@ def rlweave_algorithms():  # type: ignore[empty-body]
                                     target="rlweave_algo_grpo.algorithm:GRPO",
                                     config_model=GRPOConfig,
                                     roles=lambda cfg: ("policy", "rollout") +
-                                          (("reference",) if cfg.kl_beta else ()))]
+                                          (("reference",) if cfg.kl_beta else ()),
+                                    reward_data=lambda cfg: ("train", "eval"))]
 
     :return: list of :class:`~rlweave.plugins.types.AlgorithmRecord`
     """

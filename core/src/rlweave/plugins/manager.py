@@ -8,14 +8,15 @@ heavy code is imported later by ``record.load()``.
 
 A plugin that fails is not fatal: it is kept with a status (see :mod:`.status`) so that
 ``rlweave list-plugins`` can show it, and :meth:`PluginManager.get` raises a clear
-:class:`~rlweave.plugins.errors.PluginError` only when a run selects one of its names.
+:class:`~rlweave.plugins.errors.PluginError` only when a run selects one of its names. The
+same holds for a record whose ``probe()`` says it cannot run here (``unavailable``): listed
+with its reason, refused with that reason when selected.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 import importlib.metadata as md
 from typing import Any, Iterable, Mapping
 
@@ -26,7 +27,17 @@ import rlweave
 from rlweave.plugins import hookspecs
 from rlweave.plugins.errors import PluginConflictError, PluginUnavailableError, UnknownPluginError
 from rlweave.plugins.selection import canonical, disabled_reason
-from rlweave.plugins.status import BROKEN, CONFLICT, DISABLED, INCOMPATIBLE, KIND_LABELS, OK, PluginInfo, Provided
+from rlweave.plugins.status import (
+    BROKEN,
+    CONFLICT,
+    DISABLED,
+    INCOMPATIBLE,
+    KIND_LABELS,
+    OK,
+    UNAVAILABLE,
+    PluginInfo,
+    Provided,
+)
 from rlweave.plugins.types import RECORD_TYPES, PluginRecord
 
 GROUP = "rlweave.plugins"
@@ -70,6 +81,7 @@ class PluginManager:
     def __init__(self, *, load_entry_points: bool = True, env: Mapping[str, str] | None = None) -> None:
         self.env = env
         self.plugins: list[PluginInfo] = []
+        self._probed: dict[int, tuple[PluginRecord, str, str | None]] = {}
         self._pm = pluggy.PluginManager(hookspecs.PROJECT)
         self._pm.add_hookspecs(hookspecs)
         if load_entry_points:
@@ -164,10 +176,29 @@ class PluginManager:
         return records
 
     # ---------------------------------------------------------------- queries
+    def availability(self, record: PluginRecord) -> tuple[str, str | None]:
+        """``(ok, None)``, ``(unavailable, reason)`` or ``(broken, error)`` from the record's
+        ``probe()``, called once per record and manager."""
+        cached = self._probed.get(id(record))
+        if cached is None or cached[0] is not record:
+            try:
+                reason = record.probe()
+            except Exception as exc:  # a plugin bug: show it, never crash discovery
+                status, error = BROKEN, f"probe() of {record.kind} '{record.name}' raised {_describe(exc)}"
+            else:
+                status, error = (UNAVAILABLE, str(reason)) if reason else (OK, None)
+            cached = self._probed[id(record)] = (record, status, error)
+        return cached[1], cached[2]
+
     def providers(self, kind: str | None = None) -> list[Provided]:
-        """Every record offered (by ok and incompatible plugins), ``conflict`` marked."""
-        out = [Provided(r, p, p.status, p.error) for p in self.plugins for r in p.records
-               if kind is None or r.kind == kind]
+        """Every record offered (by ok and incompatible plugins), ``unavailable`` (from its
+        probe) and ``conflict`` (among usable records) marked."""
+        out = []
+        for p in self.plugins:
+            for r in p.records:
+                if kind is None or r.kind == kind:
+                    status, error = self.availability(r) if p.status == OK else (p.status, p.error)
+                    out.append(Provided(r, p, status, error))
         for a in out:
             rivals = [b for b in out if b is not a and b.status in (OK, CONFLICT) and (b.kind, b.name) == (a.kind, a.name)]
             if a.status == OK and rivals:
@@ -214,7 +245,10 @@ class PluginManager:
         if usable:
             return usable[0].record
         if matches:
-            m = matches[0]
+            m = next((p for p in matches if p.status == UNAVAILABLE), matches[0])
+            if m.status == UNAVAILABLE:
+                at = f"; {where}" if where else ""
+                raise PluginUnavailableError(f"{label} '{name}' ({m.plugin.provider}{at}) is unavailable here: {m.error}")
             raise PluginUnavailableError(f"{label} '{name}'{loc} comes from {m.plugin.provider}, which is "
                                          f"{m.status}: {m.error}")
         failed = [i for i in self.plugins if i.status != OK and not i.records]

@@ -9,6 +9,9 @@ Statuses (of an entry point, and of each of its records):
   distribution requires an ``rlweave`` version range this one is outside of.
 * ``disabled``: skipped because of ``RLWEAVE_DISABLE_PLUGINS`` / ``RLWEAVE_PLUGINS``.
 * ``conflict`` (records only): another plugin offers the same name in the same kind.
+* ``unavailable`` (records only): the plugin loaded, but the record's ``probe()`` says it
+  cannot run on this machine (not installed, needs CUDA, not implemented yet...); ``error``
+  holds that reason. A probe that raises makes the record ``broken``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 from rlweave.plugins.types import PluginRecord
 
 OK, BROKEN, INCOMPATIBLE, DISABLED, CONFLICT = "ok", "broken", "incompatible", "disabled", "conflict"
+UNAVAILABLE = "unavailable"
 
 #: record kind -> how a user calls it in messages
 KIND_LABELS: dict[str, str] = {
@@ -54,7 +58,7 @@ class PluginInfo:
 
 @dataclass
 class Provided:
-    """One record as offered by one plugin; ``status`` may be ``conflict``."""
+    """One record as offered by one plugin; ``status`` may also be ``conflict`` or ``unavailable``."""
 
     record: PluginRecord
     plugin: PluginInfo

@@ -5,6 +5,12 @@ plugin, says in one line what it does, carries the plugin's own pydantic config 
 (a light module, no torch), and points at the heavy code with an import string that is
 resolved only by :meth:`PluginRecord.load`, i.e. only when a run selects the plugin.
 
+Every record may carry a cheap ``probe()`` saying whether it can run on this machine:
+``None`` when it can, else the reason (not installed, needs CUDA, not implemented yet...).
+``rlweave list-plugins`` shows a record whose probe gives a reason as ``unavailable`` with that
+reason, and selecting it in a config is a validation error quoting it. A probe must stay
+light: look for a package with ``importlib.util.find_spec``, never import torch or ray.
+
 Example (in a plugin's light ``plugin.py`` module)::
 
     from rlweave.plugins import hookimpl, BackendRecord
@@ -43,6 +49,10 @@ def import_target(target: str) -> Any:
     return obj
 
 
+def _always_available() -> str | None:
+    return None
+
+
 @dataclass(frozen=True)
 class PluginRecord:
     """What every plugin kind has in common.
@@ -55,6 +65,10 @@ class PluginRecord:
             (``None`` when the plugin takes no options).
         api_version: the plugin-API version the plugin was built for; a record with a
             different version than ``rlweave.PLUGIN_API_VERSION`` is ``incompatible``.
+        probe: ``() -> None | reason``: ``None`` when the record can run here, else why not
+            (shown by ``list-plugins`` as ``unavailable``; selecting it is a config error).
+            Keyword-only; default: always available. Called once per plugin manager; it must
+            stay cheap and light (no torch/ray import).
     """
 
     kind: ClassVar[str] = "plugin"
@@ -64,6 +78,7 @@ class PluginRecord:
     target: str
     config_model: type[BaseModel] | None = None
     api_version: int = PLUGIN_API_VERSION
+    probe: Callable[[], str | None] = field(default=_always_available, kw_only=True)
 
     def load(self) -> Any:
         """Import and return the heavy object (worker class, algorithm class, function)."""
@@ -97,6 +112,10 @@ def _no_roles(config: Any) -> tuple[str, ...]:
     return ()
 
 
+def _train_and_eval(config: Any) -> tuple[str, ...]:
+    return ("train", "eval")
+
+
 @dataclass(frozen=True)
 class AlgorithmRecord(PluginRecord):
     """An algorithm: ``load()`` returns a :class:`rlweave.interfaces.Algorithm` subclass.
@@ -104,10 +123,16 @@ class AlgorithmRecord(PluginRecord):
     ``roles`` is a light function ``(validated algorithm config) -> role names`` so the
     placement can be checked before any worker starts (e.g. GRPO with ``kl_beta: 0``
     needs no ``reference``).
+
+    ``reward_data`` is a light function ``(validated algorithm config) -> data sections``
+    (``"train"``, ``"eval"``) whose records the configured ``rewards`` score; validation
+    dry-runs each reward on the first record of each (default: both). An algorithm that
+    uses rewards only to judge held-out answers (SFT, DPO) returns ``("eval",)``.
     """
 
     kind: ClassVar[str] = "algorithm"
     roles: Callable[[Any], tuple[str, ...]] = field(default=_no_roles)
+    reward_data: Callable[[Any], tuple[str, ...]] = field(default=_train_and_eval)
 
 
 @dataclass(frozen=True)
@@ -119,17 +144,12 @@ class RewardRecord(PluginRecord):
     kind: ClassVar[str] = "reward"
 
 
-def _always_available() -> str | None:
-    return None
-
-
 @dataclass(frozen=True)
 class KernelRecord(PluginRecord):
-    """An optional fast path. ``probe()`` returns ``None`` when usable on this machine or
-    a reason string when not (no GPU, missing Triton...); it must stay cheap."""
+    """An optional fast path. Its ``probe()`` (see :class:`PluginRecord`) says whether it is
+    usable on this machine (no GPU, missing Triton...)."""
 
     kind: ClassVar[str] = "kernel"
-    probe: Callable[[], str | None] = field(default=_always_available)
 
 
 RECORD_TYPES: dict[str, type[PluginRecord]] = {

@@ -33,7 +33,7 @@ from rlweave_algo_dpo.config import DPOConfig
 from rlweave_algo_dpo.evaluation import evaluate_records, local_generator
 from rlweave_algo_dpo.pairs import build_pair_batch
 from rlweave_algo_dpo.prefs import encode_preferences
-from rlweave_algo_dpo.update import make_loss, preference_update, result, role_seq_logps
+from rlweave_algo_dpo.update import make_loss, preference_update, role_seq_logps
 
 CACHE_FILE = "dpo_reference_logps.json"
 
@@ -57,6 +57,11 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
 
 class DPO(Algorithm):
     """Offline DPO (see module docstring)."""
+
+    @classmethod
+    def optimizer_steps_per_step(cls, config: Any, role: str) -> int:
+        """The policy's ``epochs x mini_batches`` optimizer steps per run step."""
+        return int(config.epochs) * int(config.mini_batches)
 
     def __init__(self, config: Any, ctx: RunContext):
         cfg = config if isinstance(config, DPOConfig) else DPOConfig.model_validate(
@@ -134,8 +139,9 @@ class DPO(Algorithm):
             sync_weights(self.policy, self.ctx.roles["rollout"])
             gen = self.ctx.roles["rollout"]
         else:
-            dtype = getattr(getattr(self.ctx.config, "model", None), "dtype", "float32")
-            gen = local_generator(self.policy, self.ctx.run_dir, dtype)
+            cfg = self.ctx.config
+            policy_model = cfg.roles["policy"].model or cfg.model  # the policy's own model section wins
+            gen = local_generator(self.policy, self.ctx.run_dir, policy_model.dtype)
         return evaluate_records(self.ctx, self.config, records, gen)
 
     def state_dict(self) -> dict[str, Any]:

@@ -38,6 +38,11 @@ def sync_weights(src: Any, dst: Any) -> Any:
 class OnlineDPO(Algorithm):
     """Online DPO (see module docstring)."""
 
+    @classmethod
+    def optimizer_steps_per_step(cls, config: Any, role: str) -> int:
+        """The policy's ``epochs x mini_batches`` optimizer steps per run step."""
+        return int(config.epochs) * int(config.mini_batches)
+
     def __init__(self, config: Any, ctx: RunContext):
         cfg = config if isinstance(config, OnlineDPOConfig) else OnlineDPOConfig.model_validate(
             config if isinstance(config, dict) else config.model_dump())

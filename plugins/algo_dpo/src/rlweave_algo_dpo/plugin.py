@@ -4,6 +4,16 @@ from rlweave.plugins import AlgorithmRecord, hookimpl
 from rlweave_algo_dpo.config import DPOConfig, OnlineDPOConfig, dpo_roles, online_dpo_roles
 
 
+def dpo_reward_data(cfg: DPOConfig) -> tuple[str, ...]:
+    """DPO's rewards only judge held-out answers (data.eval)."""
+    return ("eval",)
+
+
+def online_dpo_reward_data(cfg: OnlineDPOConfig) -> tuple[str, ...]:
+    """OnlineDPO scores its own samples of data.train with the rule rewards (reward_source 'rules')."""
+    return ("train", "eval") if getattr(cfg, "reward_source", "rules") == "rules" else ("eval",)
+
+
 @hookimpl
 def rlweave_algorithms():
     return [
@@ -13,6 +23,7 @@ def rlweave_algorithms():
             target="rlweave_algo_dpo.dpo:DPO",
             config_model=DPOConfig,
             roles=dpo_roles,
+            reward_data=dpo_reward_data,
         ),
         AlgorithmRecord(
             name="online_dpo",
@@ -20,5 +31,6 @@ def rlweave_algorithms():
             target="rlweave_algo_dpo.online_dpo:OnlineDPO",
             config_model=OnlineDPOConfig,
             roles=online_dpo_roles,
+            reward_data=online_dpo_reward_data,
         ),
     ]

@@ -4,6 +4,12 @@ from rlweave.plugins import AlgorithmRecord, hookimpl
 from rlweave_algo_sft.config import SFTConfig, sft_roles
 
 
+def sft_reward_data(cfg: SFTConfig) -> tuple[str, ...]:
+    """None to dry-run: rewards only judge held-out answers, and SFT's evaluation fills a
+    record's 'answer' from its 'response' first, so raw records are not what a reward sees."""
+    return ()
+
+
 @hookimpl
 def rlweave_algorithms():
     return [
@@ -13,5 +19,6 @@ def rlweave_algorithms():
             target="rlweave_algo_sft.algorithm:SFT",
             config_model=SFTConfig,
             roles=sft_roles,
+            reward_data=sft_reward_data,
         )
     ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rlweave.plugins import BackendRecord, hookimpl
 
+from rlweave_backend_megatron import probe
 from rlweave_backend_megatron.config import MegatronConfig
 
 
@@ -11,8 +12,9 @@ from rlweave_backend_megatron.config import MegatronConfig
 def rlweave_training_backends() -> list[BackendRecord]:
     return [BackendRecord(
         name="megatron",
-        summary="megatron-core TP/PP/DP training backend (not implemented yet; needs CUDA)",
+        summary="megatron-core TP/PP/DP training backend",
         target="rlweave_backend_megatron.worker:MegatronWorker",
         config_model=MegatronConfig,
         parallel=("dp", "tp", "pp"),
+        probe=probe,
     )]

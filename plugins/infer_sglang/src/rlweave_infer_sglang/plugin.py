@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rlweave.plugins import EngineRecord, hookimpl
 
+from rlweave_infer_sglang import probe
 from rlweave_infer_sglang.config import SGLangConfig
 
 
@@ -11,8 +12,9 @@ from rlweave_infer_sglang.config import SGLangConfig
 def rlweave_inference_engines() -> list[EngineRecord]:
     return [EngineRecord(
         name="sglang",
-        summary="SGLang rollout engine (not implemented yet; SGLang needs CUDA)",
+        summary="SGLang rollout engine",
         target="rlweave_infer_sglang.engine:SGLangEngine",
         config_model=SGLangConfig,
         parallel=("tp",),
+        probe=probe,
     )]

@@ -1,0 +1,154 @@
+"""Input checks of ``load_config``: model directories, data files and a dry run of each reward,
+reported by dotted key together with the errors of both validation passes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from rlweave.config.errors import ConfigError
+from rlweave.config.loader import load_config
+from rlweave.plugins import AlgorithmRecord
+
+_spec = importlib.util.spec_from_file_location("rlweave_test_fakes", Path(__file__).parent / "plugin_dists" / "fakes.py")
+fakes = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fakes)
+
+MISSING_MODEL = "does not exist (a local Hugging Face model directory; nothing is downloaded)"
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+
+
+def jsonl(name: str, *rows) -> str:
+    Path(name).write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return name
+
+
+def config(**changes):
+    data = {"resources": {"pools": {"default": {"devices_per_node": 2}}},
+            "roles": {"policy": {"backend": "fsdp"}, "rollout": {"engine": "vllm"}},
+            "algorithm": {"name": "grpo"}, "rewards": [{"name": "arith_exact"}]}
+    data.update(changes)
+    return data
+
+
+def errors(data, pm=None, **kw) -> list[str]:
+    Path("c.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(ConfigError) as err:
+        load_config("c.yaml", pm=pm or fakes.make_pm(), **kw)
+    return [str(i) for i in err.value.issues]
+
+
+def valid(data, pm=None, **kw):
+    Path("c.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_config("c.yaml", pm=pm or fakes.make_pm(), **kw)
+
+
+def test_every_missing_path_is_reported_by_its_key_with_both_passes_errors():
+    Path("models/reference").mkdir(parents=True)
+    data = config(run={"total_steps": 0}, model={"path": "models/base", "tokenizer": "tok"},
+                  roles={"policy": {"backend": "fsdp", "model": {"path": "models/policy"}},
+                         "rollout": {"engine": "vllm", "model": {"path": "models/reference", "tokenizer": "c.yaml"}},
+                         "critic": {"backend": "fsdp", "model": {"path": "models/unused"}}},
+                  algorithm={"name": "grpo", "group_sz": 4},
+                  data={"train": "train.jsonl", "eval": "eval.jsonl"})
+    assert errors(data) == [
+        "c.yaml: run.total_steps: Input should be greater than or equal to 1 (got 0)",
+        "c.yaml: algorithm.group_sz: unknown key. Did you mean 'group_size'?",
+        f"c.yaml: model.path: model directory 'models/base' {MISSING_MODEL}",
+        f"c.yaml: model.tokenizer: model directory 'tok' {MISSING_MODEL}",
+        f"c.yaml: roles.policy.model.path: model directory 'models/policy' {MISSING_MODEL}",
+        "c.yaml: roles.rollout.model.tokenizer: 'c.yaml' is not a directory (a local Hugging Face model directory "
+        "is expected)",
+        "c.yaml: data.train: data file 'train.jsonl' does not exist",
+        "c.yaml: data.eval: data file 'eval.jsonl' does not exist"]
+    cfg, resolved = valid({**data, "run": {"total_steps": 1}, "algorithm": {"name": "grpo"}}, check_inputs=False)
+    assert cfg.model.path == "models/base" and resolved.role_names == ("policy", "rollout")
+
+
+def test_data_files_must_start_with_json_objects():
+    jsonl("train.jsonl", {"prompt": "1+1=", "answer": 2}, "", '{"prompt": oops}')
+    jsonl("eval.jsonl", "[1, 2]")
+    Path("empty.jsonl").write_text("\n\n")
+    assert errors(config(data={"train": "train.jsonl", "eval": "eval.jsonl"})) == [
+        "c.yaml: data.train: train.jsonl line 3: invalid JSON: Expecting value (column 12)",
+        "c.yaml: data.eval: eval.jsonl line 1: expected a JSON object, got list"]
+    assert errors(config(data={"train": "empty.jsonl", "eval": "."})) == [
+        "c.yaml: data.train: empty.jsonl has no records",
+        "c.yaml: data.eval: '.' is not a file"]
+
+
+def test_a_reward_missing_its_field_fails_on_the_first_record():
+    jsonl("train.jsonl", {"prompt": "1+1="}, {"prompt": "2+2=", "answer": 4})
+    jsonl("eval.jsonl", {"prompt": "3+3=", "answer": 6})
+    assert errors(config(data={"train": "train.jsonl", "eval": "eval.jsonl"})) == [
+        "c.yaml: rewards.0: reward 'arith_exact' fails on the first record of data.train (train.jsonl line 1) with an "
+        "empty response: ValueError: arith_exact needs an 'answer' field in the data record"]
+    jsonl("train.jsonl", {"prompt": "1+1=", "answer": 2})
+    cfg, _ = valid(config(data={"train": "train.jsonl", "eval": "eval.jsonl"}))
+    assert cfg.data.train == "train.jsonl"
+
+
+def test_user_rewards_are_called_with_the_records_fields_and_their_args():
+    Path("rw.py").write_text(textwrap.dedent("""
+        def exact(prompt, response, answer):
+            return float(response == str(answer))
+        def needs_label(prompt, response, label, **fields):
+            return 1.0
+        def boom(prompt, response, **fields):
+            raise RuntimeError("no luck with " + repr(sorted(fields)))
+    """))
+    Path("broken_rw.py").write_text("import not_there\ndef f(**kw):\n    return 0.0\n")
+    jsonl("train.jsonl", {"id": "a", "query": "1+1=", "answer": 2})
+    rewards = [{"name": "rw.py:exact", "args": {"scale": 2}}, {"name": "rw.py:needs_label"}, {"name": "rw.py:boom"},
+               {"name": "missing.py:f"}, {"name": "broken_rw.py:f"}, {"name": "rw.py:exact"}]
+    head = "on the first record of data.train (train.jsonl line 1) with an empty response"
+    assert errors(config(rewards=rewards, data={"train": "train.jsonl"})) == [
+        "c.yaml: rewards.3.name: reward file 'missing.py' does not exist",
+        f"c.yaml: rewards.0: reward 'rw.py:exact' fails {head}: TypeError: exact() got an unexpected keyword "
+        "argument 'scale'",
+        f"c.yaml: rewards.1: reward 'rw.py:needs_label' fails {head}: TypeError: needs_label() missing 1 required "
+        "positional argument: 'label'",
+        f"c.yaml: rewards.2: reward 'rw.py:boom' fails {head}: RuntimeError: no luck with ['answer']",
+        "c.yaml: rewards.4: reward 'broken_rw.py:f' cannot be imported in a reward worker: ModuleNotFoundError: "
+        "No module named 'not_there'"]
+
+
+def test_a_reward_that_hangs_times_out():
+    Path("slow.py").write_text("import time\ndef wait(**kw):\n    time.sleep(30)\n")
+    jsonl("train.jsonl", {"prompt": "1+1=", "answer": 2})
+    (line,) = errors(config(rewards=[{"name": "slow.py:wait"}], reward_runtime={"timeout_s": 0.5},
+                            data={"train": "train.jsonl"}))
+    assert line.startswith("c.yaml: rewards.0: reward 'slow.py:wait' times out on the first record of data.train "
+                           "(train.jsonl line 1) with an empty response: ")
+
+
+def test_the_algorithm_says_which_data_its_rewards_score():
+    pm = fakes.make_pm()
+    pm.register(fakes.plugin(rlweave_algorithms=lambda: [AlgorithmRecord(
+        "judge", "rewards judge eval answers only", "x:y", roles=lambda cfg: ("policy",),
+        reward_data=lambda cfg: ("eval",))]), name="judge", distribution="rlweave-judge", version="1.0")
+    jsonl("train.jsonl", {"prompt": "1+1=", "chosen": "2", "rejected": "3"})
+    jsonl("eval.jsonl", {"prompt": "3+3="})
+    data = config(algorithm={"name": "judge"}, roles={"policy": {"backend": "fsdp"}},
+                  data={"train": "train.jsonl", "eval": "eval.jsonl"})
+    assert errors(data, pm=pm) == [
+        "c.yaml: rewards.0: reward 'arith_exact' fails on the first record of data.eval (eval.jsonl line 1) with an "
+        "empty response: ValueError: arith_exact needs an 'answer' field in the data record"]
+
+
+def test_inputs_of_entries_with_config_errors_are_not_checked_again():
+    jsonl("train.jsonl", {"prompt": "1+1="})
+    assert errors(config(rewards=[{"name": "format", "args": {"patern": "x"}}, {"name": "arith_exct"}],
+                         data={"train": "train.jsonl", "eval": 5})) == [
+        "c.yaml: data.eval: Input should be a valid string (got 5)",
+        "c.yaml: rewards.0.args.patern: unknown key. Did you mean 'pattern'?",
+        "c.yaml: rewards.1.name: unknown reward 'arith_exct'. Choose one of: arith_exact (rlweave 0.1.0), "
+        "format (rlweave 0.1.0). Did you mean 'arith_exact'?"]
