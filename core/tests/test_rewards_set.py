@@ -96,7 +96,8 @@ def test_weights_breakdown_and_fields(user_module):
 
 
 def test_failures_do_not_stop_scoring(user_module, caplog):
-    runtime = RewardsRuntime(workers=2, timeout_s=3.0, failure_reward=-1.0)
+    # 6 of 10 calls fail on purpose: above the default share that stops a run (test_rewards_failure_stop.py)
+    runtime = RewardsRuntime(workers=2, timeout_s=3.0, failure_reward=-1.0, max_failed_share=1.0)
     entries = [RewardEntry(name=f"{user_module}:bad"), RewardEntry(name="arith_exact", weight=10.0)]
     responses = ["1", "raise", "hang", "1", "exit", "segv", "nan", "text", "1", "1"]
     with RewardSet(entries, runtime) as rs, caplog.at_level(logging.WARNING, logger="rlweave.rewards"):

@@ -1,5 +1,6 @@
 """Rewards: built-in rule functions, name resolution, and :class:`RewardSet`, which runs
-weighted rewards in worker processes with per-call timeouts.
+weighted rewards in sandboxed worker processes with per-call timeouts and stops the run
+(:class:`RewardFailureError`) when a reward mostly fails.
 
 Attributes are imported lazily so a reward worker process (which imports
 ``rlweave.rewards._worker``) starts without pydantic or the config schema.
@@ -9,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["RewardSet", "load_reward_fn", "reward_records", "RewardWorkerError"]
+__all__ = ["RewardSet", "load_reward_fn", "reward_records", "RewardWorkerError", "RewardFailureError"]
 
 _WHERE = {
     "RewardSet": "rlweave.rewards.reward_set",
     "load_reward_fn": "rlweave.rewards.loader",
     "reward_records": "rlweave.rewards.loader",
     "RewardWorkerError": "rlweave.rewards.pool",
+    "RewardFailureError": "rlweave.rewards.failures",
 }
 
 

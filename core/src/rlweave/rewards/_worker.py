@@ -3,6 +3,11 @@
 Protocol on one duplex pipe, parent -> worker: ``(call_id, fn_index, kwargs)`` or ``None``
 (stop); worker -> parent: ``("ready", pid)`` once, or ``("load_error", traceback)``, then
 ``(call_id, "ok", float)`` / ``(call_id, "error", message)`` per call.
+
+Before importing the rewards the worker enters its sandbox (:mod:`rlweave.rewards._sandbox`:
+own session, memory limit, private directory, process/network refusal). Each call runs
+under its CPU budget; when it returns, whatever processes it left running are killed
+before the reply is sent, so nothing a call started outlives it.
 """
 
 from __future__ import annotations
@@ -11,10 +16,14 @@ import importlib
 import importlib.util
 import math
 import os
+import shutil
 import signal
 import sys
 import traceback
 from typing import Any
+
+from rlweave.rewards._proctree import kill_children
+from rlweave.rewards._sandbox import CpuLimit, CpuTimeExceeded, SandboxLimits, enter, explain
 
 
 def import_reward_target(target: str) -> Any:
@@ -42,14 +51,36 @@ def import_reward_target(target: str) -> Any:
     return obj
 
 
-def worker_main(conn: Any, targets: list[str]) -> None:
+def worker_main(conn: Any, targets: list[str], limits: SandboxLimits | None = None,
+                workdir: str | None = None) -> None:
+    """Serve calls on ``conn`` until ``None`` or the parent goes away (see the module docstring).
+    ``limits``: the sandbox (``None``: :class:`SandboxLimits` defaults); ``workdir``: the
+    private directory the pool made for this worker, or ``None``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    limits = limits if limits is not None else SandboxLimits()
     try:
+        _run(conn, targets, limits, workdir)
+    except OSError:  # BrokenPipeError and the like: the parent went away
+        pass
+    finally:  # the pool removes it too; this covers a parent that died
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(conn: Any, targets: list[str], limits: SandboxLimits, workdir: str | None) -> None:
+    me = os.getpid()
+    try:
+        subreaper = enter(limits, workdir)
         fns = [import_reward_target(t) for t in targets]
-    except BaseException:  # noqa: BLE001 - reported to the parent, which raises
-        conn.send(("load_error", traceback.format_exc()))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+        conn.send(("load_error", traceback.format_exc() + explain(exc, limits)))
         return
+    kill_children(scan=not subreaper)  # processes a reward module started at import
     conn.send(("ready", None))
+    _serve(conn, fns, limits, me, subreaper)
+
+
+def _serve(conn: Any, fns: list[Any], limits: SandboxLimits, me: int, subreaper: bool) -> None:
     while True:
         try:
             msg = conn.recv()
@@ -59,11 +90,22 @@ def worker_main(conn: Any, targets: list[str]) -> None:
             return
         call_id, index, kwargs = msg
         try:
-            value = float(fns[index](**kwargs))
+            reply = _call(call_id, fns[index], kwargs, limits)
+        except CpuTimeExceeded as exc:  # arrived while the reply was being made
+            reply = (call_id, "error", f"{type(exc).__name__}: {exc}")
+        if os.getpid() != me:  # a child the reward forked returned here: it must not answer
+            os._exit(0)
+        kill_children(scan=not subreaper)
+        conn.send(reply)
+
+
+def _call(call_id: int, fn: Any, kwargs: dict[str, Any], limits: SandboxLimits) -> tuple[int, str, Any]:
+    with CpuLimit(limits.cpu_s):
+        try:
+            value = float(fn(**kwargs))
             if not math.isfinite(value):
                 raise ValueError(f"reward returned a non-finite value {value}")
-            reply = (call_id, "ok", value)
+            return (call_id, "ok", value)
         except BaseException as exc:  # noqa: BLE001 - SystemExit from user code is a failure too
             tb = traceback.format_exc(limit=-3)
-            reply = (call_id, "error", f"{type(exc).__name__}: {exc}\n{tb}")
-        conn.send(reply)
+            return (call_id, "error", f"{type(exc).__name__}: {exc}{explain(exc, limits)}\n{tb}")

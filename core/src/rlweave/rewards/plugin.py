@@ -1,10 +1,11 @@
 """Built-in rewards, registered through the same ``rlweave_rewards`` hook as third-party
 reward plugins (entry point ``builtin-rewards`` in core's pyproject.toml). Light: no imports
-beyond the record type; the functions are imported by ``record.load()``."""
+beyond the record types and the args models; the functions are imported by ``record.load()``."""
 
 from __future__ import annotations
 
 from rlweave.plugins import RewardRecord, hookimpl
+from rlweave.rewards.args import ArithExactArgs, FormatArgs
 
 
 @hookimpl
@@ -14,6 +15,7 @@ def rlweave_rewards() -> list[RewardRecord]:
             name="arith_exact",
             summary="1 if the first number of the response equals the record's 'answer'",
             target="rlweave.rewards.rules:arith_exact",
+            config_model=ArithExactArgs,
         ),
         RewardRecord(
             name="math_boxed",
@@ -24,5 +26,6 @@ def rlweave_rewards() -> list[RewardRecord]:
             name="format",
             summary="1 if the response matches a regex (default: a final answer line)",
             target="rlweave.rewards.rules:format_reward",
+            config_model=FormatArgs,
         ),
     ]

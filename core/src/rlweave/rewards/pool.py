@@ -7,6 +7,16 @@ Contract of :meth:`RewardPool.run`: every call gets exactly one outcome —
 Only a reward that cannot even be imported in a worker raises (:class:`RewardWorkerError`):
 that is a configuration error, not a bad sample.
 
+Each worker runs in a sandbox (:class:`~rlweave.rewards._sandbox.SandboxLimits`, from
+``reward_runtime.sandbox``): an address-space limit (an allocation beyond it is an
+``error``), a CPU budget per call (an endless loop is an ``error`` after ``cpu_s`` CPU
+seconds and the worker stays; ``timeout`` still applies), its own temporary directory as cwd
+and ``TMPDIR``, and refusal of process starts (default) and network access (opt-in) as an
+``error`` naming the option. A worker leads its own session and process group: a killed or
+replaced worker is killed with every process it started, its directory is removed, and
+after every call the worker kills what that call left running. These limits guard against
+accidents and runaway code, not against deliberately malicious native code.
+
 Workers are started with the ``spawn`` method by default (safe in processes that hold
 threads, e.g. a Ray driver); the calling script therefore needs the usual
 ``if __name__ == "__main__":`` guard.
@@ -14,16 +24,28 @@ threads, e.g. a Ray driver); the calling script therefore needs the usual
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
+import os
+import shutil
+import signal
+import tempfile
 import time
+import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from rlweave.rewards._proctree import kill_tree
+from rlweave.rewards._sandbox import PREFIX, SandboxLimits
 from rlweave.rewards._worker import worker_main
 
 Outcome = tuple[str, Any]
+
+#: pools not closed yet; closed at interpreter exit (registered after multiprocessing's own
+#: exit handler, so it runs first, while the workers still answer)
+_OPEN: weakref.WeakSet[RewardPool] = weakref.WeakSet()
 
 
 class RewardWorkerError(RuntimeError):
@@ -39,6 +61,7 @@ class _Slot:
     ready: bool = False
     busy: tuple[int, float] | None = None  # (call index, deadline)
     pending_send: list[Any] = field(default_factory=list)
+    workdir: str | None = None  # private directory, removed when the worker is gone
 
 
 class RewardPool:
@@ -50,6 +73,8 @@ class RewardPool:
         timeout_s: per-call limit, counted from when the call reaches an idle ready worker.
         start_method: multiprocessing start method (``spawn`` default, ``forkserver``, ``fork``).
         start_timeout_s: how long a worker may take to import the rewards.
+        sandbox: limits of each worker: a :class:`SandboxLimits` or the config's
+            ``reward_runtime.sandbox`` (``None``: the defaults); ``cpu_s=None`` means ``timeout_s``.
     """
 
     def __init__(
@@ -59,27 +84,41 @@ class RewardPool:
         timeout_s: float = 5.0,
         start_method: str = "spawn",
         start_timeout_s: float = 120.0,
+        sandbox: Any = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"reward workers must be >= 1, got {workers}")
-        self.targets = list(targets)
+        self.targets = [_absolute(t) for t in targets]  # workers may run in their own directory
         self.workers = workers
         self.timeout_s = float(timeout_s)
         self.start_timeout_s = float(start_timeout_s)
+        if sandbox is None:
+            sandbox = SandboxLimits()
+        elif not isinstance(sandbox, SandboxLimits):  # the config model, or anything with the same fields
+            sandbox = SandboxLimits(**{f.name: getattr(sandbox, f.name) for f in fields(SandboxLimits)})
+        self.sandbox = sandbox if sandbox.cpu_s is not None else replace(sandbox, cpu_s=self.timeout_s)
         self._ctx = mp.get_context(start_method)
         self._slots: list[_Slot] = []
+        _OPEN.add(self)
         self._early_deaths = 0
         self.replaced = 0  #: workers killed or found dead and replaced so far
 
     # -- lifecycle -------------------------------------------------------------------------
     def _spawn(self) -> _Slot:
+        workdir = tempfile.mkdtemp(prefix="rlweave-reward-") if self.sandbox.private_dir else None
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
-            target=worker_main, args=(child, self.targets), daemon=True, name="rlweave-reward-worker"
+            target=worker_main, args=(child, self.targets, self.sandbox, workdir), daemon=True,
+            name="rlweave-reward-worker",
         )
-        proc.start()
+        try:
+            proc.start()
+        except BaseException:
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+            raise
         child.close()
-        return _Slot(proc=proc, conn=parent, started=time.monotonic())
+        return _Slot(proc=proc, conn=parent, started=time.monotonic(), workdir=workdir)
 
     def _ensure_started(self) -> None:
         while len(self._slots) < self.workers:
@@ -87,10 +126,14 @@ class RewardPool:
 
     @staticmethod
     def _kill(slot: _Slot) -> None:
-        if slot.proc.is_alive():
-            slot.proc.kill()
+        """Kill the worker and every process it started (it is not reaped before this, so
+        its pid and group id are still its own), reap it, remove its directory."""
+        if slot.proc.pid is not None:
+            kill_tree(slot.proc.pid)
         slot.proc.join(timeout=10)
         slot.conn.close()
+        if slot.workdir is not None:
+            shutil.rmtree(slot.workdir, ignore_errors=True)
 
     def _replace(self, i: int) -> None:
         self._kill(self._slots[i])
@@ -105,10 +148,14 @@ class RewardPool:
             except (OSError, ValueError):
                 pass
         deadline = time.monotonic() + 2.0
+        pending = [s.proc.sentinel for s in self._slots]
+        while pending and time.monotonic() < deadline:  # exited, not yet reaped (see _kill)
+            done = wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+            pending = [p for p in pending if p not in done]
         for slot in self._slots:
-            slot.proc.join(timeout=max(0.0, deadline - time.monotonic()))
             self._kill(slot)
         self._slots = []
+        _OPEN.discard(self)
 
     # -- running calls ---------------------------------------------------------------------
     def run(self, calls: list[tuple[int, dict[str, Any]]]) -> list[Outcome]:
@@ -139,17 +186,15 @@ class RewardPool:
                 died = False
                 if slot.conn in ready or slot.proc.sentinel in ready:
                     died = self._drain(slot, results)
-                if died or (slot.proc.sentinel in ready and not slot.proc.is_alive()):
+                if died or slot.proc.sentinel in ready:  # the sentinel is ready once the worker exited
                     if slot.busy is not None:
-                        i = slot.busy[0]
-                        results[i] = ("crash", f"reward worker process died (exit code {slot.proc.exitcode})")
+                        results[slot.busy[0]] = ("crash", self._died(slot))
                     elif not slot.ready:
                         self._early_deaths += 1
                         if self._early_deaths >= 3 * self.workers:
                             self.close()
                             raise RewardWorkerError(
-                                f"reward workers keep dying while importing {self.targets} "
-                                f"(last exit code {slot.proc.exitcode})"
+                                f"reward workers keep dying while importing {self.targets} ({self._died(slot)})"
                             )
                     self._replace(k)
             now = time.monotonic()
@@ -165,6 +210,16 @@ class RewardPool:
                     )
             remaining = sum(r is None for r in results)
         return results  # type: ignore[return-value]
+
+    def _died(self, slot: _Slot) -> str:
+        """Why a worker is gone: how it ended (read without reaping it, see :meth:`_kill`),
+        and the memory limit as a likely cause when one is set (native code may abort when an
+        allocation fails)."""
+        code, how = _ending(slot.proc.pid)
+        why = f"reward worker process died ({how})"
+        if self.sandbox.memory_mb is not None and code is not None and code < 0:
+            why += f"; workers may map at most {self.sandbox.memory_mb} MiB ({PREFIX}.memory_mb)"
+        return why
 
     def _drain(self, slot: _Slot, results: list[Outcome | None]) -> bool:
         """Read every message waiting on ``slot``; return True when the worker is gone."""
@@ -192,3 +247,41 @@ class RewardPool:
                 self.close()
         except Exception:
             pass
+
+
+@atexit.register
+def _close_open_pools() -> None:
+    for pool in list(_OPEN):
+        try:
+            pool.close()
+        except Exception:  # noqa: BLE001, S110 - exiting anyway; the others still get closed
+            pass
+
+
+def _ending(pid: int | None, timeout_s: float = 2.0) -> tuple[int | None, str]:
+    """Exit code (``-signal`` when killed by one) and ``exit code N`` / ``exit code -N,
+    SIGNAME`` of an exited child, which is left unreaped; ``None`` when unknown."""
+    end = time.monotonic() + timeout_s
+    while pid is not None and hasattr(os, "waitid"):
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            break
+        if info is not None:
+            if info.si_code == os.CLD_EXITED:
+                return info.si_status, f"exit code {info.si_status}"
+            try:
+                name = signal.Signals(info.si_status).name
+            except ValueError:
+                name = f"signal {info.si_status}"
+            return -info.si_status, f"exit code {-info.si_status}, {name}"
+        if time.monotonic() >= end:
+            return None, "exit code unknown: still running"
+        time.sleep(0.005)
+    return None, "exit code unknown"
+
+
+def _absolute(target: str) -> str:
+    """``file.py:function`` with the file's absolute path (from this process's cwd)."""
+    module, sep, attr = target.partition(":")
+    return f"{os.path.abspath(module)}{sep}{attr}" if module.endswith(".py") else target

@@ -5,7 +5,15 @@ fields}``) every reward entry is called as ``fn(**sample, **entry.args)``. A cal
 returns a non-number, runs past ``runtime.timeout_s`` or kills its process is worth
 ``runtime.failure_reward`` (for that reward; the others still count), is listed in the
 sample's breakdown under ``"failed"``, and is reported by one warning per reward and kind of
-failure per ``score()``. The total is ``sum(weight * value)``. The run goes on.
+failure per ``score()``. The total is ``sum(weight * value)``. The run goes on, unless more
+than ``runtime.max_failed_share`` of one reward's calls in this ``score()`` failed: then
+``score()`` raises :class:`~rlweave.rewards.failures.RewardFailureError` (how many of how
+many, which reward, the first failure), which stops the run (see
+:mod:`rlweave.rewards.failures`).
+
+Calls run in sandboxed worker processes (``runtime.sandbox``, see
+:mod:`rlweave.rewards.pool`): a memory limit, a CPU budget per call, a private directory,
+process starts refused and network allowed by default.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from collections import Counter
 from typing import Any
 
 from rlweave.config.schema import RewardEntry, RewardsRuntime
+from rlweave.rewards.failures import failure_stop
 from rlweave.rewards.loader import load_reward_fn, resolve_reward_target
 from rlweave.rewards.pool import RewardPool
 
@@ -26,7 +35,8 @@ class RewardSet:
 
     Args:
         entries: reward entries (``RewardEntry`` or plain dicts); at least one.
-        runtime: timeout, failure reward and worker count (default ``RewardsRuntime()``).
+        runtime: timeout, failure reward, worker count, sandbox and failure-share stop
+            (default ``RewardsRuntime()``).
         plugin_manager: where reward plugin names are looked up (see
             :func:`rlweave.rewards.loader.reward_records`); ``None`` = built-in rewards only.
         start_method: multiprocessing start method of the workers.
@@ -59,12 +69,16 @@ class RewardSet:
             seen[entry.name] += 1
             self.names.append(entry.name if seen[entry.name] == 1 else f"{entry.name}#{seen[entry.name]}")
         self._pool = RewardPool(
-            targets, workers=self.runtime.workers, timeout_s=self.runtime.timeout_s, start_method=start_method
+            targets, workers=self.runtime.workers, timeout_s=self.runtime.timeout_s, start_method=start_method,
+            sandbox=self.runtime.sandbox,
         )
         self.stats: Counter[str] = Counter()  #: cumulative counts: calls, error, timeout, crash
 
     def score(self, samples: list[dict[str, Any]]) -> tuple[list[float], list[dict[str, Any]]]:
-        """Weighted total per sample and a per-sample breakdown ``{name: value, "failed": [names]}``."""
+        """Weighted total per sample and a per-sample breakdown ``{name: value, "failed": [names]}``.
+
+        Raises :class:`~rlweave.rewards.failures.RewardFailureError` when more than
+        ``runtime.max_failed_share`` of one reward's calls failed (see the module docstring)."""
         for n, sample in enumerate(samples):
             if "prompt" not in sample or "response" not in sample:
                 raise KeyError(f"reward sample {n} needs 'prompt' and 'response' (has {sorted(sample)})")
@@ -73,6 +87,7 @@ class RewardSet:
         totals: list[float] = []
         breakdown: list[dict[str, Any]] = []
         problems: dict[tuple[str, str], list[str]] = {}
+        first_failure: dict[str, str] = {}
         m = len(self.entries)
         for n, sample in enumerate(samples):
             row: dict[str, Any] = {"failed": []}
@@ -86,6 +101,7 @@ class RewardSet:
                     value = float(self.runtime.failure_reward)
                     row["failed"].append(name)
                     problems.setdefault((name, status), []).append(f"{sample.get('id', n)}: {payload}")
+                    first_failure.setdefault(name, str(payload))
                     self.stats[status] += 1
                 row[name] = value
                 total += entry.weight * value
@@ -99,6 +115,14 @@ class RewardSet:
                 name, len(msgs), len(samples), status, self.runtime.failure_reward,
                 " | ".join(first[:1] + first[-1:]) if len(first) > 1 else first[0],
             )
+        fields = sorted({k for sample in samples for k in sample})
+        for name in self.names:  # the failure-share stop, in the order of rewards[]
+            if name in first_failure:
+                kinds = Counter({status: len(msgs) for (n, status), msgs in problems.items() if n == name})
+                error = failure_stop(name, kinds, len(samples), first_failure[name],
+                                     self.runtime.max_failed_share, fields)
+                if error is not None:
+                    raise error
         return totals, breakdown
 
     def close(self) -> None:
