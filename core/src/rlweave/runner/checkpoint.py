@@ -1,14 +1,27 @@
-"""Atomic checkpoint directories with keep-last-k retention.
+"""Atomic, verifiable checkpoint directories with keep-last-k retention.
 
 Layout under ``root``: ``step_000010/`` (complete: holds a ``COMPLETE`` marker),
 ``.tmp-step_000010/`` (being written). Contract:
 
 1. :meth:`CheckpointManager.begin` returns a fresh temporary directory; the caller writes
-   everything (model, optimizer, RNG, data position, algorithm state) into it.
+   everything (model, optimizer, RNG, data position, algorithm state) into it, as JSON,
+   safetensors or tensor shards (a backend's own format, loaded without running code: the
+   FSDP backend's DCP metadata goes through an allow-listed unpickler). Loaders refuse a
+   pickle in a checkpoint (:func:`read_state_json`, :func:`refuse_pickle`), never run it.
 2. :meth:`CheckpointManager.commit` fsyncs, renames it to ``step_XXXXXX`` and then writes the
-   ``COMPLETE`` marker (fsynced). A crash at any point before the marker leaves nothing that
-   :meth:`latest` returns; leftovers are removed by the next manager or ``begin``.
-3. Retention keeps the newest ``keep_last`` complete checkpoints; it never deletes the newest
+   ``COMPLETE`` marker (to a temporary name, fsynced, renamed). The marker is JSON:
+   ``{"format": 1, "step", "time", "files": {path: {"size", "xxh3_128"}}}`` listing every file
+   of the checkpoint with its checksum (:mod:`rlweave.runner.manifest`). A crash at any point
+   before the rename of the marker leaves nothing that :meth:`complete` lists; leftovers are
+   removed by the next manager or ``begin``.
+3. :meth:`CheckpointManager.resumable` is what a resume loads: the newest complete checkpoint
+   whose files all match its marker (:meth:`verify`). Each newer one that does not is skipped
+   with a warning naming its damaged, missing or added files; when complete checkpoints exist
+   and none verifies it raises :class:`CheckpointError` listing them all, so a damaged
+   checkpoint is never loaded. A marker without a file list (written by rlweave before
+   checksums; such checkpoints also hold pickles, which nothing loads any more) counts as
+   unverifiable, with that reason in the message.
+4. Retention keeps the newest ``keep_last`` complete checkpoints; it never deletes the newest
    one (so never the only complete one), and removes the marker before the files so a crash
    mid-delete cannot leave a half-deleted checkpoint that looks complete.
 """
@@ -24,9 +37,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlweave.runner import manifest
+
 log = logging.getLogger("rlweave.checkpoint")
 
 MARKER = "COMPLETE"
+#: the marker's temporary name while it is written (never listed, never complete)
+_MARKER_TMP = ".COMPLETE.tmp"
+#: ``format`` of markers that list files; markers without ``files`` are from before checksums
+MARKER_FORMAT = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -68,6 +87,45 @@ def write_json(path: str | Path, obj: Any) -> None:
 def read_json(path: str | Path) -> Any:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used: damaged, unverifiable, or holding state in a form that is
+    not loaded (e.g. a pickle). The message names the checkpoint and the file(s); nothing of
+    it was loaded into a run when this is raised by a check before loading."""
+
+
+def _looks_pickled(path: Path) -> bool:
+    """True when ``path`` starts like a pickle (protocol 2+) or a ``torch.save`` zip archive."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    return head[:1] == b"\x80" or head == b"PK\x03\x04"
+
+
+def read_state_json(path: str | Path) -> Any:
+    """The JSON value of the checkpoint file ``path``; :class:`CheckpointError` naming the
+    file when it is missing or not JSON (a pickle in its place is called one, never loaded)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {path} is missing")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (UnicodeDecodeError, ValueError) as exc:
+        kind = "a pickle, which is never loaded (unpickling can run code)" if _looks_pickled(path) else f"not JSON ({exc})"
+        raise CheckpointError(f"checkpoint file {path} is {kind}; refusing to load it") from None
+
+
+def refuse_pickle(path: str | Path, holds: str) -> CheckpointError:
+    """The error for a checkpoint whose ``holds`` state is only in the pickle ``path`` (a
+    file format of rlweave before checkpoints were pickle-free, or a foreign file)."""
+    return CheckpointError(f"checkpoint file {path} holds {holds} as a pickle (the format of rlweave before "
+                           "checkpoints were pickle-free, or a foreign file); pickles from checkpoints are never "
+                           "loaded because unpickling can run code. Resume from a checkpoint written by this "
+                           "version, or start a fresh run")
 
 
 class CheckpointManager:
@@ -115,9 +173,47 @@ class CheckpointManager:
         return sorted(out)
 
     def latest(self) -> Path | None:
-        """The newest complete checkpoint, or ``None``."""
+        """The newest complete checkpoint, or ``None`` (unverified: resume with :meth:`resumable`)."""
         done = self.complete()
         return done[-1][1] if done else None
+
+    @staticmethod
+    def verify(path: str | Path) -> list[str]:
+        """Problems of the complete checkpoint ``path`` (empty: every file listed in its marker
+        is there with its size and checksum, and no other file is). Each names the file."""
+        path = Path(path)
+        try:
+            marker = read_json(path / MARKER)
+        except (OSError, ValueError) as exc:
+            return [f"{MARKER}: unreadable ({exc})"]
+        if not isinstance(marker, dict):
+            return [f"{MARKER}: not a JSON object"]
+        if "files" not in marker:
+            return [(f"{MARKER} lists no files (written by an rlweave without checkpoint checksums): its files "
+                     "cannot be verified")]
+        return manifest.check(path, marker["files"], exclude=(MARKER, _MARKER_TMP))
+
+    def resumable(self) -> Path | None:
+        """The newest complete checkpoint that verifies, or ``None`` when there is no complete one.
+
+        Newer complete checkpoints that do not verify are skipped, each with a warning naming
+        its problems. Raises :class:`CheckpointError` (naming every checkpoint and file) when
+        complete checkpoints exist and none verifies."""
+        done = self.complete()
+        failed: list[str] = []
+        for i, (_, path) in enumerate(reversed(done)):
+            problems = self.verify(path)
+            if not problems:
+                return path
+            what = f"{path.name}: " + "; ".join(problems)
+            failed.append(what)
+            if i + 1 < len(done):
+                log.warning("checkpoint %s is not used: %s; falling back to the previous complete checkpoint",
+                            path, "; ".join(problems))
+        if failed:
+            raise CheckpointError(f"no complete checkpoint in {self.root} verifies, so none is loaded: "
+                                  + " | ".join(failed))
+        return None
 
     def clean_incomplete(self) -> list[Path]:
         """Remove ``.tmp-*`` leftovers and ``step_*`` directories without a marker."""
@@ -140,12 +236,14 @@ class CheckpointManager:
         return tmp
 
     def commit(self, tmp: str | Path, step: int, info: dict[str, Any] | None = None) -> Path:
-        """Publish ``tmp`` as checkpoint ``step``: fsync, rename, marker, then retention."""
+        """Publish ``tmp`` as checkpoint ``step``: fsync, checksum every file, rename, marker
+        (listing the files, atomically), then retention. ``info`` adds keys to the marker."""
         tmp = Path(tmp)
         if not tmp.is_dir():
             raise FileNotFoundError(f"checkpoint temp directory missing: {tmp}")
         final = self.path_for(step)
         _fsync_tree(tmp)
+        files = manifest.build(tmp, exclude=(MARKER, _MARKER_TMP))
         if final.exists():  # re-saving a step (e.g. after resume): retire the old one first
             trash = self.root / f".trash-{final.name}"
             shutil.rmtree(trash, ignore_errors=True)
@@ -154,10 +252,12 @@ class CheckpointManager:
             shutil.rmtree(trash, ignore_errors=True)
         os.rename(tmp, final)
         _fsync_dir(self.root)
-        with open(final / MARKER, "w", encoding="utf-8") as f:
-            json.dump({"step": step, "time": time.time(), **(info or {})}, f)
+        marker = {**(info or {}), "format": MARKER_FORMAT, "step": step, "time": time.time(), "files": files}
+        with open(final / _MARKER_TMP, "w", encoding="utf-8") as f:
+            json.dump(marker, f, indent=1, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
+        os.replace(final / _MARKER_TMP, final / MARKER)
         _fsync_dir(final)
         self.apply_retention()
         return final
