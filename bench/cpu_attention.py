@@ -6,10 +6,12 @@ Side by side, forward and backward time of one attention call per layer and micr
 * ``shared``: the same samples with their 32-token prompt shared: 43 responses of 128
   queries over 160 keys (the prompt, then causal over themselves), masked SDPA;
 
-each with bf16 inputs four ways: CPU SDPA in bf16, attended in fp32 (``attention.planned_sdpa``
+each with bf16 inputs five ways: CPU SDPA in bf16, attended in fp32 (``attention.planned_sdpa``
 on CPU up to session 5), the forward in bf16 with the backward in fp32 (``attention._attend``,
 ``cpu_attention_backward: fp32``), and the same forward with the compiled bf16 backward
-(``cpu_attention_backward: bf16``, the default with ``compile: true``). 8 query heads, 2 KV
+(``cpu_attention_backward: bf16``, the default with ``compile: true`` where bf16 is fast), and
+the flash kernel in fp32 forward and backward (``attention._attend`` with ``cpu_forward="fp32"``,
+the path on CPUs where bf16 is slow, ``rlweave.devices.cpu``). 8 query heads, 2 KV
 heads, head dim 64 (the yardstick model of bench/grpo_vs_trl.py). Prints ms per call and the
 ratios to bf16 SDPA. Runs with the allocator settings of rlweave's CPU workers (re-executes
 itself with ``GLIBC_TUNABLES`` unless set).
@@ -36,10 +38,11 @@ def run(q_len: int, k_len: int, mask, dtype, mode: str, samples: int, reps: int)
     grad = torch.randn(samples, 8, q_len, 64, generator=g).to(dtype)
 
     def attend():
-        if mode in ("mixed", "low"):
+        if mode in ("mixed", "low", "flash32"):
             from rlweave_backend_fsdp.attention import _attend
 
-            return _attend(q, k, v, mask, None, 0.0, True, "bf16" if mode == "low" else "fp32")
+            return _attend(q, k, v, mask, None, 0.0, True, "bf16" if mode == "low" else "fp32",
+                           "fp32" if mode == "flash32" else "input")
         a, b, c = (x.float() for x in (q, k, v)) if mode == "fp32" else (q, k, v)
         o = F.scaled_dot_product_attention(a, b, c, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
         return o.to(dtype)
@@ -74,11 +77,11 @@ def main() -> None:
     for name, q_len, k_len, mask in cases:
         rows = {}
         for label, mode in (("bf16", "bf16"), ("bf16 as fp32", "fp32"), ("fwd bf16/bwd fp32", "mixed"),
-                            ("bwd bf16 compiled", "low")):
+                            ("bwd bf16 compiled", "low"), ("flash fp32 fwd+bwd", "flash32")):
             f, b = run(q_len, k_len, mask, torch.bfloat16, mode, a.samples, a.reps)
             rows[label] = (f, f + b)
             print(f"{name:8s} {label:18s} {f:8.1f} {b:8.1f} {f + b:8.1f}", flush=True)
-        for label in ("bf16 as fp32", "fwd bf16/bwd fp32", "bwd bf16 compiled"):
+        for label in ("bf16 as fp32", "fwd bf16/bwd fp32", "bwd bf16 compiled", "flash fp32 fwd+bwd"):
             print(f"{name:8s} {label}: {rows['bf16'][1] / rows[label][1]:.2f}x as fast as bf16 SDPA (fwd+bwd), "
                   f"forward {rows['bf16'][0] / rows[label][0]:.2f}x")
 

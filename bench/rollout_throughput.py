@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
 import tempfile
 import time
 from pathlib import Path

@@ -210,10 +210,13 @@ def test_compiled_layers_equal_eager(tiny, tmp_path, scope, units):
     assert eager["losses"][2] < eager["losses"][0]  # it trained: the same batch scores better afterwards
 
 
-def test_bf16_compiled_attention_backward_trains_like_fp32_backward(tiny, tmp_path):
-    """bf16 + compile on CPU: ``cpu_attention_backward: auto`` marks every attention module
-    for the compiled bf16 backward, and training follows the fp32 backward's losses within
-    bf16 rounding."""
+def test_bf16_compiled_attention_backward_trains_like_fp32_backward(tiny, tmp_path, monkeypatch):
+    """bf16 + compile on a CPU with fast bf16 (injected, so the test runs on any CPU):
+    ``cpu_attention_backward: auto`` marks every attention module for the compiled bf16
+    backward, and training follows the fp32 backward's losses within bf16 rounding."""
+    from rlweave.devices.cpu import ENV
+
+    monkeypatch.setenv(ENV, "0.15")  # inherited by the spawned rank
     res = run_ranks(sc.bf16_attention_backward_scenario, 1, tiny, str(tmp_path), timeout_s=600)
     fp32, auto = res["fp32"], res["auto"]
     assert fp32["marks"] == ["fp32", "fp32"] and auto["marks"] == ["bf16", "bf16"]

@@ -21,7 +21,9 @@ the backward ~2x faster than in bf16 (``bench/cpu_attention.py``). Attention mod
 by :func:`set_cpu_backward` with ``"bf16"`` get a bf16 backward instead: the probabilities
 recomputed from the forward's log-sum-exp, bf16 matmuls (AMX) around an fp32 softmax
 gradient, compiled by inductor into a few fused kernels (:func:`_bf16_backward_math`; run
-eagerly it would be slower than the fp32 flash backward).
+eagerly it would be slower than the fp32 flash backward). On a CPU where bf16 is slow
+(:mod:`.cpu_choices`) attention modules are marked by :func:`set_cpu_forward` with
+``"fp32"``: bf16 inputs are then attended in fp32, forward and backward.
 
 Without ``cu_seq_lens_q`` (padded rows) the call is plain SDPA with the padding mask, so
 the same model serves both layouts.
@@ -83,7 +85,8 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
         return out.unsqueeze(0), None
     if plan is None:
         plan = packed_plan(tuple(cu.tolist()))
-    return planned_sdpa(query, key, value, plan, scaling, drop, gqa, getattr(module, _BACKWARD_ATTR, "fp32")), None
+    return planned_sdpa(query, key, value, plan, scaling, drop, gqa, getattr(module, _BACKWARD_ATTR, "fp32"),
+                        getattr(module, _FORWARD_ATTR, "input")), None
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,17 @@ def _rows(x: torch.Tensor, idx) -> torch.Tensor:
 
 
 _BACKWARD_ATTR = "rlweave_cpu_attention_backward"
+_FORWARD_ATTR = "rlweave_cpu_attention_forward"
+
+
+def set_cpu_forward(modules, kind: str) -> int:
+    """Mark attention ``modules`` to run the CPU forward ``kind``: ``"input"`` (the flash
+    kernel in the inputs' dtype, the default) or ``"fp32"`` (bf16/fp16 inputs upcast to fp32,
+    the fp32 backward with them; for CPUs where bf16 is slow). Returns how many modules were
+    marked."""
+    if kind not in ("input", "fp32"):
+        raise ValueError(f"{NAME}: CPU attention forward {kind!r}; choose input or fp32")
+    return _mark(modules, _FORWARD_ATTR, kind)
 
 
 def set_cpu_backward(modules, kind: str) -> int:
@@ -179,12 +193,15 @@ def set_cpu_backward(modules, kind: str) -> int:
     modules were marked."""
     if kind not in ("fp32", "bf16"):
         raise ValueError(f"{NAME}: CPU attention backward {kind!r}; choose fp32 or bf16")
-    n = 0
-    for m in modules:
-        if m is not None:
-            setattr(m, _BACKWARD_ATTR, kind)
-            n += 1
-    return n
+    return _mark(modules, _BACKWARD_ATTR, kind)
+
+
+def _mark(modules, attr: str, kind: str) -> int:
+    """Set ``attr`` to ``kind`` on every module that is not None; returns how many."""
+    marked = [m for m in modules if m is not None]
+    for m in marked:
+        setattr(m, attr, kind)
+    return len(marked)
 
 
 def _bf16_backward_math(q, k, v, out, grad, lse, mask, scale: float):
@@ -255,11 +272,14 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _attend(q, k, v, mask: torch.Tensor | None, scaling, drop: float, gqa: bool,
-            cpu_backward: str = "fp32") -> torch.Tensor:
-    """Attention of ``(B, H, L, D)`` inputs; ``mask`` bool ``(L, S)`` or None (causal)."""
+            cpu_backward: str = "fp32", cpu_forward: str = "input") -> torch.Tensor:
+    """Attention of ``(B, H, L, D)`` inputs; ``mask`` bool ``(L, S)`` or None (causal).
+    ``cpu_backward``/``cpu_forward``: see :func:`set_cpu_backward`, :func:`set_cpu_forward`."""
     if q.device.type == "cpu" and drop == 0.0:
         wide = torch.promote_types(q.dtype, torch.float32)
         additive = None if mask is None else _additive(mask, wide)
+        if cpu_forward == "fp32" and q.dtype != wide:
+            return _CPUFlash.apply(q.to(wide), k.to(wide), v.to(wide), additive, scaling, "fp32").to(q.dtype)
         return _CPUFlash.apply(q, k, v, additive, scaling, cpu_backward)
     dtype = q.dtype
     if q.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):  # dropout on CPU: fp32 SDPA
@@ -271,10 +291,10 @@ def _attend(q, k, v, mask: torch.Tensor | None, scaling, drop: float, gqa: bool,
 
 
 def planned_sdpa(query, key, value, plan: AttentionPlan, scaling, drop: float, gqa: bool,
-                 cpu_backward: str = "fp32") -> torch.Tensor:
+                 cpu_backward: str = "fp32", cpu_forward: str = "input") -> torch.Tensor:
     """Attention of a packed row by ``plan``: one kernel call per bucket, segments stacked on
     the batch dimension (no padding). Inputs ``(1, H, T, D)``; returns ``(1, T, H, D)``.
-    ``cpu_backward``: see :func:`set_cpu_backward`.
+    ``cpu_backward``/``cpu_forward``: see :func:`set_cpu_backward`, :func:`set_cpu_forward`.
 
     Works on ``(T, H, D)`` views of the inputs (the layout the projections produce, so
     bucket inputs and outputs are mostly views); a plan without ``inv`` takes its buckets as
@@ -293,7 +313,8 @@ def planned_sdpa(query, key, value, plan: AttentionPlan, scaling, drop: float, g
             pre = b.prefix_idx.to(q.device)
             k, v = (torch.cat([full.index_select(0, pre).view(b.g, b.n_k - b.n_q, *full.shape[1:]), x], dim=1)
                     for full, x in ((rows[1], k), (rows[2], v)))
-        o = _attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), b.mask, scaling, drop, gqa, cpu_backward)
+        o = _attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), b.mask, scaling, drop, gqa, cpu_backward,
+                    cpu_forward)
         outs.append(o.transpose(1, 2).reshape(b.g * b.n_q, o.shape[1], o.shape[3]))
     out = torch.cat(outs) if len(outs) > 1 else outs[0]
     if plan.inv is not None:

@@ -11,7 +11,8 @@ class FSDPConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mixed_precision: Literal["none", "bf16"] = Field(
-        "none", description="bf16: compute in bf16 with fp32 master weights and fp32 gradient reduction."
+        "none", description="bf16: compute in bf16 with fp32 master weights and fp32 gradient reduction. On a CPU "
+        "without fast bf16 matmuls (e.g. AVX2 only) a warning names the measured slowdown; use none there.",
     )
     activation_checkpointing: bool = Field(False, description="Recompute decoder-layer activations in backward.")
     max_tokens_per_micro_batch: int = Field(
@@ -46,14 +47,15 @@ class FSDPConfig(BaseModel):
     cpu_kernels: Literal["auto", "rlweave", "torch"] = Field(
         "auto", description="'rlweave': CPU fast paths: rotary embeddings as one autograd function in the projections' "
         "layout, and the weight gradients of Llama-style MLP projections and the LM head with their narrower operand "
-        "transposed first (oneDNN's bf16 weight-gradient matmul runs at half speed otherwise); 'torch': transformers' "
-        "code as is. auto: rlweave on CPU with bf16 compute, torch elsewhere.",
+        "transposed first (oneDNN's bf16 weight-gradient matmul is slower otherwise); 'torch': transformers' "
+        "code as is. auto: rlweave on CPU with bf16 compute where this CPU runs bf16 fast (probed: "
+        "rlweave.devices.cpu), torch elsewhere.",
     )
     cpu_attention_backward: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="CPU attention backward with bf16 compute: 'fp32' runs PyTorch's flash kernel in fp32; 'bf16' "
         "recomputes the probabilities and runs bf16 matmuls around an fp32 softmax gradient, compiled by inductor "
-        "(~2x faster on AMX CPUs, bench/cpu_attention.py; gradients within bf16 rounding, as on GPU). auto: bf16 when "
-        "compile is on and cpu_kernels resolves to rlweave, else fp32.",
+        "(faster where the CPU has fast bf16 matmuls, bench/RESULTS.md; gradients within bf16 rounding, as on GPU). auto: "
+        "bf16 when compile is on, cpu_kernels resolves to rlweave and this CPU runs bf16 fast, else fp32.",
     )
     offload_between_phases: bool = Field(
         False, description="Hint for the scheduler: offload() parameters and optimizer state when the role idles."

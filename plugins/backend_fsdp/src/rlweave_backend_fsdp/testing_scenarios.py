@@ -301,3 +301,35 @@ def bf16_attention_backward_scenario(ctx_kw: dict, model_dir: str, work: str) ->
             "losses": [w.train_step(b, nll_loss)["nll"] for b in (fixed_batch(), group_batch(), fixed_batch())],
         }
     return res
+
+
+def cpu_choices_scenario(ctx_kw: dict, model_dir: str, work: str, ratios: list[float]) -> dict:
+    """bf16 mixed precision on CPU with rank ``r``'s bf16 speed set to ``ratios[r]``
+    (``RLWEAVE_CPU_BF16_RATIO``): the speed every rank resolved with, the warnings logged,
+    how the attention modules were marked, whether rlweave's CPU linears were installed, and
+    the losses of two training steps."""
+    import logging
+
+    import torch.distributed as dist
+
+    from rlweave.devices.cpu import ENV
+    from rlweave_backend_fsdp.attention import _BACKWARD_ATTR, _FORWARD_ATTR
+    from rlweave_backend_fsdp.modeling import decoder_layers
+
+    os.environ[ENV] = str(ratios[ctx_kw["rank"]])
+    logged: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger("rlweave.backend_fsdp").addHandler(handler)
+    w = _worker(ctx_kw, {"path": model_dir, "dtype": "float32", "model_type": "causal_lm"}, {"lr": 3e-3},
+                max_tokens_per_micro_batch=32, mixed_precision="bf16")
+    layers = decoder_layers(w.model)
+    shard = fixed_batch().select(shard_indices(ctx_kw["world_size"], ctx_kw["rank"], 6))
+    local = {"ratio": w.choices.speed.ratio, "logged": logged,
+             "marks": [(getattr(layer.self_attn, _FORWARD_ATTR, None), getattr(layer.self_attn, _BACKWARD_ATTR, None))
+                       for layer in layers],
+             "kernels": ["forward" in layer.mlp.gate_proj.__dict__ for layer in layers],
+             "losses": [w.train_step(shard, nll_loss)["loss"] for _ in range(2)]}
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, local)
+    return {"ranks": out}

@@ -23,6 +23,8 @@ and ``reward`` (score at each sample's last token). See :mod:`.modeling` and
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import time
 from typing import Any, Iterator
@@ -32,13 +34,16 @@ import torch.distributed as dist
 
 from rlweave.data.batch import Batch
 from rlweave.interfaces.backend import LossFn, TrainingWorker
-from rlweave_backend_fsdp import attention, checkpoint, cpu_linear, hf_export, micro, modeling, prefix, rotary
+from rlweave_backend_fsdp import (
+    attention, checkpoint, cpu_choices, cpu_linear, finite, hf_export, micro, modeling, prefix, rotary,
+)
 from rlweave_backend_fsdp.config import FSDPConfig
 from rlweave_backend_fsdp.outputs import Outputs, last_token_scores, token_logprobs, token_values
 from rlweave_backend_fsdp.schedule import WarmupSchedule
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _NO_MASK = {"full_attention": None, "sliding_attention": None}
+log = logging.getLogger("rlweave.backend_fsdp")
 
 
 class FSDPWorker(TrainingWorker):
@@ -72,13 +77,20 @@ class FSDPWorker(TrainingWorker):
         param_dtype = torch.float32 if self.cfg.mixed_precision == "bf16" else _DTYPES[dtype_name]
         self.attn_impl = attention.choose(self.cfg.attn_implementation, ctx.device)
         self.packing = self.cfg.use_packing
+        bf16 = self.cfg.mixed_precision == "bf16" or param_dtype == torch.bfloat16
+        speed = cpu_choices.role_bf16_speed(self.device.type, bf16, self.world_size)
+        self.choices = cpu_choices.resolve(self.cfg, self.device.type, bf16, speed)
+        message = cpu_choices.warning(self.choices, self.cfg, dtype_name, ctx.role, self.rank)
+        if message and self.rank == 0:
+            log.warning(message)
         model = modeling.load_model(ctx.model, self.attn_impl, param_dtype, seed)
-        if self._cpu_kernels(param_dtype):
+        if self.choices.kernels:
             cpu_linear.install(model)
             rotary.install(model, compiled=self.cfg.compile)
         if self.device.type == "cpu":
-            attention.set_cpu_backward([getattr(m, "self_attn", None) for m in modeling.decoder_layers(model)],
-                                       self._cpu_attention_backward(param_dtype))
+            attn = [getattr(m, "self_attn", None) for m in modeling.decoder_layers(model)]
+            attention.set_cpu_backward(attn, self.choices.attention_backward)
+            attention.set_cpu_forward(attn, self.choices.attention_forward)
         if self.cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         mesh = init_device_mesh(self.device.type, (self.world_size,))
@@ -93,7 +105,7 @@ class FSDPWorker(TrainingWorker):
             kw["mp_policy"] = mp
         for layer in modeling.decoder_layers(model):
             if self.cfg.compile:  # in place (same parameter names); before sharding, as FSDP2 expects
-                for part in modeling.compile_units(layer, self._compile_scope()):
+                for part in modeling.compile_units(layer, self.choices.compile_scope):
                     part.compile(dynamic=True)
             fully_shard(layer, **kw)
         fully_shard(model, **kw)
@@ -105,22 +117,6 @@ class FSDPWorker(TrainingWorker):
         if optim:
             self._build_optimizer(optim)
         torch.manual_seed(seed + 1000 + self.rank)  # per-rank dropout stream
-
-    def _cpu_kernels(self, param_dtype: torch.dtype) -> bool:
-        if self.cfg.cpu_kernels != "auto":
-            return self.cfg.cpu_kernels == "rlweave"
-        bf16 = self.cfg.mixed_precision == "bf16" or param_dtype == torch.bfloat16
-        return self.device.type == "cpu" and bf16
-
-    def _cpu_attention_backward(self, param_dtype: torch.dtype) -> str:
-        if self.cfg.cpu_attention_backward != "auto":
-            return self.cfg.cpu_attention_backward
-        return "bf16" if self.cfg.compile and self._cpu_kernels(param_dtype) else "fp32"
-
-    def _compile_scope(self) -> str:
-        if self.cfg.compile_scope != "auto":
-            return self.cfg.compile_scope
-        return "layer" if self.device.type == "cuda" else "mlp_norms"
 
     def _build_optimizer(self, o: dict[str, Any]) -> None:
         self.optim_cfg = dict(o)
@@ -273,6 +269,13 @@ class FSDPWorker(TrainingWorker):
         return out
 
     def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step (see :class:`TrainingWorker`).
+
+        A step is skipped on every rank (``skipped`` 1.0) when the clipped gradient norm or the
+        loss of any rank is NaN or inf: the gradients are dropped, parameters, optimizer state
+        and the LR schedule stay as they were (the schedule counts applied updates, as DeepSpeed
+        and Megatron-LM do on an overflow step), and the next step trains normally. ``self.step``
+        counts calls, skipped ones included."""
         if self.optimizer is None:
             raise RuntimeError(f"fsdp backend: role {self.ctx.role} has no optimizer (roles.{self.ctx.role}.optim unset)")
         self._check_ready("train_step")
@@ -298,11 +301,12 @@ class FSDPWorker(TrainingWorker):
             loss_sum += float(loss.detach())
         grad_norm = self._clip()
         lr = self.optimizer.param_groups[0]["lr"]
-        skipped = not torch.isfinite(torch.tensor(grad_norm))
+        # the norm is global already; a rank's loss is not (a NaN added to a loss has finite gradients)
+        skipped = finite.any_rank(not (math.isfinite(grad_norm) and math.isfinite(loss_sum)), self.device)
         if not skipped:
             self.optimizer.step()
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
         self.step += 1
         local = {"loss": loss_sum, "tokens": float(batch.num_tokens), "samples": float(len(batch)), **metrics}
         gathered = self._gather((local, time.perf_counter() - t0))
@@ -344,7 +348,20 @@ class FSDPWorker(TrainingWorker):
         dist.barrier()
 
     def save_checkpoint(self, path: str) -> None:
+        """Sharded checkpoint into ``path`` (:mod:`.checkpoint`); all ranks call it.
+
+        Refuses on every rank, before anything is written, when a parameter or optimizer-state
+        shard of any rank holds a NaN or an inf: raises FloatingPointError naming the role, the
+        ranks and each rank's first non-finite tensor, so no non-finite value reaches a
+        checkpoint (a resume would only repeat the failure)."""
         self._check_ready("save_checkpoint")
+        bad = finite.first_nonfinite(self.model, self.optimizer)
+        if finite.any_rank(bad is not None, self.device):
+            found = [(r, b) for r, b in enumerate(self._gather(bad)) if b is not None]
+            where = "; ".join(f"rank {r}: {b}" for r, b in found)
+            raise FloatingPointError(
+                f"fsdp backend: refusing to save checkpoint {path} of role {self.ctx.role} (called on rank {self.rank}): "
+                f"non-finite values in {where}. Nothing was written; resume from an earlier checkpoint.")
         extra = {"step": self.step, "scheduler": self.scheduler.state_dict() if self.scheduler else None}
         checkpoint.save(path, self.model, self.optimizer, extra, self.rank)
 

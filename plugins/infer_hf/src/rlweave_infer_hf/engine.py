@@ -21,9 +21,11 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Iterable
 
+from rlweave.devices.cpu import slow_bf16_warning
 from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
 from rlweave.rollout.requests import (
     SampleRequest,
@@ -36,6 +38,8 @@ from rlweave.rollout.requests import (
 )
 
 from rlweave_infer_hf.config import HFEngineConfig
+
+log = logging.getLogger(__name__)
 
 
 class HFEngine(RolloutEngine):
@@ -74,6 +78,9 @@ class HFEngine(RolloutEngine):
 
         self.model.generation_config = GenerationConfig()
         self.dtype = getattr(torch, dtype_name)
+        slow = slow_bf16_warning(self.where, dtype_name, self.device.type)
+        if slow:
+            log.warning(slow)
         self.eos_ids = eos_token_ids(path)
         limit = self.cfg.max_model_len or getattr(self.model.config, "max_position_embeddings", None) or 2048
         self._max_model_len = int(limit)
