@@ -1,6 +1,7 @@
-"""Subprocess checks: importing rlweave, listing plugins and validating configs (valid or
-not, also ``train`` with an invalid config) import no torch, ray, vllm, transformers,
-sglang or megatron — with every installed plugin plus broken test plugins on the path."""
+"""Subprocess checks: importing rlweave, listing plugins (probes included) and validating
+configs (valid or not, with the input checks and a reward dry run, also ``train`` with an
+invalid config) import no torch, ray, vllm, transformers, sglang or megatron — with every
+installed plugin plus broken test plugins on the path."""
 
 from __future__ import annotations
 
@@ -53,6 +54,10 @@ def test_list_plugins_never_crashes_and_stays_light(site):
     assert codes == [0, 0]
     assert heavy == []
     assert "brokenplug" in out and "rlw_missing_dependency" in out and "incompatible" in out
+    rows = json.loads(out[out.index("\n[") + 1:out.index("\n]") + 2])
+    megatron = next((r for r in rows if r["name"] == "megatron"), None)
+    if megatron is not None:  # installed here: probed without importing megatron
+        assert megatron["status"] == "unavailable" and "not implemented yet" in megatron["error"]
 
 
 def test_validation_errors_come_before_anything_heavy(site, tmp_path):
@@ -61,9 +66,16 @@ def test_validation_errors_come_before_anything_heavy(site, tmp_path):
     (tmp_path / "good.yaml").write_text(yaml.safe_dump(good))
     bad = {**good, "algorithm": {"name": "toyalgo", "group_size": 1}, "trainer": {}}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "answer": 2}\n')
+    (tmp_path / "no_answer.jsonl").write_text('{"prompt": "1+1="}\n')
+    (tmp_path / "inputs.yaml").write_text(yaml.safe_dump({**good, "rewards": [{"name": "arith_exact"}],
+                                                          "data": {"train": "train.jsonl"}}))
     codes, heavy, out = run_cli(site, [["validate", "good.yaml"], ["validate", "bad.yaml"],
-                                       ["train", "bad.yaml", "roles.policy.backend=toybak"]], cwd=tmp_path)
-    assert codes == [0, 2, 2], out
+                                       ["train", "bad.yaml", "roles.policy.backend=toybak"],
+                                       ["validate", "inputs.yaml"], ["validate", "inputs.yaml", "data.train=no_answer.jsonl"]],
+                                cwd=tmp_path)
+    assert codes == [0, 2, 2, 0, 2], out
+    assert "inputs.yaml: rewards.0: reward 'arith_exact' fails on the first record of data.train" in out
     assert heavy == []
     assert "bad.yaml: algorithm.group_size: Input should be greater than or equal to 2 (got 1)" in out
     assert "bad.yaml: trainer: unknown key" in out

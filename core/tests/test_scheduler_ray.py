@@ -15,11 +15,11 @@ import pytest
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 
-from rlweave.config.schema import RaySection, RunConfig  # noqa: E402
+from rlweave.config.schema import RunConfig  # noqa: E402
 from rlweave.data.batch import Batch  # noqa: E402
 from rlweave.interfaces.engine import SamplingParams  # noqa: E402
 from rlweave.plugins.types import BackendRecord, EngineRecord  # noqa: E402
-from rlweave.scheduler import WorkerError, build_roles, shutdown_ray, start_ray  # noqa: E402
+from rlweave.scheduler import WorkerError, build_roles  # noqa: E402
 from rlweave.scheduler.ray_impl.cluster import ray_processes  # noqa: E402
 
 PROBE = BackendRecord(name="probe", summary="test worker", target="rlweave.testing.workers:ProbeWorker",
@@ -32,14 +32,6 @@ def run_config(roles: dict, colocate=None, devices: int = 4) -> RunConfig:
         "resources": {"pools": {"main": {"devices_per_node": devices}}, "colocate": colocate or []},
         "roles": {name: {"pool": "main", **spec} for name, spec in roles.items()},
     })
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    shutdown_ray()
-    start_ray(RaySection(num_cpus=2, virtual_gpus=4))
-    yield
-    shutdown_ray()
 
 
 @pytest.fixture(scope="module")

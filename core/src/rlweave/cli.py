@@ -1,13 +1,22 @@
 """The ``rlweave`` command line.
 
-* ``rlweave list-plugins [--json]``: every installed plugin and record with its status;
-  never fails because of a plugin.
-* ``rlweave validate CONFIG [key.path=value ...]``: both validation passes; prints a
-  summary, or every error and exits with code 2.
-* ``rlweave train CONFIG [key.path=value ...] [--resume] [--address ADDR] [--run-dir DIR]``:
-  validates first (exit 2 on errors, before anything heavy), writes the run directory's
-  ``config.resolved.yaml`` and ``plugins.json``, then calls
-  ``rlweave.runner.loop.run(cfg, config_path=..., run_dir=..., resume=...)``.
+* ``rlweave list-plugins [--json]``: every installed plugin and record with its status
+  (``unavailable`` records with the reason their probe gives); never fails because of a plugin.
+* ``rlweave validate CONFIG [key.path=value ...] [--schema-only]``: both validation passes
+  and the input checks (model directories, data files, a dry run of each reward); prints a
+  summary, or every error of all of them and exits with code 2. ``--schema-only`` checks
+  the config alone (e.g. an example whose model an earlier stage builds).
+* ``rlweave train CONFIG [key.path=value ...] [--resume[=required] | --overwrite] [--address ADDR]
+  [--run-dir DIR]``: validates first, inputs included (exit 2 on errors, before anything heavy); then, before
+  anything is written, protects an earlier run (:mod:`rlweave.runner.previous_run`): a run
+  directory that already holds a run (complete checkpoints past step 0, metrics of trained
+  steps, ``hf/``, ``summary.json``) makes it exit 2 naming what is there and the choices
+  (``--resume``, a new ``run.name=...``, ``--overwrite``); ``--overwrite`` renames that run to
+  ``<name>.replaced-<UTC time>`` (never deletes) and starts fresh; ``--resume`` with no
+  complete checkpoint says so on the first line and starts from step 0, ``--resume=required``
+  exits 2 instead; ``--resume`` with ``--overwrite`` exits 2. Then it writes the run
+  directory's ``config.resolved.yaml`` and ``plugins.json`` and calls
+  ``rlweave.runner.loop.run(cfg, config_path=..., run_dir=..., resume=..., overwrite=...)``.
 
 Exit codes: 0 ok, 1 run failure / not implemented, 2 invalid config or usage, 128+N stopped by
 signal N (SIGTERM: 143, SIGINT: 130) after a clean shut-down.
@@ -21,16 +30,25 @@ import sys
 from pathlib import Path
 from typing import Any, List, Optional
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperCommand
 
 import rlweave
+from rlweave.rewards.failures import RewardFailureError
+from rlweave.scheduler.errors import WorkerError, WorkerTimeout
+from rlweave.weight_sync.interface import WeightSyncError
+
+#: how a run can end because of its workers or rewards (printed as one error, exit code 1)
+_RUN_FAILURES = (WorkerError, WorkerTimeout, WeightSyncError, RewardFailureError)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="rlweave: LLM post-training built from plugins.")
-STATUS_STYLE = {"ok": "green", "broken": "red", "incompatible": "yellow", "disabled": "dim", "conflict": "magenta"}
+STATUS_STYLE = {"ok": "green", "broken": "red", "incompatible": "yellow", "disabled": "dim", "conflict": "magenta",
+                "unavailable": "cyan"}
 
 
 def plugin_manager() -> Any:
@@ -76,14 +94,14 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="Print JSON 
     Console(width=max(Console().width, 140)).print(table)
 
 
-def _load(config: Path, overrides: List[str]) -> tuple[Any, Any, Any]:
+def _load(config: Path, overrides: List[str], check_inputs: bool = True) -> tuple[Any, Any, Any]:
     """Validate or exit 2 printing every error (plain text on stderr)."""
     from rlweave.config.errors import ConfigError
     from rlweave.config.loader import load_config
 
     pm = plugin_manager()
     try:
-        cfg, resolved = load_config(config, overrides, pm)
+        cfg, resolved = load_config(config, overrides, pm, check_inputs=check_inputs)
     except ConfigError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
@@ -108,21 +126,59 @@ def _summary(cfg: Any, resolved: Any) -> str:
 
 @app.command()
 def validate(config: Path = typer.Argument(..., help="Run config YAML."),
-             overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides.")) -> None:
-    """Validate a run config (core sections and each selected plugin's section)."""
-    cfg, resolved, _ = _load(config, overrides or [])
+             overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
+             schema_only: bool = typer.Option(False, "--schema-only",
+                                              help="Check the config alone: not model directories, data files "
+                                                   "or the rewards' dry run.")) -> None:
+    """Validate a run config: core sections, each selected plugin's section, and what it reads."""
+    cfg, resolved, _ = _load(config, overrides or [], check_inputs=not schema_only)
     typer.echo(f"OK: {config}")
     typer.echo(_summary(cfg, resolved))
 
 
-@app.command()
+class _TrainCommand(TyperCommand):
+    """``--resume`` is a flag that also takes ``=required``; a click option cannot be both, so a
+    bare ``--resume`` (before any ``--``) is read as ``--resume=`` (an empty value)."""
+
+    def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
+        out: List[str] = []
+        for i, arg in enumerate(args):
+            if arg == "--":
+                out.extend(args[i:])
+                break
+            out.append("--resume=" if arg == "--resume" else arg)
+        return super().parse_args(ctx, out)
+
+
+def _resume_mode(value: Optional[str]) -> bool | str:
+    """``--resume`` value -> ``False``, ``True`` or ``"required"``; anything else exits 2."""
+    if value is None:
+        return False
+    if value in ("", "required"):
+        return value or True
+    typer.echo(f"error: --resume takes no value or '=required', got --resume={value}", err=True)
+    raise typer.Exit(2)
+
+
+@app.command(cls=_TrainCommand)
 def train(config: Path = typer.Argument(..., help="Run config YAML."),
           overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
-          resume: bool = typer.Option(False, "--resume", help="Continue from the run directory's latest checkpoint."),
+          resume: Optional[str] = typer.Option(
+              None, "--resume", metavar="[=required]",
+              help="Continue from the run directory's latest complete checkpoint (none: say so on the first "
+                   "line and start from step 0). --resume=required: exit 2 when there is none."),
+          overwrite: bool = typer.Option(
+              False, "--overwrite", help="The run directory holds an earlier run: move it aside to "
+                                         "<name>.replaced-<UTC time> (never deleted) and start fresh."),
           address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster (sets ray.address)."),
           run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory (default: <run.output_dir>/<run.name>)."),
           ) -> None:
     """Validate, then run the configured algorithm."""
+    mode = _resume_mode(resume)
+    if mode and overwrite:
+        typer.echo("error: --resume and --overwrite exclude each other: --resume continues the run in the run "
+                   "directory, --overwrite moves it aside and starts fresh", err=True)
+        raise typer.Exit(2)
     cfg, resolved, pm = _load(config, list(overrides or []))
     if address is not None:
         cfg.ray.address = address
@@ -135,20 +191,38 @@ def train(config: Path = typer.Argument(..., help="Run config YAML."),
         typer.echo("error: training is not implemented in this rlweave installation "
                    f"(rlweave.runner.loop is missing: {exc})", err=True)
         raise typer.Exit(1) from None
-    from rlweave.config.rundir import write_run_dir
-
     from rlweave.config.errors import ConfigError
+    from rlweave.config.rundir import write_run_dir
+    from rlweave.runner.checkpoint import CheckpointError
+    from rlweave.runner.previous_run import RunDirError, claim_run_dir
 
+    hint = (lambda p: f"--run-dir {p}") if run_dir is not None else None
+    try:  # before anything is written: refuse, or move an earlier run aside (never delete)
+        previous = claim_run_dir(target, mode, overwrite, say=typer.echo, new_run_hint=hint)
+    except RunDirError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     write_run_dir(target, cfg, pm, resolved)
     typer.echo(f"run directory: {target}")
-    try:
-        run(cfg, config_path=config, run_dir=target, resume=resume)
-    except ConfigError as exc:  # a check the runner makes late (e.g. a missing data file)
-        typer.echo(str(exc), err=True)
+    try:  # nothing to resume was reported above: the runner starts from step 0 without repeating it
+        run(cfg, config_path=config, run_dir=target, resume=mode if previous.last_checkpoint is not None else False,
+            overwrite=overwrite)
+    except (ConfigError, RunDirError) as exc:  # a check the runner makes late (e.g. a missing data file)
+        typer.echo(str(exc) if isinstance(exc, ConfigError) else f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     except RunInterrupted as exc:  # workers and Ray are already shut down
         typer.echo(f"interrupted: {exc}; continue with --resume from the latest complete checkpoint", err=True)
         raise typer.Exit(128 + exc.signum) from None
+    except CheckpointError as exc:  # damaged, unverifiable or unsafe checkpoint: nothing of it was used
+        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"the checkpoints in {target / 'checkpoints'} are left as they are; put back intact copies of the "
+                   "files named above, or start a fresh run (in another run directory, or with --overwrite)", err=True)
+        raise typer.Exit(1) from None
+    except _RUN_FAILURES as exc:  # a dead, hung or failing worker, or failing rewards; all is shut down already
+        typer.echo(f"error: {exc}", err=True)
+        typer.echo("the run stopped and every worker is shut down; the latest complete checkpoint is intact "
+                   "(continue from it with --resume)", err=True)
+        raise typer.Exit(1) from None
 
 
 def main() -> None:

@@ -4,6 +4,12 @@ A worker is a plain Python class. The Ray scheduler (``rlweave.scheduler``) crea
 instance per rank inside a Ray actor; a test or a GPU box without Ray can create it
 directly in one process. The controller fills a :class:`WorkerContext`; the worker reads
 its own plugin section from ``ctx.config`` and the model description from ``ctx.model``.
+
+Failure: a method that meets bad input or a bug raises an ordinary exception; the controller
+gets it as a ``WorkerError`` naming role, rank and method, and the run stops. A worker whose
+own machinery is gone while its process lives (an engine whose engine process died) raises
+:class:`rlweave.scheduler.errors.WorkerLost`: like a dead process, that rank is rebuilt when
+the run allows restarts (``run.max_restarts``).
 """
 
 from __future__ import annotations

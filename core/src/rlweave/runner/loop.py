@@ -2,8 +2,8 @@
 
 Order of work (see :func:`run`)::
 
-    resolve plugins -> run dir, seeds, tokenizer, data -> start Ray -> build the roles the
-    algorithm asks for -> rewards -> algorithm(config, ctx) -> [resume: load the latest
+    resolve plugins -> run dir, seeds, tokenizer, data, rewards -> start Ray -> build the
+    roles the algorithm asks for -> algorithm(config, ctx) -> [resume: load the latest
     complete checkpoint] -> setup -> eval before -> steps (status line, metrics,
     checkpoints, periodic eval) -> eval after -> final checkpoint + HF export -> plot
     -> shut everything down (also on errors and SIGTERM)
@@ -11,25 +11,39 @@ Order of work (see :func:`run`)::
 Checkpoints (``<run_dir>/checkpoints/step_XXXXXX``, atomic via
 :class:`~rlweave.runner.checkpoint.CheckpointManager`) hold every trained role's own
 checkpoint (model, optimizer, LR schedule, worker RNG) in ``roles/<role>/`` plus
-``state.json`` (step, algorithm state, data position) and ``rng.pkl`` (controller RNGs).
-``resume=True`` continues from the newest complete one; a run killed mid-save loses at most
-the steps since the previous one.
+``state.json`` (step, algorithm state, data position) and ``rng.json`` (controller RNGs,
+:mod:`rlweave.runner.rng`); nothing in a checkpoint is a pickle, and nothing is unpickled on
+load. Their ``COMPLETE`` marker lists every file with its checksum. ``resume=True`` continues
+from the newest complete checkpoint that verifies (newer damaged ones are skipped with a
+warning naming the files; :class:`~rlweave.runner.checkpoint.CheckpointError` when none
+verifies, or when a file is not in the expected form, e.g. a pickle); a run killed mid-save
+loses at most the steps since the previous one.
+
+Failures: every role call waits at most its ``roles.<role>.timeouts`` entry; a dead or hung
+rank ends the run with an error naming role, rank and method (after every process is shut
+down; the last complete checkpoint is untouched). With ``run.max_restarts`` > 0 the run
+recovers from such a *lost* worker (see :mod:`rlweave.runner.recovery`) instead: the lost
+roles are rebuilt, every trained role, the algorithm, the data position and the controller
+RNGs go back to the newest complete checkpoint (one is written at step 0 for this), weights
+are synced again, and the run continues from there, so no prompt is skipped or trained on
+twice. ``<run_dir>/workers.json`` lists every rank's process (role, rank, pid, node).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import pickle
 import random
-import shutil
-import signal
 import time
 from pathlib import Path
 from typing import Any
 
 from rlweave.config.schema import RunConfig
-from rlweave.runner.checkpoint import CheckpointManager, read_json, write_json
+from rlweave.runner import rng
+from rlweave.runner.checkpoint import CheckpointManager, write_json
+from rlweave.runner.metrics import MetricsLogger
+from rlweave.runner.progress import Progress, format_status
+from rlweave.runner.signals import RunInterrupted, Signals  # noqa: F401 - RunInterrupted: part of this API
 
 log = logging.getLogger("rlweave.runner")
 
@@ -47,14 +61,6 @@ CHECKPOINT_DELAY_ENV = "RLWEAVE_CHECKPOINT_DELAY_S"
 PLOT_KEYS = ("reward/mean", "eval/accuracy", "loss", "kl", "response_len/mean", "entropy")
 
 
-class RunInterrupted(RuntimeError):
-    """The run got SIGTERM/SIGINT (``signum``); everything is shut down as this propagates."""
-
-    def __init__(self, message: str, signum: int = 0):
-        super().__init__(message)
-        self.signum = signum
-
-
 def _seed_everything(seed: int) -> None:
     import numpy as np
     import torch
@@ -62,22 +68,6 @@ def _seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
-
-
-def _rng_state() -> dict[str, Any]:
-    import numpy as np
-    import torch
-
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    import numpy as np
-    import torch
-
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
 
 
 def _model_section(cfg: RunConfig, role: str = "policy"):
@@ -98,8 +88,12 @@ def _load_tokenizer(cfg: RunConfig):
 
 
 def _trained_roles(cfg: RunConfig, roles: list[str]) -> list[str]:
-    """Roles with their own checkpoints: training backends with an optimizer."""
-    return [r for r in roles if r != "rollout" and cfg.roles[r].backend is not None and cfg.roles[r].optim is not None]
+    """Roles with their own checkpoints: training backends with an optimizer (never the
+    rollout or the reference, whose ``optim`` validation warns about and ignores)."""
+    from rlweave.config.resolve import NEVER_TRAINED
+
+    return [r for r in roles if r not in NEVER_TRAINED and cfg.roles[r].backend is not None
+            and cfg.roles[r].optim is not None]
 
 
 def _timings(metrics: dict[str, Any]) -> dict[str, float]:
@@ -107,71 +101,51 @@ def _timings(metrics: dict[str, Any]) -> dict[str, float]:
             if k.startswith("time/") and isinstance(v, (int, float))}
 
 
-class _Signals:
-    """Turn SIGTERM (and SIGINT) into an exception so the ``finally`` clean-up runs.
-
-    ``ray.init`` installs its own SIGTERM handler in the driver, so the run calls
-    :meth:`reinstall` once Ray is up."""
-
-    active: "_Signals | None" = None
-
-    def __init__(self) -> None:
-        self.old: dict[int, Any] = {}
-
-    @staticmethod
-    def _handler(signum, frame):  # noqa: ARG004
-        raise RunInterrupted(f"received signal {signal.Signals(signum).name}; shutting down", signum)
-
-    def __enter__(self) -> "_Signals":
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self.old[sig] = signal.signal(sig, self._handler)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
-        _Signals.active = self
-        return self
-
-    def reinstall(self) -> None:
-        """Take SIGTERM/SIGINT back from whatever replaced our handler (Ray does)."""
-        for sig in self.old:
-            signal.signal(sig, self._handler)
-
-    def __exit__(self, *exc: object) -> None:
-        _Signals.active = None
-        for sig, old in self.old.items():
-            signal.signal(sig, old)
-
-
 def run(cfg: RunConfig, config_path: str | os.PathLike[str] | None = None,
-        run_dir: str | os.PathLike[str] | None = None, resume: bool = False) -> dict[str, Any]:
+        run_dir: str | os.PathLike[str] | None = None, resume: bool | str = False,
+        overwrite: bool = False) -> dict[str, Any]:
     """Run the training described by ``cfg`` (already validated, both passes).
 
     Args:
         cfg: the run config.
         config_path: the YAML it came from (shown in messages; may be None).
         run_dir: where everything goes (default ``<run.output_dir>/<run.name>``).
-        resume: continue from the newest complete checkpoint in ``run_dir`` (a fresh start
-            when there is none).
+        resume: ``True``: continue from the newest complete checkpoint in ``run_dir``; when
+            there is none, the first line printed says so and the run starts from step 0.
+            ``"required"``: the same, but no complete checkpoint raises
+            :class:`~rlweave.runner.previous_run.RunDirError`. ``False``: a fresh start.
+        overwrite: when ``run_dir`` already holds a run, rename it to the sibling
+            ``<name>.replaced-<UTC time>`` (never deleted) and start fresh; with ``resume``
+            it raises ``RunDirError``.
 
-    Returns a summary: ``run_dir``, ``steps``, ``resumed_from``, ``eval_before``,
-    ``eval_after`` (metric dicts or None), ``hf_path``, ``metrics_path``, ``plot_path``,
-    ``wall_s``; the same is written to ``<run_dir>/summary.json``.
+    A fresh start never deletes or overwrites an earlier run: when ``run_dir`` holds one
+    (complete checkpoints past step 0, metrics of trained steps, ``hf/``, ``summary.json``)
+    and ``overwrite`` is False, ``RunDirError`` says what is there, before anything is written
+    or any worker starts. See :mod:`rlweave.runner.previous_run` for the whole rule.
+
+    Returns a summary: ``run_dir``, ``steps``, ``resumed_from``, ``restarts`` (lost workers
+    recovered from, see ``run.max_restarts``), ``eval_before``, ``eval_after`` (metric dicts or
+    None), ``hf_path``, ``metrics_path``, ``plot_path``, ``wall_s``; the same is written to
+    ``<run_dir>/summary.json``.
     """
-    with _Signals():
-        return _Run(cfg, config_path, run_dir, resume).execute()
+    with Signals():
+        return _Run(cfg, config_path, run_dir, resume, overwrite).execute()
 
 
 class _Run:
-    def __init__(self, cfg: RunConfig, config_path, run_dir, resume: bool):
+    def __init__(self, cfg: RunConfig, config_path, run_dir, resume: bool | str, overwrite: bool = False):
         self.cfg = cfg
         self.source = str(config_path) if config_path else "<config>"
         self.run_dir = Path(run_dir) if run_dir else Path(cfg.run.output_dir) / cfg.run.name
         self.resume = resume
+        self.overwrite = overwrite
         self.roles: dict[str, Any] = {}
+        self.builder = None
         self.rewards = None
         self.metrics = None
         self.progress = None
         self.ray_started = False
+        self.restarts = 0
 
     # --------------------------------------------------------------- helpers
     def say(self, line: str) -> None:
@@ -195,8 +169,7 @@ class _Run:
             "data": self.data_iter.state_dict() if self.data_iter is not None else None,
             "roles": self.trained,
         })
-        with open(tmp / "rng.pkl", "wb") as f:
-            pickle.dump(_rng_state(), f)
+        write_json(tmp / "rng.json", rng.to_json(rng.get_state()))
         delay = float(os.environ.get(CHECKPOINT_DELAY_ENV, "0") or 0)
         if delay > 0:  # fault injection for tests: a window in which the save is half done
             time.sleep(delay)
@@ -205,19 +178,42 @@ class _Run:
         return path
 
     def _load(self, path: Path) -> int:
-        state = read_json(path / "state.json")
+        """Load checkpoint ``path`` (verified by :meth:`CheckpointManager.resumable`) into every
+        trained role, the algorithm, the data position and the controller RNGs; returns its step.
+        The controller's files are read as JSON and checked before any role loads; a file in
+        another form (a pickle included: never unpickled) or a role refusing its state raises
+        :class:`~rlweave.runner.checkpoint.CheckpointError` naming the file."""
+        from rlweave.runner.checkpoint import CheckpointError, read_state_json, refuse_pickle
+        from rlweave.scheduler.errors import WorkerError
+
+        state = read_state_json(path / "state.json")
+        if not isinstance(state, dict) or type(state.get("step")) is not int:
+            raise CheckpointError(f"checkpoint file {path / 'state.json'} has no integer \"step\"")
+        if not (path / "rng.json").exists() and (path / "rng.pkl").exists():
+            raise refuse_pickle(path / "rng.pkl", "the controller's RNG state")
+        try:
+            rng_state = rng.from_json(read_state_json(path / "rng.json"), source=str(path / "rng.json"))
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
         missing = [r for r in self.trained if not (path / "roles" / r).is_dir()]
         if missing:
-            raise RuntimeError(f"checkpoint {path} has no state for role(s) {', '.join(missing)}")
-        futs = [self.roles[r].load_checkpoint(str(path / "roles" / r)) for r in self.trained]
-        for f in futs:
-            f.result()
+            raise CheckpointError(f"checkpoint {path} has no state for role(s) {', '.join(missing)}")
+        futs = [(r, self.roles[r].load_checkpoint(str(path / "roles" / r))) for r in self.trained]
+        for role, f in futs:
+            try:
+                f.result()
+            except WorkerError as exc:
+                if isinstance(exc.cause, CheckpointError):
+                    raise CheckpointError(f"role {role!r} rank {exc.rank}: {exc.cause}") from None
+                raise
         self.algo.load_state_dict(state.get("algorithm") or {})
         if self.data_iter is not None and state.get("data") is not None:
             self.data_iter.load_state_dict(state["data"])
-        with open(path / "rng.pkl", "rb") as f:
-            _set_rng_state(pickle.load(f))
-        return int(state["step"])
+        try:
+            rng.set_state(rng_state)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise CheckpointError(f"checkpoint file {path / 'rng.json'}: {exc}") from None
+        return state["step"]
 
     def _evaluate(self, label: str) -> dict[str, float] | None:
         if not self.eval_records:
@@ -236,80 +232,21 @@ class _Run:
     # ------------------------------------------------------------------ main
     def execute(self) -> dict[str, Any]:
         t_start = time.perf_counter()
+        failure: BaseException | None = None
         try:
             return self._execute(t_start)
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
-            self._shutdown()
+            self._shutdown(failure)
 
     def _execute(self, t_start: float) -> dict[str, Any]:
-        from rlweave.config.resolve import resolve_plugins
-        from rlweave.interfaces.algorithm import RunContext
-        from rlweave.runner.data import DataIterator, JsonlDataset
-        from rlweave.runner.metrics import MetricsLogger
-        from rlweave.runner.progress import Progress, format_status
-
-        cfg = self.cfg
-        resolved = resolve_plugins(cfg, source=self.source)
-        role_names = list(resolved.role_names)
-        self.trained = _trained_roles(cfg, role_names)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg.run.keep_last)
-        latest = self.ckpt.latest() if self.resume else None
-        if self.resume and latest is None:
-            log.warning("--resume: no complete checkpoint in %s; starting from step 0", self.ckpt.root)
-        if latest is None:  # a fresh start: outputs of an earlier run in this directory go
-            stale = [p for p in (self.run_dir / "metrics.jsonl", self.run_dir / "tensorboard", self.run_dir / "hf",
-                                 self.run_dir / "summary.json") if p.exists()] + [p for _, p in self.ckpt.complete()]
-            if stale:
-                log.warning("fresh run in %s: removing outputs of an earlier run (use --resume to continue it)",
-                            self.run_dir)
-            for p in stale:
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-        _seed_everything(cfg.run.seed)
-
-        tokenizer = _load_tokenizer(cfg)
-        self.data_iter = None
-        if cfg.data.train:
-            train = JsonlDataset(cfg.data.train)
-            self.data_iter = DataIterator(train, cfg.data.batch_size, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
-        self.eval_records = JsonlDataset(cfg.data.eval).head(cfg.data.eval_size) if cfg.data.eval else []
-
-        if cfg.rewards:  # before any worker starts: a bad reward fails fast
-            from rlweave.rewards import RewardSet
-
-            records = {e.name: r for e, r in zip(cfg.rewards, resolved.rewards) if r is not None}
-            self.rewards = RewardSet(cfg.rewards, cfg.reward_runtime, plugin_manager=records)
-
-        from rlweave.config.placement import required_devices
-        from rlweave.scheduler import build_roles, start_ray
-
-        start_ray(cfg.ray, required_devices(cfg, role_names))
-        self.ray_started = True
-        if _Signals.active is not None:
-            _Signals.active.reinstall()
-        algo_cls = resolved.algorithm.load()
-        algo_cfg = resolved.algorithm_config if resolved.algorithm_config is not None else cfg.algorithm
-        # optimizer steps of the whole run per trained role: the length of a cosine schedule
-        totals = {r: cfg.run.total_steps * algo_cls.optimizer_steps_per_step(algo_cfg, r)
-                  for r in role_names if cfg.roles[r].optim is not None}
-        self.roles = build_roles(cfg, {r: resolved.roles[r] for r in role_names}, role_names,
-                                 optimizer_total_steps=totals)
-
-        ctx = RunContext(roles=self.roles, tokenizer=tokenizer, run_dir=self.run_dir, config=cfg,
-                         rewards=self.rewards, seed=cfg.run.seed)
-        if self.data_iter is not None:
-            ctx.extra["next_records"] = self.data_iter.next_batch
-        self.algo = algo_cls(algo_cfg, ctx)
-
-        start = 0
-        if latest is not None:
-            start = self._load(latest)
-            self.say(f"resumed from {latest} (step {start})")
-        self.algo.setup()
-
-        total = cfg.run.total_steps
-        self.metrics = MetricsLogger(self.run_dir, start_step=start if latest is not None else None)
-        self.progress = Progress(total, desc=cfg.run.name, initial=start)
+        self._prepare()
+        self._start()
+        start = self._restore()
+        total = self.cfg.run.total_steps
+        self.progress = Progress(total, desc=self.cfg.run.name, initial=start)
         eval_before = None
         if start == 0:
             eval_before = self._evaluate("before")
@@ -319,40 +256,181 @@ class _Run:
             self.say(f"nothing to do: checkpoint step {start} >= run.total_steps {total}")
         if self.data_iter is None and start < total:
             raise ValueError(f"{self.source}: data.train is required to train")
+        eval_after = self._train(start)
+        return self._finish(start, eval_before, eval_after, t_start)
 
+    def _prepare(self) -> None:
+        """Everything before Ray: plugins, run directory, seeds, tokenizer, data, rewards."""
+        from rlweave.config.resolve import resolve_plugins
+        from rlweave.runner.data import DataIterator, JsonlDataset
+
+        cfg = self.cfg
+        self.resolved = resolve_plugins(cfg, source=self.source)
+        self.role_names = list(self.resolved.role_names)
+        self.trained = _trained_roles(cfg, self.role_names)
+        self._prepare_run_dir()
+        _seed_everything(cfg.run.seed)
+
+        self.tokenizer = _load_tokenizer(cfg)
+        self.data_iter = None
+        if cfg.data.train:
+            train = JsonlDataset(cfg.data.train)
+            self.data_iter = DataIterator(train, cfg.data.batch_size, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
+        self.eval_records = JsonlDataset(cfg.data.eval).head(cfg.data.eval_size) if cfg.data.eval else []
+
+        if cfg.rewards:  # before any worker starts: a bad reward fails fast
+            from rlweave.rewards import RewardSet
+
+            records = {e.name: r for e, r in zip(cfg.rewards, self.resolved.rewards) if r is not None}
+            self.rewards = RewardSet(cfg.rewards, cfg.reward_runtime, plugin_manager=records)
+
+    def _prepare_run_dir(self) -> None:
+        """The run directory and its checkpoints; ``self.latest``: the checkpoint to resume from.
+        An earlier run is never deleted: :func:`~rlweave.runner.previous_run.claim_run_dir`
+        refuses, or (``overwrite``) moves it aside, before anything here is written."""
+        from rlweave.runner.previous_run import PYTHON_WORDS, RunDirError, claim_run_dir
+
+        named = self.run_dir == Path(self.cfg.run.output_dir) / self.cfg.run.name
+        previous = claim_run_dir(self.run_dir, self.resume, self.overwrite, say=self.say, words=PYTHON_WORDS,
+                                 new_run_hint=None if named else (lambda p: f"run_dir={str(p)!r}"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=self.cfg.run.keep_last)
+        self.latest = self.ckpt.resumable() if self.resume else None
+        if self.resume and self.latest is None and previous.last_checkpoint is not None:
+            raise RunDirError(f"nothing to resume: none of the complete checkpoints in {self.ckpt.root} (steps "
+                              f"{', '.join(map(str, previous.checkpoints))}) can be loaded; the run there is left as "
+                              "it is")
+
+    def _start(self) -> None:
+        """Ray, the roles and the algorithm."""
+        from rlweave.config.placement import required_devices
+        from rlweave.interfaces.algorithm import RunContext
+        from rlweave.scheduler import RoleBuilder, start_ray
+
+        cfg, resolved = self.cfg, self.resolved
+        start_ray(cfg.ray, required_devices(cfg, self.role_names))
+        self.ray_started = True
+        if Signals.active is not None:
+            Signals.active.reinstall()
+        self.algo_cls = resolved.algorithm.load()
+        self.algo_cfg = resolved.algorithm_config if resolved.algorithm_config is not None else cfg.algorithm
+        # optimizer steps of the whole run per trained role: the length of a cosine schedule
+        totals = {r: cfg.run.total_steps * self.algo_cls.optimizer_steps_per_step(self.algo_cfg, r)
+                  for r in self.role_names if cfg.roles[r].optim is not None}
+        self.builder = RoleBuilder(cfg, {r: resolved.roles[r] for r in self.role_names}, self.role_names,
+                                   optimizer_total_steps=totals)
+        self.roles.update(self.builder.build())
+        self._write_workers()
+        self.ctx = RunContext(roles=self.roles, tokenizer=self.tokenizer, run_dir=self.run_dir, config=cfg,
+                              rewards=self.rewards, seed=cfg.run.seed)
+        if self.data_iter is not None:
+            self.ctx.extra["next_records"] = self.data_iter.next_batch
+        self.algo = self.algo_cls(self.algo_cfg, self.ctx)
+
+    def _write_workers(self) -> None:
+        """``workers.json``: role -> per-rank ``{rank, pid, node_ip}`` (for operators and tests)."""
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for role, handle in self.roles.items():
+            ranks = list(range(handle.world_size))
+            info = handle.submit_ranks("placement", ranks, [((), {})] * len(ranks), list, on_actor=True).result(
+                timeout=60)
+            rows[role] = [{"rank": r, "pid": i.get("pid"), "node_ip": i.get("node_ip")} for r, i in zip(ranks, info)]
+        write_json(self.run_dir / "workers.json", rows)
+
+    def _restore(self) -> int:
+        """Load the checkpoint to resume from (or, with ``max_restarts``, write step 0's); set up."""
+        start = 0
+        if self.latest is not None:
+            start = self._load(self.latest)
+            self.say(f"resumed from {self.latest} (step {start})")
+        self.metrics = MetricsLogger(self.run_dir, start_step=start if self.latest is not None else None)
+        if self.latest is None and self.cfg.run.max_restarts > 0 and self.cfg.run.total_steps > 0:
+            self._save(0)  # the state a recovery before the first checkpoint goes back to
+        self.algo.setup()
+        return start
+
+    def _train(self, start: int) -> dict[str, float] | None:
+        """Steps ``start+1 .. total``; returns the final evaluation. A lost worker is
+        recovered from (``run.max_restarts``) by going back to the newest complete checkpoint."""
+        cfg = self.cfg
+        total = cfg.run.total_steps
         eval_after = None
-        last_saved = start if latest is not None else -1
-        for step in range(start + 1, total + 1):
-            t0 = time.perf_counter()
-            records = self.data_iter.next_batch()
-            m = dict(self.algo.step([dict(r) for r in records]))
-            m["time/step"] = time.perf_counter() - t0
-            if step == total or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
-                ev = self._evaluate("after" if step == total else f"at step {step}")
-                if ev:
-                    m.update(ev)
-                    if step == total:
-                        eval_after = ev
-            self.metrics.log(step, m)
-            line = None
-            if step % cfg.run.log_every == 0 or step == total:
-                times = _timings(m)
-                times.pop("step", None)
-                line = format_status(step, total, m, {**times, "total": m["time/step"]}, fields=STATUS_FIELDS)
-            self.progress.update(step, line)
-            if cfg.run.save_every and step % cfg.run.save_every == 0:
-                self._save(step)
-                last_saved = step
+        step = start + 1
+        while step <= total:
+            try:
+                eval_after = self._step(step) or eval_after
+            except Exception as exc:  # noqa: BLE001 - re-raised unless it is a recoverable lost worker
+                step = self._recover(exc) + 1
+                continue
+            step += 1
         self.progress.close()
         self.progress = None
+        return eval_after
 
-        if total > start and last_saved != total:
-            self._save(total)
+    def _step(self, step: int) -> dict[str, float] | None:
+        """One step with its evaluation, metrics row, status line and checkpoint; returns the
+        final evaluation at the last step."""
+        cfg = self.cfg
+        total = cfg.run.total_steps
+        t0 = time.perf_counter()
+        records = self.data_iter.next_batch()
+        m = dict(self.algo.step([dict(r) for r in records]))
+        m["time/step"] = time.perf_counter() - t0
+        eval_after = None
+        if step == total or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
+            ev = self._evaluate("after" if step == total else f"at step {step}")
+            if ev:
+                m.update(ev)
+                if step == total:
+                    eval_after = ev
+        if self.restarts:
+            m["restarts"] = float(self.restarts)
+        self.metrics.log(step, m)
+        line = None
+        if step % cfg.run.log_every == 0 or step == total:
+            times = _timings(m)
+            times.pop("step", None)
+            line = format_status(step, total, m, {**times, "total": m["time/step"]}, fields=STATUS_FIELDS)
+        self.progress.update(step, line)
+        if (cfg.run.save_every and step % cfg.run.save_every == 0) or step == total:
+            self._save(step)
+        return eval_after
+
+    def _recover(self, exc: Exception) -> int:
+        """Rebuild the roles ``exc`` lost and go back to the newest complete checkpoint;
+        returns its step. Re-raises ``exc`` when it is not a lost worker or no restart is left."""
+        from rlweave.runner.recovery import lost_roles
+
+        lost = lost_roles(exc, self.role_names)
+        if not lost or self.restarts >= self.cfg.run.max_restarts:
+            raise exc
+        latest = self.ckpt.resumable()
+        if latest is None:
+            raise exc
+        self.restarts += 1
+        why = "; ".join(f"{role}: {reason}" for role, reason in lost.items())
+        self.say(f"worker lost ({why}); restart {self.restarts} of {self.cfg.run.max_restarts}: rebuilding "
+                 f"{', '.join(lost)} and continuing from {latest.name}")
+        for role in lost:
+            self.roles[role] = self.builder.rebuild(role)
+        self._write_workers()
+        self.algo = self.algo_cls(self.algo_cfg, self.ctx)
+        start = self._load(latest)
+        self.metrics.close()
+        self.metrics = MetricsLogger(self.run_dir, start_step=start)
+        self.algo.setup()
+        self.progress.rewind(start)
+        return start
+
+    def _finish(self, start: int, eval_before, eval_after, t_start: float) -> dict[str, Any]:
+        """HF export, plot and summary of a run whose steps are done."""
+        cfg = self.cfg
+        total = cfg.run.total_steps
         hf_path = None
         if cfg.run.save_hf and "policy" in self.roles:
             hf_path = self.run_dir / "hf"
             self.roles["policy"].save_hf(str(hf_path)).result()
-            tokenizer.save_pretrained(str(hf_path))
+            self.tokenizer.save_pretrained(str(hf_path))
             self.say(f"Hugging Face checkpoint: {hf_path}")
         self.metrics.close()
         plot_path = None
@@ -370,7 +448,8 @@ class _Run:
         summary = {
             "run_dir": str(self.run_dir),
             "steps": total,
-            "resumed_from": start if latest is not None else None,
+            "resumed_from": start if self.latest is not None else None,
+            "restarts": self.restarts,
             "eval_before": eval_before,
             "eval_after": eval_after,
             "hf_path": str(hf_path) if hf_path else None,
@@ -381,8 +460,17 @@ class _Run:
         write_json(self.run_dir / "summary.json", summary)
         return summary
 
-    def _shutdown(self) -> None:
-        """Stop rewards, roles and Ray; never raises (the original error wins)."""
+    def _shutdown(self, failure: BaseException | None = None) -> None:
+        """Stop rewards, roles and Ray; never raises (the original error wins). Roles that
+        ``failure`` lost (dead or hung ranks) are ended at once: they would not answer."""
+        if failure is not None and self.roles:
+            from rlweave.runner.recovery import lost_roles
+
+            for role in lost_roles(failure, list(self.roles)):
+                try:
+                    self.roles[role].kill()
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("shutdown of role %s: %s", role, exc)
         for closer in (
             lambda: self.progress.close() if self.progress is not None else None,
             lambda: self.metrics.close() if self.metrics is not None else None,
@@ -397,6 +485,11 @@ class _Run:
                 handle.shutdown()
             except Exception as exc:  # noqa: BLE001
                 log.warning("shutdown of role %s: %s", name, exc)
+        if self.builder is not None:
+            try:
+                self.builder.close()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("shutdown of the placement groups: %s", exc)
         if self.ray_started:
             try:
                 from rlweave.scheduler import shutdown_ray

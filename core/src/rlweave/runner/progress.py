@@ -113,6 +113,13 @@ class Progress:
             print(line, file=self.stream, flush=True)
         self._n = step
 
+    def rewind(self, step: int) -> None:
+        """Move the bar back to ``step`` (a run that went back to an earlier checkpoint)."""
+        if self._bar is not None:
+            self._bar.n = step
+            self._bar.refresh()
+        self._n = step
+
     def write(self, line: str) -> None:
         """Print a line (evaluation results etc.) without breaking the bar."""
         if self._bar is not None:

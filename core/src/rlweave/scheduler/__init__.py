@@ -4,8 +4,8 @@ Light at import: names are resolved on first use, and only the Ray parts import 
 
 * :class:`RoleHandle`, :class:`RoleFuture`, :class:`WorkerError`, :class:`WorkerTimeout`
   (framework-agnostic, :mod:`rlweave.scheduler.handle` etc.);
-* :func:`start_ray`, :func:`shutdown_ray`, :func:`ray_session`, :func:`build_roles`
-  (Ray, :mod:`rlweave.scheduler.ray_impl`).
+* :func:`start_ray`, :func:`shutdown_ray`, :func:`ray_session`, :func:`build_roles`,
+  :class:`RoleBuilder` (Ray, :mod:`rlweave.scheduler.ray_impl`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ _EXPORTS = {
     "shutdown_ray": "rlweave.scheduler.ray_impl.cluster",
     "ray_session": "rlweave.scheduler.ray_impl.cluster",
     "build_roles": "rlweave.scheduler.ray_impl.build",
+    "RoleBuilder": "rlweave.scheduler.ray_impl.build",
+    "WorkerLost": "rlweave.scheduler.errors",
 }
 
 __all__ = list(_EXPORTS)

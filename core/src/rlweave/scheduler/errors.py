@@ -11,13 +11,21 @@ class RemoteFailure(Exception):
     it pickles, and always as its type name, message and formatted traceback.
     """
 
-    def __init__(self, role: str, rank: int, method: str, exc_type: str, message: str, traceback: str, exc=None):
-        super().__init__(role, rank, method, exc_type, message, traceback, exc)
+    def __init__(self, role: str, rank: int, method: str, exc_type: str, message: str, traceback: str, exc=None,
+                 lost: bool = False):
+        super().__init__(role, rank, method, exc_type, message, traceback, exc, lost)
         self.role, self.rank, self.method = role, rank, method
         self.exc_type, self.message, self.traceback, self.exc = exc_type, message, traceback, exc
+        self.lost = lost  #: the exception was a WorkerLost: the rank must be rebuilt
 
     def __str__(self) -> str:
         return f"{self.role} rank {self.rank}: {self.method}() raised {self.exc_type}: {self.message}"
+
+
+class WorkerLost(RuntimeError):
+    """Raised by a worker whose own machinery is gone although its process lives (e.g. an
+    inference engine's engine process died): the rank cannot serve calls any more and must be
+    rebuilt, like a rank whose process died (see ``WorkerError.lost``)."""
 
 
 class WorkerError(RuntimeError):
@@ -25,29 +33,35 @@ class WorkerError(RuntimeError):
 
     Attributes: ``role``, ``rank``, ``method``, ``remote_traceback`` (the worker-side
     traceback, or the reason the actor died), ``cause`` (the original exception object when
-    it could be carried back, else None).
+    it could be carried back, else None), ``lost``: True when the rank cannot serve calls any
+    more (its process died, or it raised :class:`WorkerLost`), so only rebuilding it helps;
+    False for an ordinary exception raised by the method.
     """
 
-    def __init__(self, role: str, rank: int, method: str, summary: str, remote_traceback: str = "", cause=None):
+    def __init__(self, role: str, rank: int, method: str, summary: str, remote_traceback: str = "", cause=None,
+                 lost: bool = False):
         self.role, self.rank, self.method = role, rank, method
-        self.summary, self.remote_traceback, self.cause = summary, remote_traceback, cause
+        self.summary, self.remote_traceback, self.cause, self.lost = summary, remote_traceback, cause, lost
         text = f"role {role!r} rank {rank}: {method}() failed: {summary}"
         if remote_traceback:
             text += f"\n--- remote traceback ({role} rank {rank}) ---\n{remote_traceback.rstrip()}"
         super().__init__(text)
 
     def __reduce__(self):
-        return (type(self), (self.role, self.rank, self.method, self.summary, self.remote_traceback, None))
+        return (type(self), (self.role, self.rank, self.method, self.summary, self.remote_traceback, None, self.lost))
 
 
 class WorkerTimeout(TimeoutError):
-    """A call on a role did not finish within the caller's timeout; names the ranks still running."""
+    """A call on a role did not finish within its timeout; names the ranks still running and,
+    when the timeout came from the config, the setting (``roles.<role>.timeouts.<key>``)."""
 
-    def __init__(self, role: str, method: str, ranks: list[int], timeout_s: float):
+    def __init__(self, role: str, method: str, ranks: list[int], timeout_s: float, setting: str | None = None):
         self.role, self.method, self.ranks, self.timeout_s = role, method, list(ranks), timeout_s
-        super().__init__(
-            f"role {role!r}: {method}() did not finish within {timeout_s:g} s on rank(s) {', '.join(map(str, ranks))}"
-        )
+        self.setting = setting
+        text = f"role {role!r}: {method}() did not finish within {timeout_s:g} s on rank(s) {', '.join(map(str, ranks))}"
+        if setting:
+            text += f" (the worker may be hung; the limit is {setting})"
+        super().__init__(text)
 
     def __reduce__(self):
-        return (type(self), (self.role, self.method, self.ranks, self.timeout_s))
+        return (type(self), (self.role, self.method, self.ranks, self.timeout_s, self.setting))

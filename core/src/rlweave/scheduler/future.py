@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from rlweave.scheduler.errors import WorkerTimeout
 from rlweave.scheduler.group import WorkerGroup
 
 _UNSET = object()
@@ -15,13 +16,17 @@ class RoleFuture:
     ``result(timeout=None)`` blocks until every called rank finished and returns the
     combined result (what the handle method documents). A failing rank raises
     :class:`~rlweave.scheduler.errors.WorkerError` naming role, rank and the remote
-    traceback; ``timeout`` (seconds) raises :class:`~rlweave.scheduler.errors.WorkerTimeout`
-    and leaves the call running (call ``result`` again to keep waiting). ``done()`` never
-    blocks. Results are computed once and cached.
+    traceback. ``timeout`` (seconds; ``None``: the call's own limit, ``default_timeout``, which
+    a handle sets from ``roles.<role>.timeouts``) raises
+    :class:`~rlweave.scheduler.errors.WorkerTimeout` naming the ranks still running and the
+    setting, and leaves the call running (call ``result`` again to keep waiting). A future
+    with neither waits for ever. ``done()`` never blocks. Results are computed once and cached.
     """
 
-    def __init__(self, group: WorkerGroup, pending: list[Any], combine: Callable[[list[Any]], Any]):
+    def __init__(self, group: WorkerGroup, pending: list[Any], combine: Callable[[list[Any]], Any],
+                 default_timeout: float | None = None, setting: str | None = None):
         self._group, self._pending, self._combine = group, pending, combine
+        self.default_timeout, self.setting = default_timeout, setting
         self._value: Any = _UNSET
 
     def done(self) -> bool:
@@ -29,7 +34,14 @@ class RoleFuture:
 
     def result(self, timeout: float | None = None) -> Any:
         if self._value is _UNSET:
-            self._value = self._combine(self._group.wait(self._pending, timeout))
+            limit = self.default_timeout if timeout is None else timeout
+            try:
+                values = self._group.wait(self._pending, limit)
+            except WorkerTimeout as exc:
+                if timeout is not None or exc.setting or not self.setting:
+                    raise
+                raise WorkerTimeout(exc.role, exc.method, exc.ranks, exc.timeout_s, self.setting) from None
+            self._value = self._combine(values)
         return self._value
 
     @staticmethod
@@ -37,6 +49,7 @@ class RoleFuture:
         """A future already holding ``value`` (e.g. a call with nothing to do)."""
         fut = RoleFuture.__new__(RoleFuture)
         fut._group, fut._pending, fut._combine, fut._value = None, [], None, value
+        fut.default_timeout, fut.setting = None, None
         return fut
 
     def __repr__(self) -> str:

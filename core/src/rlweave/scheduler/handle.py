@@ -28,6 +28,16 @@ if TYPE_CHECKING:  # pragma: no cover
 
 DISPATCH_MODES = ("all", "rank0", "dp")
 
+#: worker (or actor) method -> key of ``roles.<role>.timeouts``; any other method uses ``other``
+TIMEOUT_KEYS = {
+    "init_model": "init", "init_engine": "init",
+    "generate": "generate",
+    "train_step": "train",
+    "compute_logprobs": "logprobs", "compute_values": "logprobs", "compute_scores": "logprobs",
+    "send_weights": "sync", "receive_weights": "sync", "load_weights": "sync", "weight_dtype": "sync",
+    "save_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "save_hf": "checkpoint",
+}
+
 
 def _first(values: list[Any]) -> Any:
     return values[0]
@@ -37,13 +47,17 @@ class RoleHandle:
     """All ranks of one role.
 
     Attributes: ``name`` (role), ``world_size``, ``parallel`` (sizes), ``dp`` (data-parallel
-    blocks), ``group`` (the worker group underneath).
+    blocks), ``group`` (the worker group underneath), ``timeouts``: key of
+    :data:`TIMEOUT_KEYS` (and ``other``) -> seconds; every future a call returns waits at most
+    that long in ``result()`` unless given its own timeout (no entry: no limit).
     """
 
-    def __init__(self, name: str, group: WorkerGroup, parallel: Mapping[str, int] | None = None, on_close=None):
+    def __init__(self, name: str, group: WorkerGroup, parallel: Mapping[str, int] | None = None, on_close=None,
+                 timeouts: Mapping[str, float] | None = None):
         self.name = name
         self.group = group
         self.world_size = group.world_size
+        self.timeouts = dict(timeouts or {})
         self.parallel = dict(parallel or {})
         self.dp = dsp.dp_size(self.world_size, self.parallel)
         self._leaders = dsp.block_leaders(self.world_size, self.dp)
@@ -58,7 +72,16 @@ class RoleHandle:
         targets the rank's wrapper (weight-sync ends) instead of the worker."""
         if self._closed:
             raise RuntimeError(f"role {self.name!r} is shut down; cannot call {method}()")
-        return RoleFuture(self.group, self.group.submit(method, ranks, rank_args, on_actor=on_actor), combine)
+        limit, setting = self.timeout_for(method)
+        return RoleFuture(self.group, self.group.submit(method, ranks, rank_args, on_actor=on_actor), combine,
+                          default_timeout=limit, setting=setting)
+
+    def timeout_for(self, method: str) -> tuple[float | None, str | None]:
+        """``(seconds, "roles.<role>.timeouts.<key>")`` for ``method``, or ``(None, None)``."""
+        key = TIMEOUT_KEYS.get(method, "other")
+        if key not in self.timeouts:
+            return None, None
+        return float(self.timeouts[key]), f"roles.{self.name}.timeouts.{key}"
 
     def _all(self, method: str, *args: Any, combine: Callable[[list[Any]], Any] = list, **kw: Any) -> RoleFuture:
         ranks = list(range(self.world_size))
@@ -174,6 +197,16 @@ class RoleHandle:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def kill(self, release: bool = True) -> None:
+        """End every rank now, without asking the workers (a rank that is hung or dead would
+        not answer); with ``release`` give the devices back. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.group.kill()
+        if release and self._on_close is not None:
+            self._on_close()
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         """Synchronous and idempotent: ask every rank's worker to ``shutdown()`` (waiting at

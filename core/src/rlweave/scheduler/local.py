@@ -15,7 +15,24 @@ from rlweave.scheduler.errors import WorkerError
 from rlweave.scheduler.group import RankArgs, WorkerGroup
 
 
-class LocalWorkerGroup(WorkerGroup):
+class SyncWorkerGroup(WorkerGroup):
+    """Base of groups whose calls run at submission in this process: ``submit`` returns
+    ``(ok, value_or_WorkerError)`` per rank, ``wait`` raises the first error."""
+
+    def wait(self, pending: list, timeout: float | None = None) -> list[Any]:
+        for ok, value in pending:
+            if not ok:
+                raise value
+        return [value for _, value in pending]
+
+    def done(self, pending: list) -> bool:
+        return True
+
+    def kill(self) -> None:
+        pass
+
+
+class LocalWorkerGroup(SyncWorkerGroup):
     """``worker_cls(ctx)`` for each given context, called in this process."""
 
     def __init__(self, name: str, worker_cls: type, contexts: Sequence[WorkerContext]):
@@ -32,15 +49,3 @@ class LocalWorkerGroup(WorkerGroup):
                 out.append((False, WorkerError(self.name, rank, method, f"{type(exc).__name__}: {exc}",
                                                traceback.format_exc(), exc)))
         return out
-
-    def wait(self, pending: list, timeout: float | None = None) -> list[Any]:
-        for ok, value in pending:
-            if not ok:
-                raise value
-        return [value for _, value in pending]
-
-    def done(self, pending: list) -> bool:
-        return True
-
-    def kill(self) -> None:
-        pass

@@ -9,14 +9,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlweave.weight_sync.interface import WeightTransport
 
 
+#: sync timeout when the destination handle names none
+DEFAULT_TIMEOUT_S = 900.0
+
+
 def sync_weights(
     src: "RoleHandle",
     dst: "RoleHandle",
     bucket_bytes: int = 64 << 20,
-    timeout_s: float = 120.0,
+    timeout_s: float | None = None,
     transport: "WeightTransport | None" = None,
 ) -> dict[str, Any]:
     """Copy ``src``'s current weights into every rank of ``dst`` (blocking).
+
+    ``timeout_s`` defaults to the destination's ``roles.<role>.timeouts.sync`` (900 s when the
+    handle has no timeouts).
 
     Uses ``transport`` (default: the object-store transport, which sends floating tensors in
     the destination engine's ``weight_dtype()``). Returns ``bytes``, ``tensors``,
@@ -25,6 +32,9 @@ def sync_weights(
     ``timeout_s`` and :class:`~rlweave.weight_sync.interface.WeightSyncError` on a corrupt
     bucket or a worker error.
     """
+    if timeout_s is None:
+        limit = getattr(dst, "timeout_for", lambda _m: (None, None))("receive_weights")[0]
+        timeout_s = limit if limit is not None else DEFAULT_TIMEOUT_S
     if transport is None:
         from rlweave.weight_sync.object_store import ObjectStoreTransport
 

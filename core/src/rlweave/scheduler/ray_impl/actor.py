@@ -19,7 +19,8 @@ import sys
 import traceback
 from typing import Any
 
-from rlweave.scheduler.errors import RemoteFailure
+from rlweave.scheduler.errors import RemoteFailure, WorkerLost
+from rlweave.scheduler.faults import FaultPlan
 from rlweave.scheduler.ray_impl.malloc import keep_freed_memory
 
 
@@ -53,6 +54,7 @@ class WorkerActor:
     def __init__(self, worker_cls: type, role: str, rank: int):
         self._cls, self._role, self._rank = worker_cls, role, rank
         self.worker: Any = None
+        self._faults = FaultPlan(role, rank)  # test-only fault injection (rlweave.scheduler.faults)
 
     def _fail(self, method: str, exc: BaseException) -> RemoteFailure:
         import pickle
@@ -62,7 +64,7 @@ class WorkerActor:
         except Exception:  # noqa: BLE001 - not picklable: type, message and traceback still travel
             carried = None
         return RemoteFailure(self._role, self._rank, method, type(exc).__qualname__, str(exc),
-                             traceback.format_exc(), carried)
+                             traceback.format_exc(), carried, lost=isinstance(exc, WorkerLost))
 
     def address(self) -> tuple[str, int]:
         """This node's address as Ray sees it, and a free TCP port on it."""
@@ -119,6 +121,7 @@ class WorkerActor:
             fn = getattr(self.worker, method, None)
             if fn is None:
                 raise AttributeError(f"{type(self.worker).__name__} has no method {method!r}")
+            self._faults.before(method)
             return fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001
             raise self._fail(method, exc) from None

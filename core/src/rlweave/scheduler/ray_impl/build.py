@@ -1,11 +1,14 @@
-"""build_roles: config + selected plugin records -> running worker groups behind handles."""
+"""RoleBuilder / build_roles: config + selected plugin records -> running worker groups behind handles."""
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from rlweave.config.placement import PlacementError, check_placement, pool_layout, required_devices
 from rlweave.interfaces.worker import WorkerContext
+from rlweave.scheduler import faults
 from rlweave.scheduler.handle import RoleHandle
 from rlweave.scheduler.ray_impl.actor import remote_actor_class
 from rlweave.scheduler.ray_impl.group import RayWorkerGroup
@@ -14,6 +17,11 @@ from rlweave.scheduler.ray_impl.pools import PoolPlacement, create_pool
 if TYPE_CHECKING:  # pragma: no cover
     from rlweave.config.schema import RunConfig
     from rlweave.plugins.types import PluginRecord
+
+log = logging.getLogger("rlweave.scheduler")
+#: seconds to wait for a fresh actor to tell its address, and for its worker object to be built
+ADDRESS_TIMEOUT_S = 120.0
+SETUP_TIMEOUT_S = 300.0
 
 
 def init_method(record: Any, worker_cls: type) -> str | None:
@@ -31,8 +39,11 @@ def init_method(record: Any, worker_cls: type) -> str | None:
 
 def _context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int],
              total_steps: int | None = None) -> WorkerContext:
+    from rlweave.config.resolve import NEVER_TRAINED
+
     section = cfg.roles[role]
-    extra: dict = {"optim": section.optim.model_dump() if section.optim is not None else None}
+    trains = section.optim is not None and role not in NEVER_TRAINED
+    extra: dict = {"optim": section.optim.model_dump() if trains else None}
     if total_steps:
         extra["total_steps"] = int(total_steps)
     model = section.model if section.model is not None else cfg.model
@@ -52,6 +63,137 @@ def _context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int],
     )
 
 
+class RoleBuilder:
+    """Starts the ranks of a run's roles and can start one role again.
+
+    :meth:`build` checks the placement (:class:`~rlweave.config.placement.PlacementError`
+    with every problem), starts a local Ray cluster if none is connected, reserves one
+    placement group per pool, creates one actor per rank, fills each rank's
+    :class:`~rlweave.interfaces.worker.WorkerContext` (``config`` = the role's ``options``,
+    ``model`` = the role's or the top-level model, ``extra['optim']``, ``extra['total_steps']``
+    from ``optimizer_total_steps`` (the run's optimizer steps of that role, used where
+    ``optim.total_steps`` is null), rendezvous = rank 0's node and a free port there), then,
+    with ``init``, calls ``init_model()`` / ``init_engine()`` on all ranks of all roles at once.
+    Handles carry ``roles.<role>.timeouts``. On any failure everything started so far is shut
+    down before the error propagates.
+
+    :meth:`rebuild` ends a role's ranks (dead, hung or alive) and starts new ones in the same
+    placement slots, with the same context, initialised: what recovering from a lost worker
+    needs. Its placement group stays reserved meanwhile.
+    """
+
+    def __init__(self, cfg: "RunConfig", records: Mapping[str, "PluginRecord"], roles: Sequence[str],
+                 optimizer_total_steps: Mapping[str, int] | None = None) -> None:
+        self.cfg = cfg
+        self.records = dict(records)
+        self.roles = list(dict.fromkeys(roles))
+        self.totals = dict(optimizer_total_steps or {})
+        self.pools: dict[str, PoolPlacement] = {}
+        self.classes: dict[str, type] = {}
+        self.handles: dict[str, RoleHandle] = {}
+
+    def _check(self) -> None:
+        roles, records = self.roles, self.records
+        errors = check_placement(self.cfg, roles, {r: getattr(records[r], "parallel", None) for r in roles if r in records})
+        errors += [(f"roles.{r}", f"no backend/engine record selected for role {r!r}") for r in roles if r not in records]
+        if errors:
+            raise PlacementError(errors)
+
+    def _actors(self, role: str) -> RoleHandle:
+        """New actors for every rank of ``role`` in its pool's slot (not yet set up)."""
+        from rlweave.scheduler.ray_impl.cluster import gpus_are_virtual
+        from rlweave.scheduler.ray_impl.malloc import start_env
+
+        cfg = self.cfg
+        placement = self.pools[cfg.roles[role].pool]
+        slot = placement.layout.slot_of(role)
+        if role not in self.classes:
+            self.classes[role] = self.records[role].load()
+        on_cpu = placement.device == "cpu" or gpus_are_virtual()
+        env = start_env(cfg.ray.cpu_malloc_reuse, on_cpu)
+        if os.environ.get(faults.ENV):  # test-only fault injection reaches every rank
+            env[faults.ENV] = os.environ[faults.ENV]
+        actor_cls = remote_actor_class()
+        actors = [
+            actor_cls.options(**placement.actor_options(slot, rank, env)).remote(self.classes[role], role, rank)
+            for rank in range(cfg.roles[role].devices)
+        ]
+        timeouts = cfg.roles[role].timeouts.model_dump()
+        return RoleHandle(role, RayWorkerGroup(role, actors), cfg.roles[role].parallel, on_close=placement.release,
+                          timeouts=timeouts)
+
+    def _setup(self, handles: Mapping[str, RoleHandle], init: bool, init_timeout_s: float | None) -> None:
+        """Rendezvous, worker objects and (with ``init``) model/engine initialisation."""
+        addr_futs = {
+            r: h.submit_ranks("address", [0], [((), {})], lambda v: v[0], on_actor=True) for r, h in handles.items()
+        }
+        setup_futs = []
+        for role, handle in handles.items():
+            addr = tuple(addr_futs[role].result(timeout=ADDRESS_TIMEOUT_S))
+            device = self.pools[self.cfg.roles[role].pool].device
+            total = self.totals.get(role)
+            rank_args = [((_context(self.cfg, role, r, addr, total), device), {}) for r in range(handle.world_size)]
+            setup_futs.append(handle.submit_ranks("setup", list(range(handle.world_size)), rank_args, list,
+                                                  on_actor=True))
+        for fut in setup_futs:
+            fut.result(timeout=SETUP_TIMEOUT_S)
+        if init:
+            futs = []
+            for role, handle in handles.items():
+                method = init_method(self.records[role], self.classes[role])
+                if method is not None:
+                    futs.append(handle.call(method))
+            for fut in futs:
+                fut.result(timeout=init_timeout_s)
+
+    def build(self, init: bool = True, init_timeout_s: float | None = None) -> dict[str, RoleHandle]:
+        """Start every role (see the class docstring); ``init_timeout_s`` overrides the
+        roles' ``timeouts.init``."""
+        import ray
+
+        from rlweave.scheduler.ray_impl.cluster import start_ray
+
+        self._check()
+        if not ray.is_initialized():
+            start_ray(self.cfg.ray, required_devices(self.cfg, self.roles))
+        try:
+            for name, layout in pool_layout(self.cfg, self.roles).items():
+                pool = self.cfg.resources.pools[name]
+                self.pools[name] = create_pool(layout, pool.device, pool.strategy)
+            for role in self.roles:
+                self.handles[role] = self._actors(role)
+                self.pools[self.cfg.roles[role].pool].users += 1
+            self._setup(self.handles, init, init_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        return dict(self.handles)
+
+    def rebuild(self, role: str, init: bool = True) -> RoleHandle:
+        """End ``role``'s ranks at once and start new, initialised ones in their place."""
+        old = self.handles[role]
+        old.kill(release=False)
+        log.warning("rebuilding role %s (%d rank(s))", role, old.world_size)
+        handle = self._actors(role)
+        self.handles[role] = handle
+        try:
+            self._setup({role: handle}, init, None)
+        except BaseException:
+            handle.kill(release=False)
+            raise
+        return handle
+
+    def close(self) -> None:
+        """Shut every role down and give back every placement group (idempotent)."""
+        for handle in self.handles.values():
+            handle.shutdown(timeout_s=5)
+        for placement in self.pools.values():  # removing a removed group again is harmless
+            placement.users = 1
+            placement.release()
+        self.handles = {}
+        self.pools = {}
+
+
 def build_roles(
     cfg: "RunConfig",
     records: Mapping[str, "PluginRecord"],
@@ -60,85 +202,6 @@ def build_roles(
     init_timeout_s: float | None = None,
     optimizer_total_steps: Mapping[str, int] | None = None,
 ) -> dict[str, RoleHandle]:
-    """Start every rank of ``roles`` and return their handles.
-
-    Checks the placement (:class:`~rlweave.config.placement.PlacementError` with every
-    problem), starts a local Ray cluster if none is connected, reserves one placement
-    group per pool, creates one actor per rank, fills each rank's
-    :class:`~rlweave.interfaces.worker.WorkerContext` (``config`` = the role's ``options``,
-    ``model`` = the role's or the top-level model, ``extra['optim']``, ``extra['total_steps']``
-    from ``optimizer_total_steps`` (the run's optimizer steps of that role, used where
-    ``optim.total_steps`` is null), rendezvous = rank 0's
-    node and a free port there), then, with ``init``, calls ``init_model()`` /
-    ``init_engine()`` on all ranks of all roles at once. On any failure everything started
-    so far is shut down before the error propagates.
-    """
-    import ray
-
-    from rlweave.scheduler.ray_impl.cluster import gpus_are_virtual, start_ray
-    from rlweave.scheduler.ray_impl.malloc import start_env
-
-    roles = list(dict.fromkeys(roles))
-    errors = check_placement(cfg, roles, {r: getattr(records[r], "parallel", None) for r in roles if r in records})
-    missing = [r for r in roles if r not in records]
-    errors += [(f"roles.{r}", f"no backend/engine record selected for role {r!r}") for r in missing]
-    if errors:
-        raise PlacementError(errors)
-    if not ray.is_initialized():
-        start_ray(cfg.ray, required_devices(cfg, roles))
-
-    pools: dict[str, PoolPlacement] = {}
-    handles: dict[str, RoleHandle] = {}
-    try:
-        for name, layout in pool_layout(cfg, roles).items():
-            pool = cfg.resources.pools[name]
-            pools[name] = create_pool(layout, pool.device, pool.strategy)
-
-        actor_cls = remote_actor_class()
-        classes: dict[str, type] = {}
-        for role in roles:
-            placement = pools[cfg.roles[role].pool]
-            slot = placement.layout.slot_of(role)
-            classes[role] = records[role].load()
-            on_cpu = placement.device == "cpu" or gpus_are_virtual()
-            env = start_env(cfg.ray.cpu_malloc_reuse, on_cpu)
-            actors = [
-                actor_cls.options(**placement.actor_options(slot, rank, env)).remote(classes[role], role, rank)
-                for rank in range(cfg.roles[role].devices)
-            ]
-            placement.users += 1
-            handles[role] = RoleHandle(role, RayWorkerGroup(role, actors), cfg.roles[role].parallel,
-                                       on_close=placement.release)
-
-        # rendezvous: rank 0's node and a free port there, one per role
-        addr_futs = {
-            r: h.submit_ranks("address", [0], [((), {})], lambda v: v[0], on_actor=True) for r, h in handles.items()
-        }
-        setup_futs = []
-        for role, handle in handles.items():
-            addr = tuple(addr_futs[role].result(timeout=120))
-            device = pools[cfg.roles[role].pool].device
-            total = (optimizer_total_steps or {}).get(role)
-            rank_args = [((_context(cfg, role, r, addr, total), device), {}) for r in range(handle.world_size)]
-            ranks = list(range(handle.world_size))
-            setup_futs.append(handle.submit_ranks("setup", ranks, rank_args, list, on_actor=True))
-        for fut in setup_futs:
-            fut.result(timeout=300)
-
-        if init:
-            futs = []
-            for role, handle in handles.items():
-                method = init_method(records[role], classes[role])
-                if method is not None:
-                    futs.append(handle.call(method))
-            for fut in futs:
-                fut.result(timeout=init_timeout_s)
-    except BaseException:
-        for handle in handles.values():
-            handle.shutdown(timeout_s=5)
-        for placement in pools.values():
-            if placement.users <= 0:
-                placement.users = 1
-                placement.release()
-        raise
-    return handles
+    """Start every rank of ``roles`` and return their handles (see :class:`RoleBuilder`;
+    shutting each handle down gives its devices back)."""
+    return RoleBuilder(cfg, records, roles, optimizer_total_steps).build(init, init_timeout_s)

@@ -15,7 +15,6 @@ started (GCS, raylet, agents, workers) has exited, killing stragglers.
 from __future__ import annotations
 
 import os
-import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 

@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 from rlweave.scheduler.errors import RemoteFailure, WorkerError, WorkerTimeout
 from rlweave.scheduler.group import RankArgs, WorkerGroup
+from rlweave.scheduler.ray_impl.liveness import LIVENESS, DeadRank
 
 
 def to_worker_error(exc: BaseException, role: str, rank: int, method: str) -> WorkerError:
@@ -15,22 +16,40 @@ def to_worker_error(exc: BaseException, role: str, rank: int, method: str) -> Wo
 
     cause = getattr(exc, "cause", None) if isinstance(exc, rex.RayTaskError) else exc
     if isinstance(cause, RemoteFailure):
-        return WorkerError(role, rank, cause.method, f"{cause.exc_type}: {cause.message}", cause.traceback, cause.exc)
+        return WorkerError(role, rank, cause.method, f"{cause.exc_type}: {cause.message}", cause.traceback, cause.exc,
+                           lost=cause.lost)
     if isinstance(exc, rex.RayActorError):
-        return WorkerError(role, rank, method, f"the worker process died ({type(exc).__name__})", str(exc), exc)
+        return WorkerError(role, rank, method, f"the worker process died ({type(exc).__name__})", str(exc), exc,
+                           lost=True)
     if isinstance(exc, rex.RayTaskError):
         return WorkerError(role, rank, method, f"{type(cause).__name__}: {cause}", str(exc), cause)
     return WorkerError(role, rank, method, f"{type(exc).__name__}: {exc}", "", exc)
 
 
+#: longest single ``ray.wait`` inside :meth:`RayWorkerGroup.wait`; between two, dead ranks are looked up
+WAIT_SLICE_S = 1.0
+
+
+def dead_rank_error(dead: list[DeadRank], waiting_for: str) -> WorkerError:
+    """The error for ranks found dead while the controller waited on ``waiting_for``."""
+    first = dead[0]
+    others = "".join(f"; also {d.role} rank {d.rank}" for d in dead[1:])
+    return WorkerError(first.role, first.rank, f"(between calls, while waiting for {waiting_for})",
+                       f"the worker process died: {first.reason}{others}", "", None, lost=True)
+
+
 class RayWorkerGroup(WorkerGroup):
-    """Pending entries are ``(rank, method, ObjectRef)``."""
+    """Pending entries are ``(rank, method, ObjectRef)``. Its actors are watched by
+    :data:`~rlweave.scheduler.ray_impl.liveness.LIVENESS` until :meth:`kill`: a wait on any
+    group raises :class:`WorkerError` (``lost``) as soon as a rank of any group is found dead."""
 
     def __init__(self, name: str, actors: list[Any]):
         self.name = name
         self.actors = actors
         self.world_size = len(actors)
         self._killed = False
+        for rank, actor in enumerate(actors):
+            LIVENESS.register(name, rank, actor)
 
     def submit(self, method: str, ranks: Sequence[int], rank_args: Sequence[RankArgs], on_actor: bool = False) -> list:
         if self._killed:
@@ -54,12 +73,24 @@ class RayWorkerGroup(WorkerGroup):
         by_ref = {p[2]: p for p in pending}
         results: dict[Any, Any] = {}
         left = [p[2] for p in pending]
+        method = pending[0][1]
         while left:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, left = ray.wait(left, num_returns=1, timeout=remaining)
+            slice_s = WAIT_SLICE_S if remaining is None else min(WAIT_SLICE_S, remaining)
+            ready, left = ray.wait(left, num_returns=1, timeout=slice_s)
             if not ready:
-                ranks = sorted(by_ref[r][0] for r in left)
-                raise WorkerTimeout(self.name, pending[0][1], ranks, float(timeout or 0.0))
+                if deadline is not None and time.monotonic() >= deadline:
+                    ranks = sorted(by_ref[r][0] for r in left)
+                    raise WorkerTimeout(self.name, method, ranks, float(timeout or 0.0))
+                dead = LIVENESS.dead()
+                if dead:
+                    waiting = {by_ref[r][0] for r in left}
+                    mine = [d for d in dead if d.role == self.name and d.rank in waiting]
+                    if mine:
+                        raise WorkerError(self.name, mine[0].rank, method,
+                                          f"the worker process died: {mine[0].reason}", "", None, lost=True)
+                    raise dead_rank_error(dead, f"{self.name}.{method}()")
+                continue
             for ref in ready:
                 rank, method, _ = by_ref[ref]
                 try:
@@ -84,6 +115,7 @@ class RayWorkerGroup(WorkerGroup):
         import ray
 
         for actor in self.actors:
+            LIVENESS.unregister(actor)
             try:
                 ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
