@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: build the tiny model and tokenizer, SFT it on examples/arith, then GRPO it
 # (vLLM rollout + FSDP policy), printing held-out exact-match accuracy before and after each
-# stage. Runs from any directory; outputs go to runs/arith-sft and runs/arith-grpo.
+# stage. Runs from any directory; outputs go to runs/arith-sft and runs/arith-grpo (the runs of an
+# earlier demo are moved aside to runs/<name>.replaced-<UTC time>, never deleted).
 #   bash scripts/demo.sh            (DEMO_STRICT=1: exit 1 if GRPO gains < 10 points)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,10 +16,10 @@ echo "== 1/3 build the tiny Qwen2 model and its tokenizer"
 "$PY" examples/arith/build_model.py --out examples/arith/artifacts/base
 
 echo "== 2/3 SFT: rlweave train examples/arith/sft.yaml"
-timeout 1200 "$PY" -m rlweave.cli train examples/arith/sft.yaml
+timeout 1200 "$PY" -m rlweave.cli train examples/arith/sft.yaml --overwrite
 
 echo "== 3/3 GRPO from the SFT model: rlweave train examples/arith/grpo.yaml"
-timeout 1200 "$PY" -m rlweave.cli train examples/arith/grpo.yaml
+timeout 1200 "$PY" -m rlweave.cli train examples/arith/grpo.yaml --overwrite
 
 "$PY" - "$start" <<'PY'
 import json, os, sys, time

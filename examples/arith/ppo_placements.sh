@@ -8,8 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
-"$PY" -m rlweave.cli train examples/arith/ppo.yaml "$@"
-"$PY" -m rlweave.cli train examples/arith/ppo_split.yaml "$@"
+"$PY" -m rlweave.cli train examples/arith/ppo.yaml --overwrite "$@"
+"$PY" -m rlweave.cli train examples/arith/ppo_split.yaml --overwrite "$@"
 "$PY" - "$@" <<'PYEOF'
 import json
 import sys

@@ -4,6 +4,11 @@
   every inference-engine plugin subclasses in its own tests.
 * :mod:`rlweave.testing.reference`: transformers reference computations (greedy decoding,
   per-token log-probs) the suites compare against.
+* :mod:`rlweave.testing.workers`: tiny probe workers for scheduler and weight-sync tests.
+* :mod:`rlweave.testing.runs`: drive ``rlweave`` in a subprocess and find what outlived it.
+* :mod:`rlweave.testing.tamper`: damage and booby-trap checkpoints.
+* :mod:`rlweave.testing.config_reach`, :mod:`rlweave.testing.config_keys` and
+  :mod:`rlweave.testing.recorded_run`: the config mutation test (every key reaches its reader).
 
 Importing this package is light; the suites import pytest, torch and transformers.
 """

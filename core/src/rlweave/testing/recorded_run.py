@@ -1,0 +1,241 @@
+"""Run :func:`rlweave.runner.loop.run` with every rank in this process and the config recorded.
+
+For config mutation tests (:mod:`rlweave.testing.config_reach`): the real run loop, role
+builder, worker actor wrapper, workers, algorithm and reward set run unchanged; only Ray is
+replaced by this process, so the config's reads on the worker side land in the same log as
+the controller's, and no cluster has to start. What is replaced, inside :func:`recorded_run`:
+
+* ``ray.remote(WorkerActor)`` -> :class:`rlweave.scheduler.ray_impl.actor.WorkerActor` objects
+  here, and the Ray worker group -> :class:`InProcessGroup` (calls run at submission, one rank
+  after another: every role must have world size 1, or be an engine, whose ranks never talk
+  to each other). The actor methods that ask Ray where they run (``address``, ``placement``)
+  are answered with this process's;
+* Ray itself: ``start_ray``/``shutdown_ray`` do nothing (the ``ray`` section is read by
+  ``start_ray`` alone; test it on its own), a pool's placement group is not reserved (the
+  pool's layout, device and strategy are still read by the role builder), and the object
+  store of the weight sync holds each bucket in this process (``ray.put``/``ray.get`` are the
+  identity);
+* the worker context (:func:`rlweave.scheduler.ray_impl.build._context`) is built by the real
+  function, then its ``config`` becomes a recording dict at ``roles.<role>.options`` and its
+  ``seed``, ``world_size``, ``cpu_threads``, ``cpu_malloc_reuse`` and ``parallel`` are logged as
+  ``run.seed``, ``roles.<role>.devices``, ``roles.<role>.cpu_threads``, ``ray.cpu_malloc_reuse``
+  and ``roles.<role>.parallel``; its ``model`` and ``extra['optim']`` record already
+  (``model_dump()`` of a view);
+* role handles keep recording the ``timeouts`` they copy; plugin option models named in
+  ``option_models`` are built as views (:meth:`Recorder.model_factory`); after a worker is
+  built, plain-dict copies of recorded dicts it keeps are recorded too
+  (:meth:`Recorder.adopt_copies`);
+* plugin resolution runs in the ``resolve`` phase (the algorithm record's ``roles()`` sees its
+  config as a view) and returns the algorithm's config as a view at ``algorithm``;
+* reward ``args`` are logged when a reward call binds them to a named parameter of the reward
+  function (the calls run in sandboxed subprocesses, out of the recorder's reach; a key that
+  only lands in the function's ``**kwargs`` is not read).
+
+Everything is restored on exit, including this process's torch threads and environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from typing import Any
+from unittest import mock
+
+from pydantic import BaseModel
+
+from rlweave.scheduler.errors import RemoteFailure, WorkerError
+from rlweave.scheduler.local import SyncWorkerGroup
+from rlweave.scheduler.handle import RoleHandle
+from rlweave.testing.config_reach import AttrView, ModelView, Recorder, RecordingDict
+
+#: methods after which a worker's copies of recorded dicts are adopted
+_BUILD_METHODS = ("setup", "init_model", "init_engine")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class InProcessGroup(SyncWorkerGroup):
+    """:class:`WorkerActor` objects in this process; each call runs at submission with the
+    recorder's role set to this group's role."""
+
+    def __init__(self, name: str, actors: list[Any], recorder: Recorder):
+        self.name, self.actors, self.world_size, self.recorder = name, actors, len(actors), recorder
+
+    def _run(self, actor: Any, method: str, args: tuple, kwargs: dict, on_actor: bool) -> Any:
+        if on_actor and method == "address":
+            return "127.0.0.1", _free_port()
+        if on_actor and method == "placement":
+            return {"pid": os.getpid(), "node_ip": "127.0.0.1"}
+        if on_actor:
+            return getattr(actor, method)(*args, **kwargs)
+        return actor.call(method, tuple(args), dict(kwargs))
+
+    def submit(self, method: str, ranks, rank_args, on_actor: bool = False) -> list:
+        out = []
+        for rank, (args, kwargs) in zip(ranks, rank_args):
+            actor = self.actors[rank]
+            with self.recorder.as_role(self.name):
+                try:
+                    out.append((True, self._run(actor, method, args, kwargs, on_actor)))
+                except RemoteFailure as f:
+                    out.append((False, WorkerError(self.name, rank, f.method, f"{f.exc_type}: {f.message}",
+                                                   f.traceback, f.exc, lost=f.lost)))
+                except Exception as exc:  # noqa: BLE001 - actor-level methods that do not wrap
+                    out.append((False, WorkerError(self.name, rank, method, f"{type(exc).__name__}: {exc}", "", exc)))
+            if method in _BUILD_METHODS and actor.worker is not None:
+                self.recorder.adopt_copies(actor.worker)
+        return out
+
+
+class _LocalActorClass:
+    """Stands in for ``ray.remote(WorkerActor)``: ``.options(...).remote(cls, role, rank)``."""
+
+    def options(self, **_: Any) -> _LocalActorClass:
+        return self
+
+    def remote(self, worker_cls: type, role: str, rank: int) -> Any:
+        from rlweave.scheduler.ray_impl.actor import WorkerActor
+
+        return WorkerActor(worker_cls, role, rank)
+
+
+def _recording_handle(recorder: Recorder) -> type:
+    class RecordedHandle(RoleHandle):
+        def __init__(self, name, group, parallel=None, on_close=None, timeouts=None):
+            super().__init__(name, group, parallel, on_close, timeouts)
+            if isinstance(timeouts, RecordingDict):
+                self.timeouts = RecordingDict(self.timeouts, timeouts.path, recorder)
+
+    return RecordedHandle
+
+
+def context_paths(role: str) -> dict[str, str]:
+    """Worker-context attribute -> the config key it carries."""
+    return {"seed": "run.seed", "world_size": f"roles.{role}.devices", "cpu_threads": f"roles.{role}.cpu_threads",
+            "cpu_malloc_reuse": "ray.cpu_malloc_reuse", "parallel": f"roles.{role}.parallel"}
+
+
+def recorded_context(ctx: Any, role: str, recorder: Recorder) -> Any:
+    """``ctx`` (a real worker context) with its config recorded (see the module docstring)."""
+    ctx.config = recorder.dumped(dict(ctx.config), f"roles.{role}.options")
+    return AttrView(ctx, context_paths(role), recorder)
+
+
+class _RecordedPlugins:
+    """A plugin manager whose algorithm records see their config as a view in ``roles()``."""
+
+    def __init__(self, pm: Any, recorder: Recorder):
+        self._pm, self._recorder = pm, recorder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pm, name)
+
+    def get(self, kind: str, name: str, where: str | None = None) -> Any:
+        record = self._pm.get(kind, name, where)
+        if kind != "algorithm":
+            return record
+        roles, recorder = record.roles, self._recorder
+
+        def recorded_roles(cfg: Any) -> Any:
+            if type(cfg) is not ModelView and isinstance(cfg, BaseModel):
+                cfg = ModelView(cfg, "algorithm", recorder)
+            return roles(cfg)
+
+        return dataclasses.replace(record, roles=recorded_roles)
+
+
+def _reward_arg_reads(recorder: Recorder, entries: list[Any]) -> None:
+    """Log each ``args`` key of each reward entry that binds to a named parameter of its function."""
+    import inspect
+
+    from rlweave.plugins.manager import get_plugin_manager
+    from rlweave.rewards.loader import load_reward_fn
+
+    records = {p.record.name: p.record for p in get_plugin_manager().providers("reward")}
+    for entry in entries:
+        args = entry.args
+        if not isinstance(args, RecordingDict) or not len(args):
+            continue
+        params = inspect.signature(load_reward_fn(entry.name, records)).parameters
+        for key in dict.keys(args):
+            p = params.get(key)
+            if p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                recorder.read(f"{args.path}.{key}", dict.__getitem__(args, key))
+
+
+@contextmanager
+def recorded_run(recorder: Recorder, option_models: Mapping[str, str] = {}) -> Iterator[None]:
+    """Inside, :func:`rlweave.runner.loop.run` given a :class:`ModelView` of its config runs every
+    rank here and logs reads to ``recorder`` (see the module docstring). ``option_models``:
+    worker module -> the name of the option model it builds from ``ctx.config``, e.g.
+    ``{"rlweave_backend_fsdp.worker": "FSDPConfig"}``. Ray must not be running."""
+    import ray
+    import torch
+
+    from rlweave.config import resolve
+    from rlweave.rewards import reward_set
+    from rlweave.scheduler.ray_impl import build, cluster
+    from rlweave.scheduler.ray_impl.pools import PoolPlacement
+
+    if ray.is_initialized():
+        raise RuntimeError("recorded_run replaces Ray in this process; shut the running Ray down first")
+
+    real_resolve = resolve.resolve_plugins
+    real_context = build._context
+    real_score = reward_set.RewardSet.score
+
+    def resolve_plugins(cfg, pm=None, source="<config>"):
+        if pm is None:
+            from rlweave.plugins.manager import get_plugin_manager
+
+            pm = get_plugin_manager()
+        with recorder.in_phase("resolve"):
+            out = real_resolve(cfg, _RecordedPlugins(pm, recorder), source)
+        if out.algorithm_config is not None:
+            out.algorithm_config = ModelView(out.algorithm_config, "algorithm", recorder)
+        return out
+
+    def _context(cfg, role, rank, addr, total_steps=None):
+        with recorder.paused():
+            ctx = real_context(cfg, role, rank, addr, total_steps)
+        return recorded_context(ctx, role, recorder)
+
+    def score(self, samples):
+        _reward_arg_reads(recorder, self.entries)
+        return real_score(self, samples)
+
+    threads, env = torch.get_num_threads(), dict(os.environ)
+    with ExitStack() as stack:
+
+        def patch(target: Any, name: str, value: Any) -> None:
+            stack.enter_context(mock.patch.object(target, name, value))
+
+        patch(resolve, "resolve_plugins", resolve_plugins)
+        patch(build, "_context", _context)
+        patch(build, "remote_actor_class", lambda: _LocalActorClass())
+        patch(build, "RayWorkerGroup", lambda name, actors: InProcessGroup(name, actors, recorder))
+        patch(build, "RoleHandle", _recording_handle(recorder))
+        patch(cluster, "start_ray", lambda *a, **k: None)
+        patch(cluster, "shutdown_ray", lambda *a, **k: None)
+        patch(build, "create_pool", lambda layout, device, strategy, *a, **k: PoolPlacement(layout, device, None))
+        patch(ray, "put", lambda value, **_: value)
+        patch(ray, "get", lambda ref, **_: ref)
+        patch(reward_set.RewardSet, "score", score)
+        for module, name in option_models.items():
+            mod = importlib.import_module(module)
+            patch(mod, name, recorder.model_factory(getattr(mod, name)))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+            os.environ.clear()
+            os.environ.update(env)

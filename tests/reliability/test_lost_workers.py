@@ -1,0 +1,129 @@
+"""Lost workers in real runs (``rlweave train`` in a subprocess, tiny fp32 GRPO on CPU):
+
+* a hung rank becomes an error naming role, rank and method within 2x its timeout, every
+  process ends, the exit code is non-zero and the last complete checkpoint is intact;
+* a SIGKILLed vLLM rollout worker is reported with role and rank within 60 s;
+* with ``run.max_restarts`` a run survives a SIGKILLed rollout worker and a policy rank that
+  kills itself mid-step, and ends with the weights and data position of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from rlweave.scheduler import faults
+from rlweave.testing.runs import cli_env, leftovers, metrics_rows, run_cli, workers
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def config(ws, name: str, steps: int, engine: str = "hf", **run: object) -> Path:
+    """A checkpoint every step, one update per step, the policy's train_step limited to 10 s."""
+    rollout = {"engine": engine}
+    if engine == "vllm":
+        rollout["options"] = {"kv_cache_gib": 0.25, "max_model_len": 64}
+    return ws.config(name, steps, run={"seed": 3, "save_every": 1, **run},
+                     roles={"policy": {"timeouts": {"train": 10.0}}, "rollout": rollout})
+
+
+def test_a_hung_rank_is_reported_within_twice_its_timeout(grpo_workspace, guarantee):
+    ws = grpo_workspace
+    cfg = config(ws, "hang", steps=5)
+    ckpts = ws.root / "runs" / "hang" / "checkpoints"
+    seen: dict[str, float] = {}
+
+    def watch() -> None:  # the hang starts in step 3's train_step, after step 2's checkpoint
+        if "ckpt2" not in seen and (ckpts / "step_000002" / "COMPLETE").exists():
+            seen["ckpt2"] = time.monotonic()
+
+    env = cli_env(**{faults.ENV: "policy:0:train_step:hang@3"})
+    rc, out, pids = run_cli(["train", str(cfg)], env, cwd=REPO, timeout=300, on_poll=watch)
+    ended = time.monotonic() - seen["ckpt2"]
+    assert rc == 1, out[-3000:]
+    assert "role 'policy'" in out and "train_step()" in out and "rank(s) 0" in out, out[-3000:]
+    assert "roles.policy.timeouts.train" in out
+    assert ended < 2 * 10.0, ended
+    assert json.loads((ckpts / "step_000002" / "state.json").read_text())["step"] == 2
+    assert not (ckpts / "step_000003").exists()
+    assert pids and not leftovers(pids)
+    guarantee("a hung rank is reported (role, rank, method), everything stops, last checkpoint intact",
+              f"timeout 10 s: error and every process gone {ended:.1f} s after the last checkpoint (< 2x timeout)")
+
+
+def test_a_killed_vllm_rollout_worker_is_reported_within_60_s(grpo_workspace, guarantee):
+    pytest.importorskip("vllm")
+    ws = grpo_workspace
+    cfg = config(ws, "dead-rollout", steps=50, engine="vllm")
+    run_dir = ws.root / "runs" / "dead-rollout"
+    killed: dict[str, float] = {}
+
+    def strike() -> None:
+        if killed or not any(r.get("step", 0) >= 1 for r in metrics_rows(run_dir)):
+            return
+        pid = workers(run_dir)["rollout"][0]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        killed["at"] = time.monotonic()
+
+    rc, out, pids = run_cli(["train", str(cfg)], cli_env(), cwd=REPO, timeout=400, on_poll=strike)
+    took = time.monotonic() - killed["at"]
+    assert rc == 1, out[-3000:]
+    assert "role 'rollout' rank 0" in out and "died" in out, out[-3000:]
+    assert took < 60, took
+    assert pids and not leftovers(pids)
+    guarantee("a SIGKILLed vLLM rollout worker is reported with role and rank",
+              f"run ended naming rollout rank 0 {took:.1f} s after the kill (limit 60 s)")
+
+
+def final_state(run_dir: Path) -> tuple[dict, dict]:
+    from safetensors.torch import load_file
+
+    newest = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
+    return load_file(str(run_dir / "hf" / "model.safetensors")), json.loads((newest / "state.json").read_text())
+
+
+def test_max_restarts_recovers_lost_workers_like_an_uninterrupted_run(grpo_workspace, guarantee):
+    ws = grpo_workspace
+    tmp = ws.root
+    steps = 6
+    rc, out, pids = run_cli(["train", str(config(ws, "steady", steps))], cli_env(), cwd=REPO, timeout=400)
+    assert rc == 0, out[-3000:]
+    ref_weights, ref_state = final_state(tmp / "runs" / "steady")
+
+    # (a) the rollout worker is SIGKILLed from outside after step 2; (b) the policy's only rank
+    # kills itself in step 4's train_step
+    cases = {"rollout": ({}, 2), "policy": ({faults.ENV: "policy:0:train_step:kill@4"}, None)}
+    measured = []
+    for role, (extra, after_step) in cases.items():
+        name = f"restart-{role}"
+        run_dir = tmp / "runs" / name
+        killed: dict[str, int] = {}
+
+        def strike(run_dir=run_dir, after_step=after_step, killed=killed) -> None:
+            if after_step is None or killed or not any(r.get("step", 0) >= after_step for r in metrics_rows(run_dir)):
+                return
+            os.kill(workers(run_dir)["rollout"][0]["pid"], signal.SIGKILL)
+            killed["pid"] = 1
+
+        cfg = config(ws, name, steps, max_restarts=1)
+        rc, out, pids = run_cli(["train", str(cfg)], cli_env(**extra), cwd=REPO, timeout=400, on_poll=strike)
+        assert rc == 0, out[-3000:]
+        assert f"worker lost ({role}:" in out and "restart 1 of 1" in out, out[-3000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["restarts"] == 1
+        steps_logged = [r["step"] for r in metrics_rows(run_dir) if r["step"] >= 1]
+        assert steps_logged == list(range(1, steps + 1))  # every step once, none lost or repeated
+        weights, state = final_state(run_dir)
+        assert state["data"] == ref_state["data"] and state["algorithm"] == ref_state["algorithm"]
+        diff = max((weights[k] - ref_weights[k]).abs().max().item() for k in ref_weights)
+        assert weights.keys() == ref_weights.keys() and diff == 0.0, diff
+        measured.append(f"{role} lost: recovered, max |w - w_uninterrupted| = {diff:g}")
+        assert pids and not leftovers(pids)
+    guarantee("run.max_restarts rebuilds a lost role and goes on with no prompt lost or used twice",
+              "; ".join(measured) + "; data position equal")
