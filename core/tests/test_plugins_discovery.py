@@ -133,7 +133,7 @@ def test_block_list_by_entry_point_or_distribution_name(site, blocked):
     assert "rlw_blockme.plugin" not in out["imported"]
     msg = out["gets"]["algorithm:blockalgo"]
     assert msg.startswith("UnknownPluginError: unknown algorithm 'blockalgo' (c.yaml: x).")
-    assert f"blockme (rlweave-testplug-blockme 0.1.0, disabled: disabled by RLWEAVE_DISABLE_PLUGINS" in msg
+    assert "blockme (rlweave-testplug-blockme 0.1.0, disabled: disabled by RLWEAVE_DISABLE_PLUGINS" in msg
 
 
 def test_allow_list_loads_only_named_plugins_and_builtins(site, default):

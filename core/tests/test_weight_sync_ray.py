@@ -64,6 +64,27 @@ def test_round_trip_between_groups(roles):
         assert_same(state, want)
 
 
+def test_run_weight_sync_reuses_one_transport_per_pair(roles):
+    """The runner's WeightSync: bucket size from the config section, one transport per
+    (source, destination) pair set up once, and every sync lands in every rank."""
+    from rlweave.config.schema import WeightSyncSection
+    from rlweave.weight_sync import WeightSync
+
+    ws = WeightSync(roles, WeightSyncSection(bucket_mb=0.25, timeout_s=60))
+    try:
+        first = ws.sync("policy", "rollout")
+        transport = ws.transport("policy", "rollout")
+        second = ws.sync("policy", "rollout")
+        assert ws.transport("policy", "rollout") is transport and transport.name == "object_store"
+        assert first["buckets"] == second["buckets"] and first["buckets"] >= 4  # 0.25 MiB buckets of 4 MB
+    finally:
+        ws.close()
+    sent = make_state_dict(MB, SEED)
+    want = {n: t.to(torch.bfloat16) if t.is_floating_point() else t for n, t in sent.items()}
+    for state in roles["rollout"].call("get_state").result(timeout=60):
+        assert_same(state, want)
+
+
 def test_corrupted_bucket_is_detected_and_named(roles):
     transport = ObjectStoreTransport()
     sent = transport.send(roles["policy"], bucket_bytes=BUCKET, timeout_s=60)

@@ -167,30 +167,26 @@ class ScoreByChars:
         return out, [{} for _ in samples]
 
 
-def test_online_dpo_step(tiny, tmp_path, monkeypatch):
+def test_online_dpo_step(tiny, tmp_path):
     from rlweave_algo_dpo import online_dpo
     from rlweave_infer_hf.engine import HFEngine
 
-    synced = []
+    from rlweave.testing.transports import InProcessTransport
+    from rlweave.weight_sync import WeightSync
 
-    def local_sync(src, dst):  # in-process stand-in for the Ray weight sync
-        weights = [(k, v.clone()) for k, v in src.group.workers[0].named_weights()]
-        dst.group.workers[0].load_weights(weights)
-        synced.append(len(weights))
-        return {"bytes": sum(v.numel() * v.element_size() for _, v in weights)}
-
-    monkeypatch.setattr(online_dpo, "sync_weights", local_sync)
+    transport = InProcessTransport()  # the roles are in-process groups: no object store
     policy = fsdp_role("policy", tiny / "model")
     reference = fsdp_role("reference", tiny / "model", optim=False)
     rollout = RoleHandle("rollout", LocalWorkerGroup("rollout", HFEngine, [
         WorkerContext(role="rollout", model={"path": str(tiny / "model")}, seed=0)]))
     rollout.call("init_engine").result()
     rewards = ScoreByChars()
+    roles = {"policy": policy, "reference": reference, "rollout": rollout}
     records = [{"id": i, "prompt": p, "answer": "x"} for i, p in enumerate(["1+2=", "tie 3+4=", "5+5=", "tie 1+1="])]
     algo = online_dpo.OnlineDPO({"beta": 0.5, "n_samples": 4, "max_new_tokens": 6},
-                                RunContext(roles={"policy": policy, "reference": reference, "rollout": rollout},
-                                           tokenizer=CharTok(), run_dir=tmp_path, config=run_config(tiny),
-                                           rewards=rewards, seed=3))
+                                RunContext(roles=roles, tokenizer=CharTok(), run_dir=tmp_path, config=run_config(tiny),
+                                           rewards=rewards, seed=3,
+                                           weight_sync=WeightSync(roles, transport_factory=lambda _s, _d: transport)))
     algo.setup()
     before = params(policy)
     m1 = algo.step(records)
@@ -202,7 +198,7 @@ def test_online_dpo_step(tiny, tmp_path, monkeypatch):
     assert m1["reward/chosen"] > m1["reward/rejected"]
     assert m1["dpo_loss"] == pytest.approx(math.log(2), abs=1e-4)  # policy == reference at step 1
     assert math.isfinite(m2["loss"]) and m2["tied_prompts_total"] == m1["tied_prompts"] + m2["tied_prompts"]
-    assert len(synced) == 3  # before the first generation, then after each update
+    assert transport.syncs == 3 and transport.setups == 1  # before the first generation, then after each update
     assert any(not torch.equal(before[k], after[k]) for k in before)
     # 4 prompts x 4 samples scored per step, with the record's extra fields
     assert len(rewards.calls[0]) == 16 and rewards.calls[0][0]["answer"] == "x"

@@ -20,21 +20,10 @@ from rlweave.interfaces.algorithm import RunContext
 from rlweave.interfaces.worker import WorkerContext
 from rlweave.scheduler.handle import RoleHandle
 from rlweave.scheduler.local import LocalWorkerGroup
-from rlweave.weight_sync.interface import WeightTransport
+from rlweave.testing.transports import InProcessTransport
+from rlweave.weight_sync import WeightSync
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-class InProcessTransport(WeightTransport):
-    """Copies weights between in-process workers (world size 1)."""
-
-    name = "in-process"
-
-    def sync(self, src, dst, bucket_bytes, timeout_s):
-        tensors = list(src.group.workers[0].named_weights())
-        for w in dst.group.workers:
-            w.load_weights(iter(tensors))
-        return {"bytes": sum(t.numel() * t.element_size() for _, t in tensors), "seconds": 0.0}
 
 
 def _build_model(out: Path) -> Path:
@@ -81,9 +70,11 @@ def test_grpo_step_trains_and_syncs(setup):
     rewards = RewardSet([RewardEntry(name="grpo_probe_reward:probe", args={"log": str(log)})],
                         RewardsRuntime(timeout_s=20, workers=1))
     try:
-        ctx = RunContext(roles={"policy": policy, "rollout": rollout}, tokenizer=AutoTokenizer.from_pretrained(model_dir),
+        transport = InProcessTransport()
+        roles = {"policy": policy, "rollout": rollout}
+        ctx = RunContext(roles=roles, tokenizer=AutoTokenizer.from_pretrained(model_dir),
                          run_dir=tmp, config=None, rewards=rewards, seed=3,
-                         extra={"weight_transport": InProcessTransport()})
+                         weight_sync=WeightSync(roles, transport_factory=lambda _s, _d: transport))
         cfg = GRPOConfig(n_samples=4, max_new_tokens=6, temperature=1.0, ppo_epochs=2, mini_batches=2,
                          clip_high=0.28, eval_max_new_tokens=4)
         algo = GRPO(cfg, ctx)
@@ -109,6 +100,8 @@ def test_grpo_step_trains_and_syncs(setup):
     changed = [n for n in before if not torch.equal(before[n], after[n])]
     assert changed, "no parameter changed"
     assert torch.equal(engine_w["model.embed_tokens.weight"], after["model.embed_tokens.weight"])
+    # one transport for the pair, set up once, used by setup() and the step's sync
+    assert transport.setups == 1 and transport.syncs >= 2
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(calls) >= 16 + 4  # 16 training samples, then 4 evaluation answers
     by_prompt = {c["prompt"]: c for c in calls}

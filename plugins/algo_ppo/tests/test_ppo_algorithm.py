@@ -69,10 +69,13 @@ def _role(name, path, model_type=None, lr=None, port=0):
     return Recorder(RoleHandle(name, group))
 
 
-def _direct_sync(src, dst, **_):
-    weights = [(k, v.clone()) for k, v in src.group.workers[0].named_weights()]
-    dst.load_weights(weights).result()
-    return {"bytes": sum(v.numel() * v.element_size() for _, v in weights), "seconds": 0.0}
+def _context(roles, tmp_path, config, seed, **kw):
+    """A run context whose weight syncs copy in process (the roles are in-process groups)."""
+    from rlweave.testing.transports import InProcessTransport
+    from rlweave.weight_sync import WeightSync
+
+    return RunContext(roles=roles, tokenizer=CharTokenizer(), run_dir=tmp_path, config=config, seed=seed,
+                      weight_sync=WeightSync(roles, transport_factory=lambda _s, _d: InProcessTransport()), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +87,9 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture()
-def roles(model_dir, monkeypatch):
-    import rlweave.weight_sync as ws
+def roles(model_dir):
     from rlweave_backend_fsdp.testing import free_port
 
-    monkeypatch.setattr(ws, "sync_weights", lambda s, d, **k: _direct_sync(s.h if isinstance(s, Recorder) else s,
-                                                                            d.h if isinstance(d, Recorder) else d))
     port = free_port()
     return {
         "policy": _role("policy", model_dir, "causal_lm", 1e-3, port),
@@ -116,7 +116,7 @@ def _algo(roles, tmp_path, colocate=False, **cfg):
     from rlweave_algo_ppo.algorithm import PPO
 
     rc = RunConfig(resources={"colocate": [ALL_ROLES]} if colocate else {})
-    ctx = RunContext(roles=roles, tokenizer=CharTokenizer(), run_dir=tmp_path, config=rc, seed=11)
+    ctx = _context(roles, tmp_path, rc, 11)
     base = {"name": "ppo", "n_samples": 2, "max_new_tokens": 6, "ppo_epochs": 2, "mini_batches": 2, "kl_coef": 0.1}
     algo = PPO({**base, **cfg}, ctx)
     algo.setup()
@@ -211,8 +211,7 @@ def test_ppo_learns_to_raise_a_reward(roles, tmp_path):
     roles = {k: v for k, v in roles.items() if k != "reward"}
     worker = roles["policy"].h.group.workers[0]  # a tiny random model: learn fast
     worker.scheduler.base_lrs = [1e-2 for _ in worker.scheduler.base_lrs]
-    ctx = RunContext(roles=roles, tokenizer=CharTokenizer(), run_dir=tmp_path, config=RunConfig(), seed=1,
-                     rewards=_LikesEarlyLetters())
+    ctx = _context(roles, tmp_path, RunConfig(), 1, rewards=_LikesEarlyLetters())
     algo = PPO({"name": "ppo", "reward_models": [], "n_samples": 4, "max_new_tokens": 6, "kl_coef": 0.0,
                 "ppo_epochs": 2, "mini_batches": 1, "temperature": 1.0}, ctx)
     algo.setup()

@@ -165,6 +165,17 @@ class RewardsRuntime(Strict):
     )
 
 
+class WeightSyncSection(Strict):
+    transport: Literal["auto", "object_store"] = Field(
+        "auto", description="How weights move between roles: object_store (Ray's object store, works everywhere); "
+        "auto picks the best available (object_store).",
+    )
+    bucket_mb: float = Field(64.0, gt=0, description="Size of a weight bucket in MiB (a larger tensor travels alone).")
+    timeout_s: Optional[float] = Field(
+        None, gt=0, description="Seconds a whole sync may take; null: the destination's roles.<role>.timeouts.sync.",
+    )
+
+
 class DataSection(Strict):
     train: Optional[str] = Field(None, description="Training jsonl file.")
     eval: Optional[str] = Field(None, description="Held-out jsonl file (never trained on).")
@@ -193,6 +204,9 @@ class RunConfig(Strict):
     rewards: list[RewardEntry] = Field(default_factory=list, description="Rewards, summed with weights.")
     reward_runtime: RewardsRuntime = Field(default_factory=RewardsRuntime, description="How rewards run.")
     data: DataSection = Field(default_factory=DataSection, description="Data files and batch size.")
+    weight_sync: WeightSyncSection = Field(
+        default_factory=WeightSyncSection, description="Weight sync between roles (policy -> rollout).",
+    )
     kernels: dict[str, bool] = Field(default_factory=dict, description="Optional kernels to turn on by name.")
 
 

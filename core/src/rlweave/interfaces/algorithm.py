@@ -14,9 +14,12 @@ Lifecycle, all on the controller process:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rlweave.weight_sync.service import WeightSync
 
 
 @dataclass
@@ -27,6 +30,10 @@ class RunContext:
     ``tokenizer``: the run's Hugging Face tokenizer. ``rewards``: the configured reward
     set (``rlweave.rewards.RewardSet``) or None. ``run_dir``: this run's directory.
     ``config``: the whole validated run config. ``seed``: the run seed.
+    ``weight_sync``: the run's weight syncs between roles
+    (:class:`rlweave.weight_sync.WeightSync`; default: one over ``roles`` with the default
+    ``weight_sync`` section). ``next_records``: returns the next batch of training records
+    (algorithms that need more prompts in a step), or None when there is no training data.
     """
 
     roles: dict[str, Any]
@@ -35,7 +42,15 @@ class RunContext:
     config: Any
     rewards: Any = None
     seed: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    weight_sync: "WeightSync" = None  # type: ignore[assignment] - filled in by __post_init__
+    next_records: Callable[[], list[dict[str, Any]]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.weight_sync is None:
+            from rlweave.weight_sync.service import WeightSync
+
+            section = getattr(self.config, "weight_sync", None)
+            self.weight_sync = WeightSync(self.roles, section)
 
 
 class Algorithm(ABC):

@@ -141,6 +141,7 @@ class _Run:
         self.overwrite = overwrite
         self.roles: dict[str, Any] = {}
         self.builder = None
+        self.ctx = None
         self.rewards = None
         self.metrics = None
         self.progress = None
@@ -306,6 +307,7 @@ class _Run:
         from rlweave.config.placement import required_devices
         from rlweave.interfaces.algorithm import RunContext
         from rlweave.scheduler import RoleBuilder, start_ray
+        from rlweave.weight_sync.service import WeightSync
 
         cfg, resolved = self.cfg, self.resolved
         start_ray(cfg.ray, required_devices(cfg, self.role_names))
@@ -322,9 +324,9 @@ class _Run:
         self.roles.update(self.builder.build())
         self._write_workers()
         self.ctx = RunContext(roles=self.roles, tokenizer=self.tokenizer, run_dir=self.run_dir, config=cfg,
-                              rewards=self.rewards, seed=cfg.run.seed)
-        if self.data_iter is not None:
-            self.ctx.extra["next_records"] = self.data_iter.next_batch
+                              rewards=self.rewards, seed=cfg.run.seed,
+                              weight_sync=WeightSync(self.roles, cfg.weight_sync),
+                              next_records=self.data_iter.next_batch if self.data_iter is not None else None)
         self.algo = self.algo_cls(self.algo_cfg, self.ctx)
 
     def _write_workers(self) -> None:
@@ -412,6 +414,7 @@ class _Run:
         self.say(f"worker lost ({why}); restart {self.restarts} of {self.cfg.run.max_restarts}: rebuilding "
                  f"{', '.join(lost)} and continuing from {latest.name}")
         for role in lost:
+            self.ctx.weight_sync.forget(role)
             self.roles[role] = self.builder.rebuild(role)
         self._write_workers()
         self.algo = self.algo_cls(self.algo_cfg, self.ctx)
@@ -472,6 +475,7 @@ class _Run:
                 except Exception as exc:  # noqa: BLE001
                     log.warning("shutdown of role %s: %s", role, exc)
         for closer in (
+            lambda: self.ctx.weight_sync.close() if self.ctx is not None else None,
             lambda: self.progress.close() if self.progress is not None else None,
             lambda: self.metrics.close() if self.metrics is not None else None,
             lambda: self.rewards.close() if self.rewards is not None else None,

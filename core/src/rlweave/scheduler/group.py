@@ -16,12 +16,18 @@ Contract:
   for the others, which may be stuck in a collective with the failed rank) and
   :class:`~rlweave.scheduler.errors.WorkerTimeout` when ``timeout`` runs out.
 * :meth:`kill` ends every rank; it is idempotent and never raises.
+
+Generic calls: with ``fn`` given, each rank runs ``fn(worker, rank, *args, **kwargs)`` in its
+own process instead of a worker method, and ``method`` only names the call (in errors, fault
+injection and timeouts). This is how components that own both ends of an exchange (weight-sync
+transports) reach the ranks without methods of their own on the rank wrapper. ``fn`` must be
+importable by reference (a module-level function).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 #: One call's arguments for one rank: ``(args, kwargs)``.
 RankArgs = tuple[tuple[Any, ...], dict[str, Any]]
@@ -33,10 +39,12 @@ class WorkerGroup(ABC):
 
     @abstractmethod
     def submit(
-        self, method: str, ranks: Sequence[int], rank_args: Sequence[RankArgs], on_actor: bool = False
+        self, method: str, ranks: Sequence[int], rank_args: Sequence[RankArgs], on_actor: bool = False,
+        fn: Callable[..., Any] | None = None,
     ) -> list[Any]:
         """Start ``method`` on ``ranks`` (``rank_args[i]`` for ``ranks[i]``). ``on_actor``
-        targets the rank's wrapper (e.g. ``send_weights``) instead of the worker object."""
+        targets the rank's wrapper (``address``, ``placement``) instead of the worker object;
+        ``fn``: a generic call named ``method`` (see the module contract)."""
 
     @abstractmethod
     def wait(self, pending: list[Any], timeout: float | None = None) -> list[Any]:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 DISPATCH_MODES = ("all", "rank0", "dp")
 
-#: worker (or actor) method -> key of ``roles.<role>.timeouts``; any other method uses ``other``
+#: worker method (or generic call's name) -> key of ``roles.<role>.timeouts``; any other uses ``other``
 TIMEOUT_KEYS = {
     "init_model": "init", "init_engine": "init",
     "generate": "generate",
@@ -66,14 +66,17 @@ class RoleHandle:
 
     # ------------------------------------------------------------------ core
     def submit_ranks(self, method: str, ranks: list[int], rank_args: list, combine: Callable[[list[Any]], Any],
-                     on_actor: bool = False) -> RoleFuture:
+                     on_actor: bool = False, fn: Callable[..., Any] | None = None) -> RoleFuture:
         """Low level: ``method`` on ``ranks`` (``rank_args[i] = (args, kwargs)`` for
         ``ranks[i]``), results combined by ``combine(list in ranks order)``. ``on_actor``
-        targets the rank's wrapper (weight-sync ends) instead of the worker."""
+        targets the rank's wrapper (``address``, ``placement``) instead of the worker. With
+        ``fn``, each rank runs ``fn(worker, rank, *args, **kwargs)`` in its own process and
+        ``method`` names the call (errors, faults, its :data:`TIMEOUT_KEYS` entry): the one
+        generic call through which weight-sync transports run their rank-side ends."""
         if self._closed:
             raise RuntimeError(f"role {self.name!r} is shut down; cannot call {method}()")
         limit, setting = self.timeout_for(method)
-        return RoleFuture(self.group, self.group.submit(method, ranks, rank_args, on_actor=on_actor), combine,
+        return RoleFuture(self.group, self.group.submit(method, ranks, rank_args, on_actor=on_actor, fn=fn), combine,
                           default_timeout=limit, setting=setting)
 
     def timeout_for(self, method: str) -> tuple[float | None, str | None]:

@@ -8,7 +8,7 @@ collectives across ranks; use world size 1 for anything that joins a process gro
 from __future__ import annotations
 
 import traceback
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from rlweave.interfaces.worker import WorkerContext
 from rlweave.scheduler.errors import WorkerError
@@ -40,11 +40,15 @@ class LocalWorkerGroup(SyncWorkerGroup):
         self.world_size = len(contexts)
         self.workers = [worker_cls(ctx) for ctx in contexts]
 
-    def submit(self, method: str, ranks: Sequence[int], rank_args: Sequence[RankArgs], on_actor: bool = False) -> list:
+    def submit(self, method: str, ranks: Sequence[int], rank_args: Sequence[RankArgs], on_actor: bool = False,
+               fn: Callable[..., Any] | None = None) -> list:
         out = []
         for rank, (args, kwargs) in zip(ranks, rank_args):
             try:
-                out.append((True, getattr(self.workers[rank], method)(*args, **kwargs)))
+                if fn is not None:
+                    out.append((True, fn(self.workers[rank], rank, *args, **kwargs)))
+                else:
+                    out.append((True, getattr(self.workers[rank], method)(*args, **kwargs)))
             except Exception as exc:  # noqa: BLE001 - reported at wait(), like a remote failure
                 out.append((False, WorkerError(self.name, rank, method, f"{type(exc).__name__}: {exc}",
                                                traceback.format_exc(), exc)))

@@ -70,7 +70,9 @@ class InProcessGroup(SyncWorkerGroup):
     def __init__(self, name: str, actors: list[Any], recorder: Recorder):
         self.name, self.actors, self.world_size, self.recorder = name, actors, len(actors), recorder
 
-    def _run(self, actor: Any, method: str, args: tuple, kwargs: dict, on_actor: bool) -> Any:
+    def _run(self, actor: Any, method: str, args: tuple, kwargs: dict, on_actor: bool, fn: Any = None) -> Any:
+        if fn is not None:
+            return actor.apply(method, fn, tuple(args), dict(kwargs))
         if on_actor and method == "address":
             return "127.0.0.1", _free_port()
         if on_actor and method == "placement":
@@ -79,13 +81,13 @@ class InProcessGroup(SyncWorkerGroup):
             return getattr(actor, method)(*args, **kwargs)
         return actor.call(method, tuple(args), dict(kwargs))
 
-    def submit(self, method: str, ranks, rank_args, on_actor: bool = False) -> list:
+    def submit(self, method: str, ranks, rank_args, on_actor: bool = False, fn: Any = None) -> list:
         out = []
         for rank, (args, kwargs) in zip(ranks, rank_args):
             actor = self.actors[rank]
             with self.recorder.as_role(self.name):
                 try:
-                    out.append((True, self._run(actor, method, args, kwargs, on_actor)))
+                    out.append((True, self._run(actor, method, args, kwargs, on_actor, fn)))
                 except RemoteFailure as f:
                     out.append((False, WorkerError(self.name, rank, f.method, f"{f.exc_type}: {f.message}",
                                                    f.traceback, f.exc, lost=f.lost)))

@@ -1,8 +1,10 @@
 """Weight sync between roles: one interface, pluggable transports (light at import).
 
-See :mod:`rlweave.weight_sync.interface` for the contract, :func:`sync_weights` for the
-call algorithms make, :mod:`rlweave.weight_sync.object_store` for the transport that works
-everywhere Ray runs.
+See :mod:`rlweave.weight_sync.interface` for the contract, :class:`WeightSync` for what
+algorithms call (``ctx.weight_sync.sync("policy", "rollout")``), :func:`sync_weights` for one
+sync between two role handles, :mod:`rlweave.weight_sync.object_store` for the transport that
+works everywhere Ray runs. Transports own both ends: their rank-side code reaches the ranks
+through the role handle's generic call; the scheduler knows nothing of weight sync.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ _EXPORTS = {
     "unpack_bucket": "rlweave.weight_sync.buckets",
     "ObjectStoreTransport": "rlweave.weight_sync.object_store",
     "sync_weights": "rlweave.weight_sync.sync",
+    "WeightSync": "rlweave.weight_sync.service",
 }
 
 __all__ = list(_EXPORTS)

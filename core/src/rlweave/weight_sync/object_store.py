@@ -1,11 +1,12 @@
 """Object-store transport: buckets travel through Ray's shared-memory object store.
 
-Controller side (:class:`ObjectStoreTransport`): ask every source rank to ``send_weights``;
-rank 0 returns ``[(BucketMeta, ObjectRef), ...]``; hand that list to every destination
-rank's ``receive_weights``; wait for all of it within one deadline.
+Controller side (:class:`ObjectStoreTransport`): every source rank runs :func:`send_end`;
+rank 0 returns ``[(BucketMeta, ObjectRef), ...]``; every destination rank runs
+:func:`receive_end` on that list; all within one deadline.
 
-Worker side (run inside the rank actors by :class:`rlweave.scheduler.ray_impl.actor.WorkerActor`):
-:func:`put_buckets` and :func:`load_buckets`.
+Rank side (:func:`send_end`, :func:`receive_end`, :func:`dtype_end`): run inside the rank
+processes through the role handle's generic call (``submit_ranks(..., fn=...)``), named
+``send_weights``, ``receive_weights`` and ``weight_dtype`` in errors, timeouts and faults.
 
 Memory: rank 0 holds one bucket at a time, but the object store keeps every bucket of a
 sync until the sync returns (the whole model once, in shared memory); receivers copy one
@@ -71,6 +72,27 @@ def load_buckets(worker: Any, bucket_refs: list, timeout_s: float) -> dict[str, 
     return stats
 
 
+def send_end(worker: Any, rank: int, bucket_bytes: int, dtype: str | None = None) -> list:
+    """Sending end, on every source rank: iterate ``named_weights()`` (all ranks, as it may
+    run collectives), floating tensors cast to ``dtype`` if given; rank 0 puts checksummed
+    buckets into the object store and returns ``[(BucketMeta, ObjectRef), ...]``, other
+    ranks ``[]``."""
+    from rlweave.weight_sync.buckets import cast_floating
+
+    return put_buckets(cast_floating(worker.named_weights(), dtype), bucket_bytes, keep=rank == 0)
+
+
+def receive_end(worker: Any, rank: int, bucket_refs: list, timeout_s: float) -> dict[str, Any]:  # noqa: ARG001
+    """Receiving end, on every destination rank: :func:`load_buckets`."""
+    return load_buckets(worker, bucket_refs, timeout_s)
+
+
+def dtype_end(worker: Any, rank: int) -> str | None:  # noqa: ARG001
+    """The worker's ``weight_dtype()`` (engines, see ``RolloutEngine``), else None."""
+    fn = getattr(worker, "weight_dtype", None)
+    return fn() if callable(fn) else None
+
+
 # ------------------------------------------------------------- controller side
 def _remaining(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
@@ -90,7 +112,7 @@ class ObjectStoreTransport(WeightTransport):
 
         ranks = list(range(src.world_size))
         rank_args = [((bucket_bytes, dtype), {})] * len(ranks)
-        fut = src.submit_ranks("send_weights", ranks, rank_args, lambda v: v[0], on_actor=True)
+        fut = src.submit_ranks("send_weights", ranks, rank_args, lambda v: v[0], fn=send_end)
         try:
             return fut.result(timeout=timeout_s)
         except WorkerTimeout as exc:
@@ -110,7 +132,7 @@ class ObjectStoreTransport(WeightTransport):
 
         wait_s = timeout_s if wait_s is None else wait_s
         ranks = list(range(dst.world_size))
-        fut = dst.submit_ranks("receive_weights", ranks, [((sent, wait_s), {})] * len(ranks), list, on_actor=True)
+        fut = dst.submit_ranks("receive_weights", ranks, [((sent, wait_s), {})] * len(ranks), list, fn=receive_end)
         total = sum(m.nbytes for m, _ in sent)
         try:
             return fut.result(timeout=wait_s)
@@ -131,7 +153,7 @@ class ObjectStoreTransport(WeightTransport):
         from rlweave.scheduler.errors import WorkerError, WorkerTimeout
 
         try:
-            return dst.submit_ranks("weight_dtype", [0], [((), {})], lambda v: v[0], on_actor=True).result(
+            return dst.submit_ranks("weight_dtype", [0], [((), {})], lambda v: v[0], fn=dtype_end).result(
                 timeout=timeout_s)
         except WorkerTimeout:
             raise WeightSyncTimeout(f"weight sync into {dst.name!r}: rank 0 did not answer within {timeout_s:g} s") \

@@ -134,9 +134,7 @@ class DPO(Algorithm):
 
     def evaluate(self, records: list[dict[str, Any]]) -> dict[str, float]:
         if self.config.eval_with == "rollout":
-            from rlweave.weight_sync import sync_weights
-
-            sync_weights(self.policy, self.ctx.roles["rollout"])
+            self.ctx.weight_sync.sync("policy", "rollout")
             gen = self.ctx.roles["rollout"]
         else:
             cfg = self.ctx.config

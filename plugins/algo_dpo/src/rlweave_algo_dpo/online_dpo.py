@@ -28,13 +28,6 @@ from rlweave_algo_dpo.selection import select_pairs
 from rlweave_algo_dpo.update import make_loss, preference_update, result, role_seq_logps
 
 
-def sync_weights(src: Any, dst: Any) -> Any:
-    """``rlweave.weight_sync.sync_weights`` (imported on first use: it needs Ray)."""
-    from rlweave.weight_sync import sync_weights as _sync
-
-    return _sync(src, dst)
-
-
 class OnlineDPO(Algorithm):
     """Online DPO (see module docstring)."""
 
@@ -54,7 +47,7 @@ class OnlineDPO(Algorithm):
 
     def _sync(self) -> dict[str, float]:
         t0 = time.perf_counter()
-        info = sync_weights(self.ctx.roles["policy"], self.ctx.roles["rollout"])
+        info = self.ctx.weight_sync.sync("policy", "rollout")
         self._rollout_fresh = True
         out = {"time/sync": time.perf_counter() - t0}
         if isinstance(info, dict) and "bytes" in info:

@@ -53,11 +53,7 @@ class GRPO(Algorithm):
         return sampling_params(self.config, self.ctx.tokenizer, seed, ignore_eos=self.config.ignore_eos)
 
     def _sync(self) -> dict[str, float]:
-        from rlweave.weight_sync import sync_weights
-
-        # ctx.extra["weight_transport"]: a WeightTransport chosen by the runner (default: object store)
-        info = sync_weights(self.ctx.roles["policy"], self.ctx.roles["rollout"],
-                            transport=self.ctx.extra.get("weight_transport"))
+        info = self.ctx.weight_sync.sync("policy", "rollout")
         return {"sync_bytes": float(info.get("bytes", 0)), "sync_seconds": float(info.get("seconds", 0.0))}
 
     def setup(self) -> None:
@@ -90,7 +86,7 @@ class GRPO(Algorithm):
 
     def _collect(self, records: list[dict[str, Any]]) -> tuple[Batch, torch.Tensor, list[dict], dict[str, float]]:
         """Rollout, then (dynamic sampling) keep only groups with reward variance, drawing
-        more prompts (``ctx.extra['next_records']``) or resampling the same ones until the
+        more prompts (``ctx.next_records``) or resampling the same ones until the
         batch has as many groups as records or ``max_resample`` rounds are spent."""
         batch, rewards, breakdown = self._rollout(records, salt=0)
         stats = {"groups_total": float(len(records))}
@@ -117,8 +113,8 @@ class GRPO(Algorithm):
             if n_groups >= want or rounds >= self.config.max_resample:
                 break
             rounds += 1
-            more = self.ctx.extra.get("next_records")
-            new_records = more() if callable(more) else records
+            more = self.ctx.next_records
+            new_records = more() if more is not None else records
             batch, rewards, breakdown = self._rollout(new_records, salt=rounds)
             stats["groups_total"] += len(new_records)
         stats.update({"groups_kept": float(n_groups), "resample_rounds": float(rounds)})

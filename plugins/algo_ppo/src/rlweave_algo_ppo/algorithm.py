@@ -106,10 +106,8 @@ class PPO(Algorithm):
         return sampling_params(self.config, self.ctx.tokenizer, int(self.ctx.seed) * 1_000_003 + self.steps_done * 101)
 
     def _sync(self) -> dict[str, float]:
-        from rlweave.weight_sync import sync_weights
-
         self.phases.enter("sync")
-        info = sync_weights(self.ctx.roles["policy"], self.ctx.roles["rollout"])
+        info = self.ctx.weight_sync.sync("policy", "rollout")
         return {"sync_bytes": float(info.get("bytes", 0)), "time/sync": float(info.get("seconds", 0.0))}
 
     def setup(self) -> None:

@@ -91,9 +91,7 @@ class SFT(Algorithm):
         reward = self.ctx.rewards if self.ctx.rewards is not None else _reference_match
         recs = [r if "answer" in r or "response" not in r else {**r, "answer": r["response"]} for r in records]
         if "rollout" in self.ctx.roles:
-            from rlweave.weight_sync import sync_weights
-
-            sync_weights(self.ctx.roles["policy"], self.ctx.roles["rollout"])
+            self.ctx.weight_sync.sync("policy", "rollout")
             return exact_match(
                 self.ctx.roles["rollout"], self.ctx.tokenizer, recs, reward, c.eval_max_new_tokens, c.eval_threshold
             )

@@ -6,9 +6,9 @@ The actor is created empty (cheap), tells the controller its node address and a 
 exception leaves the actor as a :class:`~rlweave.scheduler.errors.RemoteFailure` carrying
 role, rank, method and the formatted traceback, so the controller can name them.
 
-Besides forwarding, the actor implements the object-store weight transport's two ends
-(``send_weights`` / ``receive_weights``), calling the worker's ``named_weights()`` and
-``load_weights()``.
+:meth:`WorkerActor.apply` runs a module-level function on the worker instead of one of its
+methods: the generic call of :mod:`rlweave.scheduler.group`, through which weight-sync
+transports run their rank-side ends (the actor knows nothing of weight sync).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import socket
 import sys
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from rlweave.scheduler.errors import RemoteFailure, WorkerLost
 from rlweave.scheduler.faults import FaultPlan
@@ -126,33 +126,16 @@ class WorkerActor:
         except BaseException as exc:  # noqa: BLE001
             raise self._fail(method, exc) from None
 
-    def send_weights(self, bucket_bytes: int, dtype: str | None = None) -> list:
-        """Object-store transport, sending end: iterate ``named_weights()`` (all ranks, as
-        it may run collectives), floating tensors cast to ``dtype`` if given; rank 0 puts
-        checksummed buckets into the object store and returns ``[(BucketMeta, ObjectRef),
-        ...]``; other ranks return ``[]``."""
-        from rlweave.weight_sync.buckets import cast_floating
-        from rlweave.weight_sync.object_store import put_buckets
-
+    def apply(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """The generic call (see :mod:`rlweave.scheduler.group`): ``fn(worker, rank, *args,
+        **kwargs)`` in this process; ``name`` names it in faults and errors."""
         try:
-            return put_buckets(cast_floating(self.worker.named_weights(), dtype), bucket_bytes, keep=self._rank == 0)
+            if self.worker is None:
+                raise RuntimeError("worker not set up")
+            self._faults.before(name)
+            return fn(self.worker, self._rank, *args, **kwargs)
         except BaseException as exc:  # noqa: BLE001
-            raise self._fail("send_weights", exc) from None
-
-    def weight_dtype(self) -> str | None:
-        """The worker's ``weight_dtype()`` (engines, see :class:`RolloutEngine`), else None."""
-        fn = getattr(self.worker, "weight_dtype", None)
-        return fn() if callable(fn) else None
-
-    def receive_weights(self, bucket_refs: list, timeout_s: float) -> dict[str, Any]:
-        """Object-store transport, receiving end: fetch and verify each bucket (within
-        ``timeout_s`` in all) and stream the tensors into the worker's ``load_weights``."""
-        from rlweave.weight_sync.object_store import load_buckets
-
-        try:
-            return load_buckets(self.worker, bucket_refs, timeout_s)
-        except BaseException as exc:  # noqa: BLE001
-            raise self._fail("receive_weights", exc) from None
+            raise self._fail(name, exc) from None
 
 
 _REMOTE: Any = None

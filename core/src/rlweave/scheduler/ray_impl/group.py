@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from rlweave.scheduler.errors import RemoteFailure, WorkerError, WorkerTimeout
 from rlweave.scheduler.group import RankArgs, WorkerGroup
@@ -51,13 +51,16 @@ class RayWorkerGroup(WorkerGroup):
         for rank, actor in enumerate(actors):
             LIVENESS.register(name, rank, actor)
 
-    def submit(self, method: str, ranks: Sequence[int], rank_args: Sequence[RankArgs], on_actor: bool = False) -> list:
+    def submit(self, method: str, ranks: Sequence[int], rank_args: Sequence[RankArgs], on_actor: bool = False,
+               fn: Callable[..., Any] | None = None) -> list:
         if self._killed:
             raise RuntimeError(f"role {self.name!r}: its workers were shut down")
         out = []
         for rank, (args, kwargs) in zip(ranks, rank_args):
             actor = self.actors[rank]
-            if on_actor:
+            if fn is not None:
+                ref = actor.apply.remote(method, fn, tuple(args), dict(kwargs))
+            elif on_actor:
                 ref = getattr(actor, method).remote(*args, **kwargs)
             else:
                 ref = actor.call.remote(method, tuple(args), dict(kwargs))

@@ -1,0 +1,91 @@
+"""``WeightSync``: the run's weight syncs, one transport per (source, destination) pair.
+
+The runner makes one for the run (from the ``weight_sync`` config section) and hands it to
+the algorithm as :attr:`rlweave.interfaces.algorithm.RunContext.weight_sync`; algorithms call
+``ctx.weight_sync.sync("policy", "rollout")``. Each pair's transport is built on its first
+sync and set up then (both roles are running by that time), reused by every later sync of
+that pair, and closed by :meth:`WeightSync.close` at the end of the run. When the runner
+rebuilds a role (``run.max_restarts``) it calls :meth:`WeightSync.forget` so the pairs of
+that role get a fresh transport.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rlweave.config.schema import WeightSyncSection
+    from rlweave.weight_sync.interface import WeightTransport
+
+#: ``weight_sync.transport`` value -> ``module:class`` of the transport
+TRANSPORTS = {"object_store": "rlweave.weight_sync.object_store:ObjectStoreTransport"}
+
+
+def make_transport(name: str) -> "WeightTransport":
+    """A new transport for ``weight_sync.transport`` = ``name`` (``auto``: the object store,
+    the one transport that works everywhere Ray runs)."""
+    import importlib
+
+    target = TRANSPORTS.get("object_store" if name == "auto" else name)
+    if target is None:
+        raise ValueError(f"weight_sync.transport: unknown transport {name!r}; choose auto or "
+                         f"{', '.join(TRANSPORTS)}")
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+class WeightSync:
+    """Weight syncs between the roles in ``roles`` (a live mapping: a rebuilt role's new
+    handle is used from then on).
+
+    ``section``: the ``weight_sync`` config section (default: its defaults).
+    ``transport_factory(src, dst)``: makes the transport of a pair (default: from
+    ``section.transport``); tests and embedders pass their own.
+    """
+
+    def __init__(self, roles: Mapping[str, Any], section: "WeightSyncSection | None" = None,
+                 transport_factory: Callable[[str, str], "WeightTransport"] | None = None):
+        if section is None:
+            from rlweave.config.schema import WeightSyncSection
+
+            section = WeightSyncSection()
+        self.roles = roles
+        self.bucket_bytes = int(section.bucket_mb * (1 << 20))
+        self.timeout_s = section.timeout_s
+        name = section.transport
+        self._factory = transport_factory or (lambda _src, _dst: make_transport(name))
+        self._transports: dict[tuple[str, str], "WeightTransport"] = {}
+
+    def transport(self, src: str, dst: str) -> "WeightTransport":
+        """The pair's transport, built and set up on first use."""
+        key = (src, dst)
+        if key not in self._transports:
+            transport = self._factory(src, dst)
+            transport.setup(self._handle(src), self._handle(dst))
+            self._transports[key] = transport
+        return self._transports[key]
+
+    def sync(self, src: str, dst: str) -> dict[str, Any]:
+        """Copy role ``src``'s current weights into every rank of role ``dst`` (blocking);
+        returns the transport's stats (``bytes``, ``tensors``, ``buckets``, ``seconds``,
+        ``bytes_per_s``, ...). Errors and timeouts as in :mod:`rlweave.weight_sync.interface`;
+        the timeout is ``weight_sync.timeout_s``, else the destination's ``timeouts.sync``."""
+        from rlweave.weight_sync.sync import sync_weights
+
+        return sync_weights(self._handle(src), self._handle(dst), bucket_bytes=self.bucket_bytes,
+                            timeout_s=self.timeout_s, transport=self.transport(src, dst))
+
+    def forget(self, role: str) -> None:
+        """Close and drop the transports of every pair that involves ``role`` (rebuilt)."""
+        for key in [k for k in self._transports if role in k]:
+            self._transports.pop(key).close()
+
+    def close(self) -> None:
+        """Close every transport (idempotent)."""
+        while self._transports:
+            self._transports.popitem()[1].close()
+
+    def _handle(self, role: str) -> Any:
+        if role not in self.roles:
+            raise KeyError(f"weight sync: no role {role!r} in this run (roles: {', '.join(self.roles)})")
+        return self.roles[role]
