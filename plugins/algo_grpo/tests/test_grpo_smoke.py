@@ -21,6 +21,7 @@ from rlweave.interfaces.worker import WorkerContext
 from rlweave.scheduler.handle import RoleHandle
 from rlweave.scheduler.local import LocalWorkerGroup
 from rlweave.testing.transports import InProcessTransport
+from rlweave_backend_fsdp.testing import free_port
 from rlweave.weight_sync import WeightSync
 
 REPO = Path(__file__).resolve().parents[3]
@@ -60,7 +61,7 @@ def test_grpo_step_trains_and_syncs(setup):
 
     tmp, model_dir = setup
     model = {"path": str(model_dir), "dtype": "float32", "model_type": "causal_lm"}
-    pctx = WorkerContext(role="policy", model=model, seed=3, master_port=29731,
+    pctx = WorkerContext(role="policy", model=model, seed=3, master_port=free_port(),
                          extra={"optim": {"lr": 5e-2, "grad_clip": 1.0}})
     policy = RoleHandle("policy", LocalWorkerGroup("policy", FSDPWorker, [pctx]))
     rollout = RoleHandle("rollout", LocalWorkerGroup("rollout", HFEngine, [WorkerContext(role="rollout", model=model, seed=3)]))
@@ -107,3 +108,81 @@ def test_grpo_step_trains_and_syncs(setup):
     by_prompt = {c["prompt"]: c for c in calls}
     assert by_prompt["3+3="]["answer"] == "6" and by_prompt["3+3="]["level"] == 1
     assert 0.0 <= metrics["accuracy"] <= 1.0 and metrics["n"] == 4
+
+
+class CallLog:
+    """Wraps a role handle and appends ``(role, method)`` of each call to a shared list."""
+
+    def __init__(self, name, handle, log):
+        self.name, self.h, self.log = name, handle, log
+
+    def __getattr__(self, attr):
+        value = getattr(self.h, attr)
+        if not callable(value):
+            return value
+
+        def call(*a, **k):
+            self.log.append((self.name, attr))
+            return value(*a, **k)
+
+        return call
+
+
+def test_colocated_grpo_puts_idle_roles_away_in_order(setup):
+    """Policy and rollout share a device: the policy is offloaded while the engine generates,
+    the engine sleeps while the policy computes log-probs and trains, and both are back
+    (policy onloaded first, engine woken for the sync) before the step ends."""
+    from rlweave.config.schema import RunConfig
+    from rlweave.rewards.reward_set import RewardSet
+    from rlweave_algo_grpo.algorithm import GRPO
+    from rlweave_algo_grpo.config import GRPOConfig
+    from rlweave_backend_fsdp.worker import FSDPWorker
+    from rlweave_infer_hf.engine import HFEngine
+    from transformers import AutoTokenizer
+
+    tmp, model_dir = setup
+    model = {"path": str(model_dir), "dtype": "float32", "model_type": "causal_lm"}
+    pctx = WorkerContext(role="policy", model=model, seed=3, master_port=free_port(), extra={"optim": {"lr": 1e-2}})
+    policy = RoleHandle("policy", LocalWorkerGroup("policy", FSDPWorker, [pctx]))
+    rollout = RoleHandle("rollout", LocalWorkerGroup("rollout", HFEngine, [WorkerContext(role="rollout", model=model,
+                                                                                         seed=3)]))
+    policy.call("init_model").result()
+    rollout.call("init_engine").result()
+    rewards = RewardSet([RewardEntry(name="grpo_probe_reward:probe", args={"log": str(tmp / "colocated.jsonl")})],
+                        RewardsRuntime(timeout_s=20, workers=1))
+    calls: list = []
+    roles = {"policy": CallLog("policy", policy, calls), "rollout": CallLog("rollout", rollout, calls)}
+    moves = {"offload", "onload", "sleep", "wake_up"}
+    try:
+        cfg = RunConfig.model_validate({"resources": {"colocate": [["policy", "rollout"]]}})
+        ctx = RunContext(roles=roles, tokenizer=AutoTokenizer.from_pretrained(model_dir), run_dir=tmp, config=cfg,
+                         rewards=rewards, seed=3,
+                         weight_sync=WeightSync(roles, transport_factory=lambda _s, _d: InProcessTransport()))
+        algo = GRPO(GRPOConfig(n_samples=4, max_new_tokens=6, ppo_epochs=2, mini_batches=1, eval_max_new_tokens=4),
+                    ctx)
+        algo.setup()
+        assert [c for c in calls if c[1] in moves] == []  # both needed at rest: nothing moved
+        calls.clear()
+        m = algo.step([{"id": f"r{i}", "prompt": f"{i}+{i}=", "answer": str(2 * i), "level": 0} for i in range(4)])
+        step_calls = [c for c in calls if c[1] in moves | {"generate", "logprobs", "train", "submit_ranks"}]
+        worker_offloaded_after = policy.group.workers[0].offloaded
+        calls.clear()
+        algo.evaluate([{"id": "e", "prompt": "1+1=", "answer": "2", "level": 0}])
+        eval_moves = [c for c in calls if c[1] in moves]
+    finally:
+        rewards.close()
+        policy.shutdown()
+        rollout.shutdown()
+
+    def first(call):
+        return step_calls.index(call)
+
+    assert step_calls.count(("policy", "offload")) == 1 and step_calls.count(("policy", "onload")) == 1
+    assert step_calls.count(("rollout", "sleep")) == 1 and step_calls.count(("rollout", "wake_up")) == 1
+    assert first(("policy", "offload")) < first(("rollout", "generate")) < first(("rollout", "sleep"))
+    assert first(("rollout", "sleep")) < first(("policy", "onload")) < first(("policy", "logprobs"))
+    assert first(("policy", "logprobs")) < first(("policy", "train")) < first(("rollout", "wake_up"))
+    assert first(("rollout", "wake_up")) < first(("policy", "submit_ranks"))  # the sync's sending end
+    assert algo.residency.resident == {"policy": True, "rollout": True} and not worker_offloaded_after
+    assert m["time/offload"] >= 0 and math.isfinite(m["loss"])
+    assert eval_moves == [("policy", "offload"), ("policy", "onload")]  # evaluation generates alone

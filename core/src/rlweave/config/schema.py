@@ -66,6 +66,10 @@ class ResourcesSection(Strict):
     colocate: list[list[str]] = Field(
         default_factory=list, description="Groups of roles that share devices and take turns."
     )
+    offload: Literal["auto", "always", "never"] = Field(
+        "auto", description="Put away roles idle in a phase of a step (offload training state, engine sleep): "
+        "auto = roles that share devices with another role; always = every role; never.",
+    )
 
 
 class ModelSection(Strict):

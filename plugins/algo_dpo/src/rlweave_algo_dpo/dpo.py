@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from rlweave.interfaces.algorithm import Algorithm, RunContext
+from rlweave.residency import EVAL_PHASES, Residency
 from rlweave_algo_dpo.config import DPOConfig
 from rlweave_algo_dpo.evaluation import evaluate_records, local_generator
 from rlweave_algo_dpo.pairs import build_pair_batch
@@ -70,6 +71,12 @@ class DPO(Algorithm):
         self.loss_fn = make_loss(cfg)
         self.ref_cache: dict[str, tuple[float, float]] | None = None
         self.steps = 0
+        self.residency = Residency.for_run(ctx, ("policy", "reference", "rollout"), EVAL_PHASES)
+
+    def setup(self) -> None:
+        """A rollout role used only for evaluation sleeps while the policy trains (when they
+        share devices)."""
+        self.residency.enter("rest")
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -134,8 +141,10 @@ class DPO(Algorithm):
 
     def evaluate(self, records: list[dict[str, Any]]) -> dict[str, float]:
         if self.config.eval_with == "rollout":
+            self.residency.enter("sync")
             self.ctx.weight_sync.sync("policy", "rollout")
-            gen = self.ctx.roles["rollout"]
+            return self.residency.during("eval", evaluate_records, self.ctx, self.config, records,
+                                         self.ctx.roles["rollout"])
         else:
             cfg = self.ctx.config
             policy_model = cfg.roles["policy"].model or cfg.model  # the policy's own model section wins

@@ -21,11 +21,24 @@ from rlweave.algo.evaluate import record_prompt, reward_fields
 from rlweave.algo.rollout import encode_prompts, sampling_params
 from rlweave.data.batch import Batch
 from rlweave.interfaces.algorithm import Algorithm, RunContext
+from rlweave.residency import Residency
 from rlweave_algo_dpo.config import OnlineDPOConfig
 from rlweave_algo_dpo.evaluation import evaluate_records
 from rlweave_algo_dpo.pairs import build_pair_batch
 from rlweave_algo_dpo.selection import select_pairs
 from rlweave_algo_dpo.update import make_loss, preference_update, result, role_seq_logps
+
+
+#: roles each phase of a step needs resident (see :mod:`rlweave.residency`)
+PHASES = {
+    "generate": ("rollout",),
+    "score": ("reward*",),
+    "reference": ("reference",),
+    "train": ("policy",),
+    "sync": ("policy", "rollout"),
+    "eval": ("rollout",),
+    "rest": ("policy", "rollout"),
+}
 
 
 class OnlineDPO(Algorithm):
@@ -44,8 +57,10 @@ class OnlineDPO(Algorithm):
         self.steps = 0
         self.tied_total = 0
         self._rollout_fresh = False  # rollout weights equal the policy's
+        self.residency = Residency.for_run(ctx, ("policy", "reference", "rollout", "reward"), PHASES)
 
     def _sync(self) -> dict[str, float]:
+        self.residency.enter("sync")
         t0 = time.perf_counter()
         info = self.ctx.weight_sync.sync("policy", "rollout")
         self._rollout_fresh = True
@@ -85,11 +100,14 @@ class OnlineDPO(Algorithm):
         texts = [record_prompt(r, tok) for r in records]
         prompt_ids = encode_prompts(tok, texts)
         params = sampling_params(c, tok, seed=self.ctx.seed + self.steps)
+        t_off = self.residency.enter("generate")
         gens = result(self.ctx.roles["rollout"].generate(prompt_ids, params))
         if len(gens) != len(records) or any(len(g) != c.n_samples for g in gens):
             raise RuntimeError(f"rollout returned {[len(g) for g in gens]} generations for {len(records)} prompts "
                                f"x {c.n_samples} samples")
         t1 = time.perf_counter()
+        if c.reward_source == "model":
+            t_off += self.residency.enter("score")
         rewards = self._score(texts, prompt_ids, gens, records)
         t2 = time.perf_counter()
         usable = [[len(g.token_ids) > 0 and g.finish_reason != "error" for g in gl] for gl in gens]
@@ -110,6 +128,7 @@ class OnlineDPO(Algorithm):
         self.steps += 1
         if not sel.pairs:
             metrics["skipped_update"] = 1.0
+            metrics["time/offload"] = t_off + self.residency.enter("rest")
             return metrics
         metrics["skipped_update"] = 0.0
         metrics["reward/chosen"] = statistics.fmean(rewards[i][b] for i, b, _ in sel.pairs)
@@ -120,19 +139,23 @@ class OnlineDPO(Algorithm):
             [gens[i][w].token_ids for i, _, w in sel.pairs],
             [str(records[i].get("id", i)) for i, _, _ in sel.pairs],
         )
+        t_off += self.residency.enter("reference")
         t3 = time.perf_counter()
         batch.add_sample("ref_logp", role_seq_logps(self.ctx.roles["reference"], batch, c.average_logprobs))
         metrics["time/reference"] = time.perf_counter() - t3
+        t_off += self.residency.enter("train")
         metrics.update(preference_update(c, self.loss_fn, self.ctx.roles["policy"], batch, self.ctx.config))
         metrics["pairs"] = float(len(sel.pairs))
         metrics.update(self._sync())
+        metrics["time/offload"] = t_off + self.residency.enter("rest")
         return metrics
 
     def evaluate(self, records: list[dict[str, Any]]) -> dict[str, float]:
         if not self._rollout_fresh:
             self._sync()
-        return evaluate_records(self.ctx, self.config, records, self.ctx.roles["rollout"],
-                                greedy=self.config.eval_greedy, temperature=self.config.temperature)
+        return self.residency.during("eval", evaluate_records, self.ctx, self.config, records,
+                                     self.ctx.roles["rollout"], greedy=self.config.eval_greedy,
+                                     temperature=self.config.temperature)
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "tied_total": self.tied_total}

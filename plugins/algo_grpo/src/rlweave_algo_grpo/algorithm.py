@@ -27,10 +27,23 @@ from rlweave.algo.weights import token_weights
 from rlweave.data.batch import Batch
 from rlweave.interfaces.algorithm import Algorithm
 from rlweave.interfaces.engine import SamplingParams
+from rlweave.residency import Residency
 from rlweave_algo_grpo.advantages import group_advantages, group_std
 from rlweave_algo_grpo.config import GRPOConfig
 from rlweave_algo_grpo.loss import GRPOLoss
 from rlweave_algo_grpo.shaping import overlong_penalty
+
+
+#: roles each phase of a GRPO step needs resident (see :mod:`rlweave.residency`); roles that
+#: share devices take turns, others stay put
+PHASES = {
+    "generate": ("rollout",),
+    "experience": ("policy", "reference"),
+    "train": ("policy",),
+    "sync": ("policy", "rollout"),
+    "eval": ("rollout",),
+    "rest": ("policy", "rollout"),
+}
 
 
 def _mean(xs: list[float]) -> float:
@@ -46,6 +59,8 @@ class GRPO(Algorithm):
         super().__init__(config, ctx)
         self.steps_done = 0
         self.samples_seen = 0
+        self.residency = Residency.for_run(ctx, ("policy", "reference", "rollout"), PHASES)
+        self._times: dict[str, float] = {}
 
     # ------------------------------------------------------------------ helpers
     def _sampling(self, salt: int) -> SamplingParams:
@@ -53,6 +68,7 @@ class GRPO(Algorithm):
         return sampling_params(self.config, self.ctx.tokenizer, seed, ignore_eos=self.config.ignore_eos)
 
     def _sync(self) -> dict[str, float]:
+        self._times["offload"] = self._times.get("offload", 0.0) + self.residency.enter("sync")
         info = self.ctx.weight_sync.sync("policy", "rollout")
         return {"sync_bytes": float(info.get("bytes", 0)), "sync_seconds": float(info.get("seconds", 0.0))}
 
@@ -60,6 +76,7 @@ class GRPO(Algorithm):
         """Make the rollout engine generate with the policy's weights (they may differ
         when the policy was restored from a checkpoint)."""
         self._sync()
+        self.residency.enter("rest")
 
     def _rollout(self, records: list[dict[str, Any]], salt: int) -> tuple[Batch, torch.Tensor, list[dict]]:
         """Generate and score one group per record. Returns the batch, the rewards and
@@ -67,6 +84,7 @@ class GRPO(Algorithm):
         tok = self.ctx.tokenizer
         texts = [record_prompt(r, tok) for r in records]
         prompt_ids = encode_prompts(tok, texts)
+        self._times["offload"] += self.residency.enter("generate")
         t0 = time.perf_counter()
         gens = self.ctx.roles["rollout"].generate(prompt_ids, self._sampling(salt)).result()
         self._times["generate"] += time.perf_counter() - t0
@@ -127,10 +145,11 @@ class GRPO(Algorithm):
         c = self.config
         roles = self.ctx.roles
         policy = roles["policy"]
-        self._times = {k: 0.0 for k in ("generate", "reward", "reference", "old_logprobs", "train", "sync")}
+        self._times = {k: 0.0 for k in ("generate", "reward", "reference", "old_logprobs", "train", "sync", "offload")}
         batch, scores, breakdown, ds_stats = self._collect(records)
         metrics: dict[str, float] = dict(ds_stats) if c.dynamic_sampling else {}
         if len(batch) == 0:  # every group agreed: nothing to learn from this step
+            self._times["offload"] += self.residency.enter("rest")
             self.steps_done += 1
             metrics.update({"skipped": 1.0, **{f"time/{k}": v for k, v in self._times.items()}})
             return metrics
@@ -142,6 +161,8 @@ class GRPO(Algorithm):
         # reference and old log-probs, issued together
         # KL in the reward needs the policy's log-probs before the update as well
         need_old = c.ppo_epochs > 1 or c.mini_batches > 1 or c.kl_in_reward
+        if c.kl_beta > 0 or need_old:
+            self._times["offload"] += self.residency.enter("experience")
         t0 = time.perf_counter()
         ref_fut = roles["reference"].logprobs(batch, temperature=c.temperature) if c.kl_beta > 0 else None
         old_fut = policy.logprobs(batch, temperature=c.temperature) if need_old else None
@@ -175,6 +196,7 @@ class GRPO(Algorithm):
         )
         rng = random.Random(int(self.ctx.seed) * 7919 + self.steps_done)
         train_metrics: list[dict[str, float]] = []
+        self._times["offload"] += self.residency.enter("train")
         t0 = time.perf_counter()
         for _ in range(c.ppo_epochs):
             order = list(range(len(batch)))
@@ -190,6 +212,7 @@ class GRPO(Algorithm):
         t0 = time.perf_counter()
         sync = self._sync()
         self._times["sync"] = time.perf_counter() - t0
+        self._times["offload"] += self.residency.enter("rest")
 
         # metrics
         self.steps_done += 1
@@ -231,6 +254,9 @@ class GRPO(Algorithm):
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        return self.residency.during("eval", self._exact_match, records)
+
+    def _exact_match(self, records: list[dict[str, Any]]) -> dict[str, float]:
         c = self.config
         return exact_match(
             self.ctx.roles["rollout"],

@@ -14,7 +14,7 @@ critic. Dataflow of one step (each arrow is a call on a role handle)::
 Why this shape: the controller holds the whole batch, so global statistics (advantage
 whitening, reward normalisation) are computed once here before anything is scattered,
 and the losses stay small per-token functions (``loss.py``). Residency of colocated
-roles is handled by :class:`~rlweave_algo_ppo.phases.PhaseManager`.
+roles is handled by :class:`~rlweave.residency.Residency` (phases in :data:`PHASES`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from rlweave.algo.weights import token_weights
 from rlweave.data.batch import Batch
 from rlweave.interfaces.algorithm import Algorithm
 from rlweave.interfaces.engine import SamplingParams
+from rlweave.residency import Residency
 from rlweave_algo_ppo.config import PPOConfig, ppo_roles
 from rlweave_algo_ppo.gae import compute_gae, token_rewards
 from rlweave_algo_ppo.kl_controller import make_kl_controller
@@ -43,7 +44,6 @@ from rlweave_algo_ppo.normalize import (
     masked_whiten,
     normalize_scores,
 )
-from rlweave_algo_ppo.phases import PhaseManager
 from rlweave_algo_ppo.sequences import conform, scoring_batch, supervised_batch
 
 
@@ -66,6 +66,17 @@ def wait_all(futures: dict[str, Any], t0: float, poll_s: float = 0.005) -> tuple
             time.sleep(poll_s)
     return results, times
 
+
+#: roles each phase of a PPO step needs resident (see :mod:`rlweave.residency`); between steps
+#: (``rest``) the trained roles stay resident for checkpoints and the next step starts generating
+PHASES = {
+    "generate": ("rollout",),
+    "experience": ("policy", "reference", "critic", "reward*"),
+    "train": ("policy", "critic"),
+    "sync": ("policy", "rollout"),
+    "eval": ("rollout",),
+    "rest": ("policy", "critic", "rollout"),
+}
 
 #: names of the overlapped experience calls in the ``time/*`` metrics (reward roles keep theirs)
 _TIME_NAMES = {"critic": "values", "policy": "old_logprobs"}
@@ -91,8 +102,7 @@ class PPO(Algorithm):
         self.kl_ctl = make_kl_controller(c.kl_coef, c.kl_target, c.kl_horizon)
         self.reward_moments = RunningMoments()
         self.steps_done = 0
-        colocate = getattr(getattr(ctx.config, "resources", None), "colocate", []) if ctx.config is not None else []
-        self.phases = PhaseManager({r: ctx.roles[r] for r in ppo_roles(c)}, colocate, c.offload)
+        self.phases = Residency.for_run(ctx, ppo_roles(c), PHASES)
         self._ptx_iter = None
         self._ptx_state: dict[str, Any] | None = None
         self._eval_fn = None
@@ -254,13 +264,13 @@ class PPO(Algorithm):
         p_metrics: list[dict[str, float]] = []
         v_metrics: list[dict[str, float]] = []
         t0 = time.perf_counter()
-        if self.phases.sequential_train:
+        if self.phases.moving("policy", "critic"):
             if p_batches:
-                t_off += self.phases.only("policy")
+                t_off += self.phases.only("policy", "train")
                 p_metrics = [f.result() for f in [roles["policy"].train(b, policy_loss) for b in p_batches]]
             metrics["time/train"] = time.perf_counter() - t0
             t1 = time.perf_counter()
-            t_off += self.phases.only("critic")
+            t_off += self.phases.only("critic", "train")
             v_metrics = [f.result() for f in [roles["critic"].train(b, value_loss) for b in v_batches]]
             metrics["time/critic_train"] = time.perf_counter() - t1
         else:

@@ -78,10 +78,6 @@ class PPOConfig(BaseModel):
         None, description="jsonl of {query, response} for the ptx term (needed if ptx_coef > 0)."
     )
     ptx_batch_size: int = Field(8, ge=1, description="ptx records added to each policy mini-batch.")
-    # placement
-    offload: Literal["auto", "always", "never"] = Field(
-        "auto", description="Offload idle roles between phases: auto = when the role shares devices with another role."
-    )
     # evaluation
     eval_reward: Optional[str] = Field(
         None,

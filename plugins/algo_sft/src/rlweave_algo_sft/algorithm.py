@@ -25,6 +25,7 @@ from rlweave.algo.evaluate import exact_match
 from rlweave.algo.weights import token_weights
 from rlweave.data.batch import Batch
 from rlweave.interfaces.algorithm import Algorithm
+from rlweave.residency import EVAL_PHASES, Residency
 from rlweave_algo_sft.config import SFTConfig
 from rlweave_algo_sft.data import encode_record
 from rlweave_algo_sft.loss import SFTLoss
@@ -45,6 +46,12 @@ class SFT(Algorithm):
         super().__init__(config, ctx)
         self.steps_done = 0
         self.tokens_seen = 0
+        self.residency = Residency.for_run(ctx, ("policy", "rollout"), EVAL_PHASES)
+
+    def setup(self) -> None:
+        """A rollout role used only for evaluation sleeps while the policy trains (when they
+        share devices)."""
+        self.residency.enter("rest")
 
     def build_batch(self, records: list[dict[str, Any]]) -> Batch:
         """Encode records into a packed batch with ``loss_mask`` and ``token_weight``."""
@@ -91,10 +98,10 @@ class SFT(Algorithm):
         reward = self.ctx.rewards if self.ctx.rewards is not None else _reference_match
         recs = [r if "answer" in r or "response" not in r else {**r, "answer": r["response"]} for r in records]
         if "rollout" in self.ctx.roles:
+            self.residency.enter("sync")
             self.ctx.weight_sync.sync("policy", "rollout")
-            return exact_match(
-                self.ctx.roles["rollout"], self.ctx.tokenizer, recs, reward, c.eval_max_new_tokens, c.eval_threshold
-            )
+            return self.residency.during("eval", exact_match, self.ctx.roles["rollout"], self.ctx.tokenizer, recs,
+                                         reward, c.eval_max_new_tokens, c.eval_threshold)
         from rlweave.algo.local_generate import LocalHFGenerator
 
         tmp = tempfile.mkdtemp(prefix="eval_hf_", dir=str(self.ctx.run_dir))

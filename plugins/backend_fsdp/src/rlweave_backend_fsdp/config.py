@@ -57,9 +57,6 @@ class FSDPConfig(BaseModel):
         "(faster where the CPU has fast bf16 matmuls, bench/RESULTS.md; gradients within bf16 rounding, as on GPU). auto: "
         "bf16 when compile is on, cpu_kernels resolves to rlweave and this CPU runs bf16 fast, else fp32.",
     )
-    offload_between_phases: bool = Field(
-        False, description="Hint for the scheduler: offload() parameters and optimizer state when the role idles."
-    )
     reshard_after_forward: Optional[bool] = Field(
         None, description="FSDP2: free gathered parameters after each forward (ZeRO-3); null: only with 2+ ranks."
     )
