@@ -280,7 +280,7 @@ def main() -> None:
                     print("\n".join("      " + x for x in out.splitlines()[-40:]), flush=True)
             else:
                 print(f"  {row:22s} {res['step_s']:8.2f} s/step  {res['gen_tokens'] / res['step_s']:8.1f} gen tok/s"
-                      + (f"   phases: " + " ".join(f"{k} {v:.2f}" for k, v in res["phases"].items())
+                      + ("   phases: " + " ".join(f"{k} {v:.2f}" for k, v in res["phases"].items())
                          if "phases" in res else ""), flush=True)
         ok = [r for r in results if "error" not in r]
         best = {s: min((r for r in ok if r["side"] == s), key=lambda r: r["step_s"], default=None)

@@ -100,6 +100,8 @@ def test_default_timeout_is_the_destinations_sync_timeout():
 def test_config_section_and_transport_choice():
     assert type(make_transport("auto")).__name__ == "ObjectStoreTransport"
     assert make_transport("object_store").name == "object_store"
+    bcast = make_transport("broadcast", timeout_s=12)
+    assert bcast.name == "broadcast" and bcast.timeout_s == 12
     cfg = RunConfig.model_validate({"weight_sync": {"bucket_mb": 16, "timeout_s": 30}})
     assert cfg.weight_sync.bucket_mb == 16 and cfg.weight_sync.transport == "auto"
     for bad in ({"transport": "carrier_pigeon"}, {"bucket_mb": 0}, {"timeout_s": -1}, {"bucket": 1}):

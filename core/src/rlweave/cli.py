@@ -39,11 +39,12 @@ from typer.core import TyperCommand
 
 import rlweave
 from rlweave.rewards.failures import RewardFailureError
+from rlweave.runner.shared_fs import SharedFilesystemError
 from rlweave.scheduler.errors import WorkerError, WorkerTimeout
 from rlweave.weight_sync.interface import WeightSyncError
 
 #: how a run can end because of its workers or rewards (printed as one error, exit code 1)
-_RUN_FAILURES = (WorkerError, WorkerTimeout, WeightSyncError, RewardFailureError)
+_RUN_FAILURES = (WorkerError, WorkerTimeout, WeightSyncError, RewardFailureError, SharedFilesystemError)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="rlweave: LLM post-training built from plugins.")

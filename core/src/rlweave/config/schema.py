@@ -170,9 +170,9 @@ class RewardsRuntime(Strict):
 
 
 class WeightSyncSection(Strict):
-    transport: Literal["auto", "object_store"] = Field(
-        "auto", description="How weights move between roles: object_store (Ray's object store, works everywhere); "
-        "auto picks the best available (object_store).",
+    transport: Literal["auto", "object_store", "broadcast"] = Field(
+        "auto", description="How weights move between roles: object_store (Ray's object store, works everywhere), "
+        "broadcast (a gloo group between the source's rank 0 and the destination ranks); auto: object_store.",
     )
     bucket_mb: float = Field(64.0, gt=0, description="Size of a weight bucket in MiB (a larger tensor travels alone).")
     timeout_s: Optional[float] = Field(

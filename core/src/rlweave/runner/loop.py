@@ -306,6 +306,7 @@ class _Run:
         """Ray, the roles and the algorithm."""
         from rlweave.config.placement import required_devices
         from rlweave.interfaces.algorithm import RunContext
+        from rlweave.runner.shared_fs import check_shared_run_dir
         from rlweave.scheduler import RoleBuilder, start_ray
         from rlweave.weight_sync.service import WeightSync
 
@@ -323,6 +324,7 @@ class _Run:
                                    optimizer_total_steps=totals)
         self.roles.update(self.builder.build())
         self._write_workers()
+        check_shared_run_dir(self.run_dir, self.roles)
         self.ctx = RunContext(roles=self.roles, tokenizer=self.tokenizer, run_dir=self.run_dir, config=cfg,
                               rewards=self.rewards, seed=cfg.run.seed,
                               weight_sync=WeightSync(self.roles, cfg.weight_sync),

@@ -51,3 +51,13 @@ class InProcessTransport(WeightTransport):
 
     def close(self) -> None:
         self.closed = True
+
+
+def flip_bucket_1(meta: Any, payload: Any) -> Any:
+    """A ``tamper`` hook for :class:`~rlweave.weight_sync.broadcast.BroadcastTransport`: bucket
+    1's payload with one bit flipped after its checksum was taken (the others unchanged)."""
+    if meta.index != 1:
+        return payload
+    damaged = payload.copy()
+    damaged[len(damaged) // 2] ^= 0x01
+    return damaged

@@ -21,6 +21,7 @@ _EXPORTS = {
     "verify_bucket": "rlweave.weight_sync.buckets",
     "unpack_bucket": "rlweave.weight_sync.buckets",
     "ObjectStoreTransport": "rlweave.weight_sync.object_store",
+    "BroadcastTransport": "rlweave.weight_sync.broadcast",
     "sync_weights": "rlweave.weight_sync.sync",
     "WeightSync": "rlweave.weight_sync.service",
 }

@@ -5,9 +5,9 @@ says so). One interface, several transports:
 
 * :class:`~rlweave.weight_sync.object_store.ObjectStoreTransport` (implemented): buckets go
   through Ray's object store; works on any cluster, CPU or GPU.
-* torch.distributed broadcast (later): a gloo/NCCL group between the source's rank 0 and
-  the destination ranks, formed in :meth:`WeightTransport.setup`, buckets broadcast in
-  place of object-store puts.
+* :class:`~rlweave.weight_sync.broadcast.BroadcastTransport` (implemented, gloo): a group
+  between the source's rank 0 and the destination ranks, formed in
+  :meth:`WeightTransport.setup`, buckets broadcast in place of object-store puts.
 * CUDA IPC (later): colocated roles pass CUDA memory handles of the buckets instead of
   bytes.
 
@@ -54,6 +54,10 @@ class WeightTransport(ABC):
     """Moves weights from one role's ranks to another's (see the module contract)."""
 
     name: str = "abstract"
+
+    def __init__(self, timeout_s: float = 900.0):
+        #: how long a channel the transport holds open (e.g. a process group) may wait
+        self.timeout_s = float(timeout_s)
 
     def setup(self, src: "RoleHandle", dst: "RoleHandle") -> None:
         """Prepare the channel once both roles run (e.g. form a broadcast group)."""

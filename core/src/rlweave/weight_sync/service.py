@@ -18,20 +18,25 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlweave.weight_sync.interface import WeightTransport
 
 #: ``weight_sync.transport`` value -> ``module:class`` of the transport
-TRANSPORTS = {"object_store": "rlweave.weight_sync.object_store:ObjectStoreTransport"}
+TRANSPORTS = {
+    "object_store": "rlweave.weight_sync.object_store:ObjectStoreTransport",
+    "broadcast": "rlweave.weight_sync.broadcast:BroadcastTransport",
+}
+#: what ``auto`` means: the object store, which works wherever Ray runs
+AUTO = "object_store"
 
 
-def make_transport(name: str) -> "WeightTransport":
-    """A new transport for ``weight_sync.transport`` = ``name`` (``auto``: the object store,
-    the one transport that works everywhere Ray runs)."""
+def make_transport(name: str, timeout_s: float = 900.0) -> "WeightTransport":
+    """A new transport for ``weight_sync.transport`` = ``name``; ``timeout_s`` bounds the
+    operations of transports that hold a channel open (the broadcast group)."""
     import importlib
 
-    target = TRANSPORTS.get("object_store" if name == "auto" else name)
+    target = TRANSPORTS.get(AUTO if name == "auto" else name)
     if target is None:
         raise ValueError(f"weight_sync.transport: unknown transport {name!r}; choose auto or "
                          f"{', '.join(TRANSPORTS)}")
     module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)()
+    return getattr(importlib.import_module(module), cls)(timeout_s=timeout_s)
 
 
 class WeightSync:
@@ -53,7 +58,7 @@ class WeightSync:
         self.bucket_bytes = int(section.bucket_mb * (1 << 20))
         self.timeout_s = section.timeout_s
         name = section.transport
-        self._factory = transport_factory or (lambda _src, _dst: make_transport(name))
+        self._factory = transport_factory or (lambda _src, dst: make_transport(name, self._timeout(dst)))
         self._transports: dict[tuple[str, str], "WeightTransport"] = {}
 
     def transport(self, src: str, dst: str) -> "WeightTransport":
@@ -84,6 +89,13 @@ class WeightSync:
         """Close every transport (idempotent)."""
         while self._transports:
             self._transports.popitem()[1].close()
+
+    def _timeout(self, dst: str) -> float:
+        """``weight_sync.timeout_s``, else the destination's ``timeouts.sync``, else 900 s."""
+        if self.timeout_s is not None:
+            return float(self.timeout_s)
+        limit = getattr(self._handle(dst), "timeout_for", lambda _m: (None, None))("receive_weights")[0]
+        return float(limit) if limit is not None else 900.0
 
     def _handle(self, role: str) -> Any:
         if role not in self.roles:

@@ -1,0 +1,91 @@
+"""Weight sync transports side by side: object store vs broadcast (gloo), on one Ray cluster.
+
+A ``policy`` role of probe workers holds a state dict the size of a model's fp32 weights
+(``rlweave.testing.workers.ProbeWorker``, mixed fp32/bf16/fp16 tensors) and syncs it into a
+``rollout`` role of probe engines with 1 or 2 ranks, through each transport in turn, with the
+transports built and set up once (as a run does) and the same bucket size. Each row: one
+untimed sync, then the median of ``--repeats`` timed syncs; MB/s is payload bytes over wall
+time of the whole sync, in MiB/s (every destination rank has verified and loaded every bucket).
+
+    .venv/bin/python bench/weight_sync.py                     # 35M- and 200M-parameter-sized states
+    .venv/bin/python bench/weight_sync.py --sizes-mb 210 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+TRANSPORTS = ("object_store", "broadcast")
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def measure(size_mb: float, dst_ranks: int, bucket_mb: float, repeats: int) -> dict[str, dict[str, float]]:
+    from rlweave.config.schema import RaySection, RunConfig, WeightSyncSection
+    from rlweave.plugins.types import BackendRecord, EngineRecord
+    from rlweave.scheduler import build_roles, shutdown_ray, start_ray
+    from rlweave.weight_sync import WeightSync
+
+    probe = BackendRecord(name="probe", summary="bench", target="rlweave.testing.workers:ProbeWorker")
+    engine = EngineRecord(name="probe-engine", summary="bench", target="rlweave.testing.workers:ProbeEngine")
+    cfg = RunConfig.model_validate({
+        "resources": {"pools": {"main": {"devices_per_node": 1 + dst_ranks}}},
+        "roles": {"policy": {"pool": "main", "devices": 1, "options": {"weights_mb": size_mb, "weights_seed": 1}},
+                  "rollout": {"pool": "main", "devices": dst_ranks}},
+    })
+    start_ray(RaySection(num_cpus=os.cpu_count() or 2, virtual_gpus=1 + dst_ranks))
+    roles = build_roles(cfg, {"policy": probe, "rollout": engine}, ["policy", "rollout"])
+    out = {}
+    try:
+        for name in TRANSPORTS:
+            ws = WeightSync(roles, WeightSyncSection(transport=name, bucket_mb=bucket_mb, timeout_s=600))
+            try:
+                ws.sync("policy", "rollout")  # untimed: setup and first-touch costs
+                runs = [ws.sync("policy", "rollout") for _ in range(repeats)]
+            finally:
+                ws.close()
+            seconds = statistics.median(r["seconds"] for r in runs)
+            out[name] = {"seconds": seconds, "mb": runs[0]["bytes"] / 2**20, "mb_s": runs[0]["bytes"] / 2**20 / seconds}
+    finally:
+        for h in roles.values():
+            h.shutdown()
+        shutdown_ray()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes-mb", type=float, nargs="+", default=[210.0, 1144.0],
+                    help="ProbeWorker weights_mb (its dtype mix sends 2/3 of it: 210 -> 140 MiB, the 35M-parameter "
+                    "yardstick's 134 MiB in fp32, about; 1144 -> 763 MiB, 200M parameters)")
+    ap.add_argument("--dst-ranks", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--bucket-mb", type=float, default=64.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    print(f"weight sync, {dt.date.today()}, {cpu_name()}, {os.cpu_count()} cores, bucket {a.bucket_mb:g} MiB, "
+          f"median of {a.repeats}", flush=True)
+    print("| state | destination ranks | object store s (MiB/s) | broadcast s (MiB/s) | object store / broadcast |")
+    print("|---|---|---|---|---|")
+    for size in a.sizes_mb:
+        for dst in a.dst_ranks:
+            r = measure(size, dst, a.bucket_mb, a.repeats)
+            o, b = r["object_store"], r["broadcast"]
+            print(f"| {o['mb']:.0f} MiB | {dst} | {o['seconds']:.3f} ({o['mb_s']:.0f}) | {b['seconds']:.3f} "
+                  f"({b['mb_s']:.0f}) | {o['seconds'] / b['seconds']:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
