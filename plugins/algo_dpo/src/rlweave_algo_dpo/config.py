@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rlweave.algo.sampling import SamplingConfig
+
 
 class PreferenceLossConfig(BaseModel):
     """Loss settings shared by DPO and OnlineDPO (see ``rlweave_algo_dpo.loss``)."""
@@ -62,20 +64,18 @@ class DPOConfig(PreferenceLossConfig):
     )
 
 
-class OnlineDPOConfig(PreferenceLossConfig):
+class OnlineDPOConfig(PreferenceLossConfig, SamplingConfig):
+    """The preference loss keys, the shared sampling keys
+    (:class:`~rlweave.algo.sampling.SamplingConfig`) and OnlineDPO's own."""
+
     name: Literal["online_dpo"] = Field("online_dpo", description="Algorithm name.")
     n_samples: int = Field(4, ge=2, description="Responses sampled per prompt (k >= 2).")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollout.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1.0: off).")
-    top_k: int = Field(-1, description="Top-k sampling (-1: off).")
-    max_new_tokens: int = Field(64, ge=1, description="Longest response sampled during training.")
     reward_source: Literal["rules", "model"] = Field(
         "rules", description="rules: the configured rewards[] (rule functions); model: a 'reward' role's scores."
     )
     min_reward_gap: float = Field(
         0.0, ge=0, description="A pair needs best - worst reward strictly above this; prompts below are counted as ties."
     )
-    eval_greedy: bool = Field(True, description="Greedy decoding at evaluation (else sample at temperature).")
 
 
 def _get(cfg: Any, key: str, default: Any) -> Any:

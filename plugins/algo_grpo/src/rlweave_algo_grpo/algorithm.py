@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from rlweave.algo.evaluate import exact_match, record_prompt, reward_fields
+from rlweave.algo.minibatch import split
 from rlweave.algo.rollout import encode_prompts, generations_to_batch, sampling_params
 from rlweave.algo.weights import token_weights
 from rlweave.data.batch import Batch
@@ -202,9 +203,7 @@ class GRPO(Algorithm):
             order = list(range(len(batch)))
             if c.shuffle_mini_batches and c.mini_batches > 1:
                 rng.shuffle(order)
-            for part in _chunks(order, c.mini_batches):
-                if not part:
-                    continue
+            for part in split(order, c.mini_batches):
                 mb = batch.select(part)
                 mb.add_token("token_weight", token_weights(mb, c.loss_agg))
                 train_metrics.append(policy.train(mb, loss_fn).result())
@@ -277,8 +276,3 @@ class GRPO(Algorithm):
         self.steps_done = int(state.get("steps_done", 0))
         self.samples_seen = int(state.get("samples_seen", 0))
 
-
-def _chunks(order: list[int], parts: int) -> list[list[int]]:
-    n = len(order)
-    bounds = [round(i * n / parts) for i in range(parts + 1)]
-    return [order[bounds[i] : bounds[i + 1]] for i in range(parts)]

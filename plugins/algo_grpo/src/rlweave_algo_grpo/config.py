@@ -4,22 +4,19 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from rlweave.algo.sampling import SamplingConfig
 
 
-class GRPOConfig(BaseModel):
+class GRPOConfig(SamplingConfig):
+    """The shared sampling keys (:class:`~rlweave.algo.sampling.SamplingConfig`) and GRPO's own."""
+
     model_config = ConfigDict(extra="forbid")
 
     name: Literal["grpo"] = Field("grpo", description="Algorithm name.")
-    # sampling
+    # sampling (the rest: SamplingConfig)
     n_samples: int = Field(8, ge=1, description="Responses sampled per prompt (the group size).")
-    temperature: float = Field(
-        1.0, gt=0, description="Sampling temperature of the rollout; old, reference and training log-probs are those of "
-        "logits / temperature (the distribution sampled from)."
-    )
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1.0: off).")
-    top_k: int = Field(-1, description="Top-k sampling (-1: off).")
-    max_new_tokens: int = Field(64, ge=1, description="Longest response sampled during training.")
     ignore_eos: bool = Field(False, description="Always generate max_new_tokens (benchmarks: equal work per sample).")
     # policy loss
     clip_low: float = Field(0.2, ge=0, description="Lower clip range: ratio >= 1 - clip_low.")
@@ -48,7 +45,6 @@ class GRPOConfig(BaseModel):
     shuffle_mini_batches: bool = Field(True, description="Shuffle samples before splitting into mini-batches.")
     # evaluation
     eval_max_new_tokens: int = Field(32, ge=1, description="Longest response at evaluation.")
-    eval_greedy: bool = Field(True, description="Greedy decoding at evaluation (else sample at temperature).")
     eval_threshold: float = Field(1.0, description="A held-out sample is correct when its reward is >= this.")
 
     @model_validator(mode="after")

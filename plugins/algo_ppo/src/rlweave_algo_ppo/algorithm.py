@@ -27,6 +27,7 @@ import torch
 
 from rlweave.algo.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.algo.kl import kl_penalty
+from rlweave.algo.minibatch import split
 from rlweave.algo.rollout import encode_prompts, generations_to_batch, sampling_params
 from rlweave.algo.weights import token_weights
 from rlweave.data.batch import Batch
@@ -80,12 +81,6 @@ PHASES = {
 
 #: names of the overlapped experience calls in the ``time/*`` metrics (reward roles keep theirs)
 _TIME_NAMES = {"critic": "values", "policy": "old_logprobs"}
-
-
-def _chunks(order: list[int], parts: int) -> list[list[int]]:
-    n = len(order)
-    bounds = [round(i * n / parts) for i in range(parts + 1)]
-    return [order[bounds[i] : bounds[i + 1]] for i in range(parts) if bounds[i + 1] > bounds[i]]
 
 
 class PPO(Algorithm):
@@ -254,7 +249,7 @@ class PPO(Algorithm):
             order = list(range(len(batch)))
             if c.shuffle_mini_batches and c.mini_batches > 1:
                 rng.shuffle(order)
-            for part in _chunks(order, c.mini_batches):
+            for part in split(order, c.mini_batches):
                 mb = batch.select(part)
                 mb.add_token("token_weight", token_weights(mb, c.loss_agg))
                 v_batches.append(mb)

@@ -10,6 +10,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rlweave.algo.sampling import SamplingConfig
+
 
 class RewardModelEntry(BaseModel):
     """One learned reward model: a role (scalar-head model, ``model_type: reward``) whose
@@ -21,16 +23,12 @@ class RewardModelEntry(BaseModel):
     weight: float = Field(1.0, description="Weight of this model's score in the summed reward.")
 
 
-class PPOConfig(BaseModel):
+class PPOConfig(SamplingConfig):
+    """The shared sampling keys (:class:`~rlweave.algo.sampling.SamplingConfig`) and PPO's own."""
+
     model_config = ConfigDict(extra="forbid")
 
     name: Literal["ppo"] = Field("ppo", description="Algorithm name.")
-    # sampling
-    n_samples: int = Field(1, ge=1, description="Responses sampled per prompt.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of the rollout (also used for log-probs).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1.0: off).")
-    top_k: int = Field(-1, description="Top-k sampling (-1: off).")
-    max_new_tokens: int = Field(64, ge=1, description="Longest response sampled during training.")
     # rewards
     reward_models: list[RewardModelEntry] = Field(
         default_factory=lambda: [RewardModelEntry()],
@@ -84,7 +82,6 @@ class PPOConfig(BaseModel):
         description="Rule reward (name or module:function) deciding held-out correctness; null: the 'rewards' set.",
     )
     eval_max_new_tokens: int = Field(32, ge=1, description="Longest response at evaluation.")
-    eval_greedy: bool = Field(True, description="Greedy decoding at evaluation (else sample at temperature).")
     eval_threshold: float = Field(1.0, description="A held-out sample is correct when its reward is >= this.")
 
     @model_validator(mode="after")

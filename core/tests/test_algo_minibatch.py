@@ -1,0 +1,23 @@
+"""Mini-batch splitting and the shared sampling keys of the generating algorithms."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlweave.algo.minibatch import split
+from rlweave.algo.sampling import SamplingConfig
+
+
+def test_split_keeps_order_and_balances():
+    assert split([4, 2, 7, 1, 0], 2) == [[4, 2], [7, 1, 0]]
+    assert split(list(range(6)), 3) == [[0, 1], [2, 3], [4, 5]]
+    assert split([9, 8], 4) == [[9], [8]]  # fewer samples than parts: no empty mini-batch
+    assert sum(split(list(range(37)), 5), []) == list(range(37))
+
+
+def test_sampling_keys_are_strict_and_bounded():
+    assert SamplingConfig().model_dump() == {"n_samples": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
+                                             "max_new_tokens": 64, "eval_greedy": True}
+    for bad in ({"temperature": 0}, {"top_p": 1.5}, {"max_new_tokens": 0}, {"n_samples": 0}, {"topp": 0.9}):
+        with pytest.raises(ValueError):
+            SamplingConfig(**bad)
