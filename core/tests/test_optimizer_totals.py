@@ -23,8 +23,8 @@ def test_rank_context_carries_the_total():
         "algorithm": {"name": "grpo"},
     })
     ctx = _context(cfg, "policy", 0, ("127.0.0.1", 1234), total_steps=600)
-    assert ctx.extra["total_steps"] == 600 and ctx.extra["optim"]["schedule"] == "cosine"
-    assert "total_steps" not in _context(cfg, "policy", 0, ("127.0.0.1", 1234)).extra
+    assert ctx.optim_total_steps == 600 and ctx.optim.schedule == "cosine"
+    assert _context(cfg, "policy", 0, ("127.0.0.1", 1234)).optim_total_steps is None
 
 
 def test_trained_roles_and_worker_contexts_leave_out_roles_that_never_train():
@@ -35,5 +35,5 @@ def test_trained_roles_and_worker_contexts_leave_out_roles_that_never_train():
     cfg = RunConfig.model_validate({"roles": {"policy": {"backend": "fsdp", "optim": {"lr": 1e-4}},
                                               "reference": {"backend": "fsdp", "optim": {"lr": 1e-4}}}})
     assert _trained_roles(cfg, ["policy", "reference"]) == ["policy"]
-    assert _context(cfg, "reference", 0, ("127.0.0.1", 1)).extra["optim"] is None
-    assert _context(cfg, "policy", 0, ("127.0.0.1", 1)).extra["optim"]["lr"] == 1e-4
+    assert _context(cfg, "reference", 0, ("127.0.0.1", 1)).optim is None
+    assert _context(cfg, "policy", 0, ("127.0.0.1", 1)).optim.lr == 1e-4

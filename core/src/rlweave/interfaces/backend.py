@@ -6,7 +6,7 @@ shard (see ``Batch.balanced_partition``), and per-rank results are gathered back
 original sample order by the controller. Methods are synchronous on the rank.
 
 Lifecycle: ``__init__(ctx)`` (cheap) -> ``init_model()`` (joins the process group, builds
-and shards the model, optimizer and LR schedule when ``ctx.extra['optim']`` is given) ->
+and shards the model, optimizer and LR schedule when ``ctx.optim`` is given) ->
 any number of operations -> ``shutdown()``.
 
 Loss functions come from the algorithm plugin (see :class:`LossFn`). Token-weight
@@ -67,7 +67,7 @@ class TrainingWorker(Worker):
 
     @abstractmethod
     def init_model(self) -> None:
-        """Build, shard and (if ``ctx.extra['optim']``) set up optimizer and LR schedule."""
+        """Build, shard and (if ``ctx.optim``) set up optimizer and LR schedule."""
 
     @abstractmethod
     def compute_logprobs(self, batch: "Batch", temperature: float = 1.0, with_entropy: bool = False) -> dict[str, "torch.Tensor"]:

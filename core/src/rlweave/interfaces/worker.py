@@ -32,7 +32,12 @@ class WorkerContext:
         model: model description (``path``, ``dtype``, ``model_type``, ``trust_remote_code``...).
         seed: base seed of the run; workers derive per-rank seeds from it.
         parallel: parallel sizes for this role (``{"dp": 2, "tp": 1}``).
-        extra: anything else the algorithm passes to the worker (optimizer settings...).
+        optim: the role's validated ``optim`` section (:class:`rlweave.config.schema.OptimSection`,
+            defaults defined there alone) when the role trains, else None. A dict given here or
+            as ``extra["optim"]`` (tests, embedders) is validated into one.
+        optim_total_steps: optimizer steps of the whole run, for a schedule whose
+            ``optim.total_steps`` is null (``extra["total_steps"]`` is read the same way).
+        extra: anything else a plugin passes to its workers.
         cpu_threads: intra-op threads of a rank on a CPU device (None: the node's cores
             divided by ``world_size``); the scheduler applies it before building the worker.
         cpu_malloc_reuse: on a CPU device, the scheduler keeps freed memory in the rank's
@@ -53,6 +58,18 @@ class WorkerContext:
     extra: dict[str, Any] = field(default_factory=dict)
     cpu_threads: int | None = None
     cpu_malloc_reuse: bool = True
+    optim: Any = None
+    optim_total_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.optim is None and isinstance(self.extra, dict) and self.extra.get("optim") is not None:
+            self.optim = self.extra.pop("optim")
+        if isinstance(self.optim, dict):
+            from rlweave.config.schema import OptimSection
+
+            self.optim = OptimSection.model_validate(self.optim)
+        if self.optim_total_steps is None and isinstance(self.extra, dict) and self.extra.get("total_steps"):
+            self.optim_total_steps = int(self.extra.pop("total_steps"))
 
 
 class Worker:

@@ -19,8 +19,8 @@ the controller's, and no cluster has to start. What is replaced, inside :func:`r
   function, then its ``config`` becomes a recording dict at ``roles.<role>.options`` and its
   ``seed``, ``world_size``, ``cpu_threads``, ``cpu_malloc_reuse`` and ``parallel`` are logged as
   ``run.seed``, ``roles.<role>.devices``, ``roles.<role>.cpu_threads``, ``ray.cpu_malloc_reuse``
-  and ``roles.<role>.parallel``; its ``model`` and ``extra['optim']`` record already
-  (``model_dump()`` of a view);
+  and ``roles.<role>.parallel``; its ``model`` (``model_dump()`` of a view) and ``optim`` (a
+  view) record already;
 * role handles keep recording the ``timeouts`` they copy; plugin option models named in
   ``option_models`` are built as views (:meth:`Recorder.model_factory`); after a worker is
   built, plain-dict copies of recorded dicts it keeps are recorded too

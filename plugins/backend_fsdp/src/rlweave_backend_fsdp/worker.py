@@ -113,21 +113,19 @@ class FSDPWorker(TrainingWorker):
         self.skip_names = {"lm_head.weight"} if modeling.tied_lm_head(model) else set()
         self.step = 0
         self.offloaded = False
-        optim = (ctx.extra or {}).get("optim")
-        if optim:
-            self._build_optimizer(optim)
+        if ctx.optim is not None:
+            self._build_optimizer(ctx.optim)
         torch.manual_seed(seed + 1000 + self.rank)  # per-rank dropout stream
 
-    def _build_optimizer(self, o: dict[str, Any]) -> None:
-        self.optim_cfg = dict(o)
-        kw = dict(lr=o.get("lr", 1e-5), betas=tuple(o.get("betas", (0.9, 0.999))), eps=o.get("eps", 1e-8),
-                  weight_decay=o.get("weight_decay", 0.0))
+    def _build_optimizer(self, o: Any) -> None:
+        """AdamW and its LR schedule from ``o``, the role's ``OptimSection``."""
+        self.optim_cfg = o
+        kw = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
         try:  # fused AdamW (CPU and CUDA, DTensor-aware) is ~5x faster than the per-tensor loop on CPU
             self.optimizer = torch.optim.AdamW(self.model.parameters(), fused=True, **kw)
         except (RuntimeError, TypeError, ValueError):
             self.optimizer = torch.optim.AdamW(self.model.parameters(), **kw)
-        total = o.get("total_steps") or (self.ctx.extra or {}).get("total_steps")
-        sched = WarmupSchedule(o.get("warmup_steps", 0), o.get("schedule", "constant"), total, o.get("min_lr_ratio", 0.0))
+        sched = WarmupSchedule(o.warmup_steps, o.schedule, o.total_steps or self.ctx.optim_total_steps, o.min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, sched)
 
     # ---------------------------------------------------------------- helpers
@@ -322,7 +320,7 @@ class FSDPWorker(TrainingWorker):
         from torch.distributed.tensor import DTensor
 
         params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = float(self.optim_cfg.get("grad_clip", 1.0) or 0.0) or float("inf")
+        max_norm = float(self.optim_cfg.grad_clip or 0.0) or float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()

@@ -43,9 +43,6 @@ def _context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int],
 
     section = cfg.roles[role]
     trains = section.optim is not None and role not in NEVER_TRAINED
-    extra: dict = {"optim": section.optim.model_dump() if trains else None}
-    if total_steps:
-        extra["total_steps"] = int(total_steps)
     model = section.model if section.model is not None else cfg.model
     return WorkerContext(
         role=role,
@@ -57,7 +54,8 @@ def _context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int],
         model=model.model_dump(),
         seed=cfg.run.seed,
         parallel=dict(section.parallel),
-        extra=extra,
+        optim=section.optim if trains else None,
+        optim_total_steps=int(total_steps) if total_steps else None,
         cpu_threads=section.cpu_threads,
         cpu_malloc_reuse=cfg.ray.cpu_malloc_reuse,
     )
@@ -70,8 +68,8 @@ class RoleBuilder:
     with every problem), starts a local Ray cluster if none is connected, reserves one
     placement group per pool, creates one actor per rank, fills each rank's
     :class:`~rlweave.interfaces.worker.WorkerContext` (``config`` = the role's ``options``,
-    ``model`` = the role's or the top-level model, ``extra['optim']``, ``extra['total_steps']``
-    from ``optimizer_total_steps`` (the run's optimizer steps of that role, used where
+    ``model`` = the role's or the top-level model, ``optim`` (the validated section),
+    ``optim_total_steps`` from ``optimizer_total_steps`` (the run's optimizer steps of that role, used where
     ``optim.total_steps`` is null), rendezvous = rank 0's node and a free port there), then,
     with ``init``, calls ``init_model()`` / ``init_engine()`` on all ranks of all roles at once.
     Handles carry ``roles.<role>.timeouts``. On any failure everything started so far is shut
