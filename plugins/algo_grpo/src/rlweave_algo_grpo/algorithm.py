@@ -143,9 +143,9 @@ class GRPO(Algorithm):
 
     # ---------------------------------------------------------------------- step
     def step(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        """Generate and score groups, then (unless every group agreed) log-probs,
+        advantages, updates and the weight sync; see the module docstring."""
         c = self.config
-        roles = self.ctx.roles
-        policy = roles["policy"]
         self._times = {k: 0.0 for k in ("generate", "reward", "reference", "old_logprobs", "train", "sync", "offload")}
         batch, scores, breakdown, ds_stats = self._collect(records)
         metrics: dict[str, float] = dict(ds_stats) if c.dynamic_sampling else {}
@@ -154,40 +154,66 @@ class GRPO(Algorithm):
             self.steps_done += 1
             metrics.update({"skipped": 1.0, **{f"time/{k}": v for k, v in self._times.items()}})
             return metrics
-        rlen = batch.sample["response_len"].float()
         rewards = scores + overlong_penalty(
             batch.sample["response_len"], c.max_new_tokens, c.overlong_buffer, c.overlong_penalty
         )
+        need_old = self._experience(batch)
+        rewards = self._kl_in_reward(batch, rewards, metrics)
+        adv = self._advantages(batch, rewards)
+        train_metrics = self._update(batch)
+        t0 = time.perf_counter()
+        sync = self._sync()
+        self._times["sync"] = time.perf_counter() - t0
+        self._times["offload"] += self.residency.enter("rest")
+        self.steps_done += 1
+        self.samples_seen += len(batch)
+        metrics.update(self._step_metrics(batch, scores, rewards, adv, breakdown, train_metrics, need_old))
+        metrics.update(sync)
+        return metrics
 
-        # reference and old log-probs, issued together
-        # KL in the reward needs the policy's log-probs before the update as well
+    def _experience(self, batch: Batch) -> bool:
+        """Reference and old log-probs, issued together so they overlap on separate devices;
+        returns whether old log-probs were computed (several updates per batch, or the KL
+        goes into the reward, which needs the policy's log-probs before the update)."""
+        c, roles = self.config, self.ctx.roles
         need_old = c.ppo_epochs > 1 or c.mini_batches > 1 or c.kl_in_reward
         if c.kl_beta > 0 or need_old:
             self._times["offload"] += self.residency.enter("experience")
         t0 = time.perf_counter()
         ref_fut = roles["reference"].logprobs(batch, temperature=c.temperature) if c.kl_beta > 0 else None
-        old_fut = policy.logprobs(batch, temperature=c.temperature) if need_old else None
+        old_fut = roles["policy"].logprobs(batch, temperature=c.temperature) if need_old else None
         if ref_fut is not None:
             batch.add_token("ref_logprobs", ref_fut.result()["logprobs"].float())
             self._times["reference"] = time.perf_counter() - t0
         if old_fut is not None:
             batch.add_token("old_logprobs", old_fut.result()["logprobs"].float())
             self._times["old_logprobs"] = time.perf_counter() - t0
+        return need_old
+
+    def _kl_in_reward(self, batch: Batch, rewards: torch.Tensor, metrics: dict[str, float]) -> torch.Tensor:
+        """``rewards`` minus beta x each sequence's KL when ``kl_in_reward`` (else unchanged)."""
+        c = self.config
+        if not c.kl_in_reward:
+            return rewards
+        from rlweave.algo.kl import kl_penalty
+
         mask = batch.token["loss_mask"]
-        idx = batch.sample_index()
-        if c.kl_in_reward:
-            from rlweave.algo.kl import kl_penalty
+        kl_tok = kl_penalty(batch.token["old_logprobs"], batch.token["ref_logprobs"], c.kl_estimator) * mask
+        seq_kl = torch.zeros(len(batch)).index_add_(0, batch.sample_index(), kl_tok)
+        metrics["kl_reward"] = float(seq_kl.mean())
+        return rewards - c.kl_beta * seq_kl
 
-            kl_tok = kl_penalty(batch.token["old_logprobs"], batch.token["ref_logprobs"], c.kl_estimator) * mask
-            seq_kl = torch.zeros(len(batch)).index_add_(0, idx, kl_tok)
-            rewards = rewards - c.kl_beta * seq_kl
-            metrics["kl_reward"] = float(seq_kl.mean())
-
+    def _advantages(self, batch: Batch, rewards: torch.Tensor) -> torch.Tensor:
+        """Group-relative advantages, added to the batch per sample and per response token."""
+        c = self.config
         adv = group_advantages(rewards, batch.sample["group"], scale=c.scale_rewards, eps=c.adv_eps)
         batch.add_sample("advantages", adv)
-        batch.add_token("advantages", adv[idx] * mask)
+        batch.add_token("advantages", adv[batch.sample_index()] * batch.token["loss_mask"])
+        return adv
 
-        # updates
+    def _update(self, batch: Batch) -> list[dict[str, float]]:
+        """``ppo_epochs`` passes of ``mini_batches`` policy updates; returns each update's metrics."""
+        c = self.config
         loss_fn = GRPOLoss(
             clip_low=c.clip_low,
             clip_high=c.clip_high,
@@ -206,40 +232,34 @@ class GRPO(Algorithm):
             for part in split(order, c.mini_batches):
                 mb = batch.select(part)
                 mb.add_token("token_weight", token_weights(mb, c.loss_agg))
-                train_metrics.append(policy.train(mb, loss_fn).result())
+                train_metrics.append(self.ctx.roles["policy"].train(mb, loss_fn).result())
         self._times["train"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        sync = self._sync()
-        self._times["sync"] = time.perf_counter() - t0
-        self._times["offload"] += self.residency.enter("rest")
+        return train_metrics
 
-        # metrics
-        self.steps_done += 1
-        self.samples_seen += len(batch)
-        on = mask > 0
-        metrics.update(
-            {
-                "reward/mean": float(scores.mean()),
-                "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
-                "reward/shaped_mean": float(rewards.mean()),
-                "adv/mean": float(adv.mean()),
-                "adv/std": float(adv.std()) if len(adv) > 1 else 0.0,
-                "adv/min": float(adv.min()),
-                "adv/max": float(adv.max()),
-                "response_len/mean": float(rlen.mean()),
-                "response_len/max": float(rlen.max()),
-                "response/truncated_frac": _mean([1.0 if m["finish_reason"] == "length" else 0.0 for m in batch.meta]),
-                "samples": float(len(batch)),
-                **{f"time/{k}": v for k, v in self._times.items()},
-                **sync,
-            }
-        )
+    def _step_metrics(self, batch: Batch, scores: torch.Tensor, rewards: torch.Tensor, adv: torch.Tensor,
+                      breakdown: list[dict], train_metrics: list[dict[str, float]], need_old: bool) -> dict[str, float]:
+        """The step's metrics row: rewards, advantages, lengths, timings and update means."""
+        rlen = batch.sample["response_len"].float()
+        metrics = {
+            "reward/mean": float(scores.mean()),
+            "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+            "reward/shaped_mean": float(rewards.mean()),
+            "adv/mean": float(adv.mean()),
+            "adv/std": float(adv.std()) if len(adv) > 1 else 0.0,
+            "adv/min": float(adv.min()),
+            "adv/max": float(adv.max()),
+            "response_len/mean": float(rlen.mean()),
+            "response_len/max": float(rlen.max()),
+            "response/truncated_frac": _mean([1.0 if m["finish_reason"] == "length" else 0.0 for m in batch.meta]),
+            "samples": float(len(batch)),
+            **{f"time/{k}": v for k, v in self._times.items()},
+        }
         for name in sorted({k for d in breakdown for k in d if k != "failed"}):
             vals = [float(d[name]) for d in breakdown if isinstance(d.get(name), (int, float))]
             metrics[f"reward/{name}"] = _mean(vals)
         metrics["reward/failed"] = float(sum(len(d.get("failed", [])) for d in breakdown))
         if need_old:
-            gap = (batch.token["old_logprobs"] - batch.token["rollout_logprobs"]).abs()[on]
+            gap = (batch.token["old_logprobs"] - batch.token["rollout_logprobs"]).abs()[batch.token["loss_mask"] > 0]
             metrics["logprob_gap"] = float(gap.mean()) if gap.numel() else 0.0
         for key in ("loss", "grad_norm", "lr", "pg_loss", "clip_frac", "kl", "entropy", "ratio"):
             vals = [float(m[key]) for m in train_metrics if key in m]
