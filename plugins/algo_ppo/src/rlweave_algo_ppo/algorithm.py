@@ -209,25 +209,41 @@ class PPO(Algorithm):
 
     # ---------------------------------------------------------------------- step
     def step(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        """generate -> experience (old log-probs, reference, values, scores) -> rewards and
+        GAE -> policy and critic updates -> weight sync; see the module docstring."""
         c = self.config
-        roles = self.ctx.roles
         metrics: dict[str, float] = {}
-
         self.phases.enter("generate")
         t0 = time.perf_counter()
         batch = self._generate(records)
         metrics["time/generate"] = time.perf_counter() - t0
-
         t_off = self.phases.enter("experience")
         raw_score = self._experience(batch, metrics)
-        mask = batch.token["loss_mask"]
-        idx = batch.sample_index()
+        adv_info = self._advantages(batch, raw_score)
+        t_off += self.phases.enter("train")
+        train_policy = self.steps_done >= c.critic_warmup_steps
+        p_metrics, v_metrics, t_train_off = self._update(batch, train_policy, metrics)
+        t_off += t_train_off
+        if train_policy:
+            metrics.update(self._sync())
+        self.kl_ctl.update(float(adv_info["seq_kl"].mean()), len(batch))
+        t_off += self.phases.enter("rest")
+        metrics["time/offload"] = t_off
+        self.steps_done += 1
+        metrics.update(self._step_metrics(batch, raw_score, adv_info, p_metrics, v_metrics))
+        return metrics
 
-        # rewards: normalised/clipped sequence score at the last token, KL penalty on every token
+    def _advantages(self, batch: Batch, raw_score: torch.Tensor) -> dict[str, Any]:
+        """Normalised/clipped sequence score at the last token, KL penalty on every token,
+        GAE advantages (whitened if asked) and returns, added to ``batch``. Returns what the
+        metrics need: ``score``, ``seq_kl``, ``kl_coef``, ``adv``, ``ret``, ``adv_mean``,
+        ``adv_std`` (before whitening)."""
+        c = self.config
+        mask = batch.token["loss_mask"]
         score = normalize_scores(raw_score, c.reward_norm, self.reward_moments, c.reward_clip,
                                  groups=batch.sample["group"])
         kl_tok = kl_penalty(batch.token["old_logprobs"], batch.token["ref_logprobs"], c.kl_estimator) * mask
-        seq_kl = torch.zeros(len(batch)).index_add_(0, idx, kl_tok)
+        seq_kl = torch.zeros(len(batch)).index_add_(0, batch.sample_index(), kl_tok)
         kl_coef = self.kl_ctl.value
         rewards = token_rewards(score, mask, batch.cu_seqlens, kl=kl_tok, kl_coef=kl_coef)
         adv, ret = compute_gae(rewards, batch.token["old_values"], mask, batch.cu_seqlens, c.gamma, c.lam)
@@ -236,12 +252,13 @@ class PPO(Algorithm):
             adv = masked_whiten(adv, mask)  # global statistics over the whole batch (see normalize.py)
         batch.add_token("advantages", adv)
         batch.add_token("returns", ret)
+        return {"score": score, "seq_kl": seq_kl, "kl_coef": kl_coef, "adv": adv, "ret": ret,
+                "adv_mean": adv_mean, "adv_std": adv_std}
 
-        # updates
-        t_off += self.phases.enter("train")
-        train_policy = self.steps_done >= c.critic_warmup_steps
-        policy_loss = PolicyLoss(c.clip_low, c.clip_high, c.entropy_coef, c.ptx_coef, temperature=c.temperature)
-        value_loss = ValueLoss(c.value_clip)
+    def _mini_batches(self, batch: Batch, train_policy: bool) -> tuple[list[Batch], list[Batch]]:
+        """The policy's (with ptx records when asked; none during critic warm-up) and the
+        critic's mini-batches of all ``ppo_epochs`` passes."""
+        c = self.config
         rng = random.Random(int(self.ctx.seed) * 7919 + self.steps_done)
         p_batches: list[Batch] = []
         v_batches: list[Batch] = []
@@ -254,10 +271,21 @@ class PPO(Algorithm):
                 mb.add_token("token_weight", token_weights(mb, c.loss_agg))
                 v_batches.append(mb)
                 if train_policy:
-                    pmb = self._with_ptx(mb) if c.ptx_coef > 0 else mb
-                    p_batches.append(pmb)
+                    p_batches.append(self._with_ptx(mb) if c.ptx_coef > 0 else mb)
+        return p_batches, v_batches
+
+    def _update(self, batch: Batch, train_policy: bool,
+                metrics: dict[str, float]) -> tuple[list[dict[str, float]], list[dict[str, float]], float]:
+        """Policy and critic updates: one after the other when both move between phases
+        (each alone on the devices), else side by side. Returns the policy's and the critic's
+        update metrics and the seconds spent moving roles; sets ``time/train`` and
+        ``time/critic_train``."""
+        c, roles = self.config, self.ctx.roles
+        policy_loss = PolicyLoss(c.clip_low, c.clip_high, c.entropy_coef, c.ptx_coef, temperature=c.temperature)
+        value_loss = ValueLoss(c.value_clip)
+        p_batches, v_batches = self._mini_batches(batch, train_policy)
         p_metrics: list[dict[str, float]] = []
-        v_metrics: list[dict[str, float]] = []
+        t_off = 0.0
         t0 = time.perf_counter()
         if self.phases.moving("policy", "critic"):
             if p_batches:
@@ -268,46 +296,41 @@ class PPO(Algorithm):
             t_off += self.phases.only("critic", "train")
             v_metrics = [f.result() for f in [roles["critic"].train(b, value_loss) for b in v_batches]]
             metrics["time/critic_train"] = time.perf_counter() - t1
-        else:
-            futs = {f"p{i}": roles["policy"].train(b, policy_loss) for i, b in enumerate(p_batches)}
-            futs.update({f"v{i}": roles["critic"].train(b, value_loss) for i, b in enumerate(v_batches)})
-            res, times = wait_all(futs, t0)
-            p_metrics = [res[f"p{i}"] for i in range(len(p_batches))]
-            v_metrics = [res[f"v{i}"] for i in range(len(v_batches))]
-            metrics["time/train"] = max([times[f"p{i}"] for i in range(len(p_batches))], default=0.0)
-            metrics["time/critic_train"] = max([times[f"v{i}"] for i in range(len(v_batches))], default=0.0)
-        if train_policy:
-            metrics.update(self._sync())
-        self.kl_ctl.update(float(seq_kl.mean()), len(batch))
-        t_off += self.phases.enter("rest")
-        metrics["time/offload"] = t_off
+            return p_metrics, v_metrics, t_off
+        futs = {f"p{i}": roles["policy"].train(b, policy_loss) for i, b in enumerate(p_batches)}
+        futs.update({f"v{i}": roles["critic"].train(b, value_loss) for i, b in enumerate(v_batches)})
+        res, times = wait_all(futs, t0)
+        metrics["time/train"] = max([times[f"p{i}"] for i in range(len(p_batches))], default=0.0)
+        metrics["time/critic_train"] = max([times[f"v{i}"] for i in range(len(v_batches))], default=0.0)
+        return [res[f"p{i}"] for i in range(len(p_batches))], [res[f"v{i}"] for i in range(len(v_batches))], t_off
 
-        # metrics
-        self.steps_done += 1
+    def _step_metrics(self, batch: Batch, raw_score: torch.Tensor, a: dict[str, Any],
+                      p_metrics: list[dict[str, float]], v_metrics: list[dict[str, float]]) -> dict[str, float]:
+        """The step's metrics row (rewards, advantages, values, KL, lengths, update means)."""
+        mask = batch.token["loss_mask"]
+        adv, ret = a["adv"], a["ret"]
         rlen = batch.sample["response_len"].float()
         on = mask > 0
         gap = (batch.token["old_logprobs"] - batch.token["rollout_logprobs"]).abs()[on]
-        metrics.update(
-            {
-                "reward/mean": float(raw_score.mean()),
-                "reward/std": float(raw_score.std()) if len(raw_score) > 1 else 0.0,
-                "reward/normalized_mean": float(score.mean()),
-                "adv/mean": adv_mean,
-                "adv/std": adv_std,
-                "adv/min": float(adv[on].min()) if on.any() else 0.0,
-                "adv/max": float(adv[on].max()) if on.any() else 0.0,
-                "returns/mean": masked_mean_std(ret, mask)[0],
-                "values/mean": masked_mean_std(batch.token["old_values"], mask)[0],
-                "explained_variance": explained_variance(batch.token["old_values"], ret, mask),
-                "kl": float(seq_kl.mean()),
-                "kl_coef": kl_coef,
-                "response_len/mean": float(rlen.mean()),
-                "response_len/max": float(rlen.max()),
-                "response/truncated_frac": _mean([1.0 if m["finish_reason"] == "length" else 0.0 for m in batch.meta]),
-                "logprob_gap": float(gap.mean()) if gap.numel() else 0.0,
-                "samples": float(len(batch)),
-            }
-        )
+        metrics = {
+            "reward/mean": float(raw_score.mean()),
+            "reward/std": float(raw_score.std()) if len(raw_score) > 1 else 0.0,
+            "reward/normalized_mean": float(a["score"].mean()),
+            "adv/mean": a["adv_mean"],
+            "adv/std": a["adv_std"],
+            "adv/min": float(adv[on].min()) if on.any() else 0.0,
+            "adv/max": float(adv[on].max()) if on.any() else 0.0,
+            "returns/mean": masked_mean_std(ret, mask)[0],
+            "values/mean": masked_mean_std(batch.token["old_values"], mask)[0],
+            "explained_variance": explained_variance(batch.token["old_values"], ret, mask),
+            "kl": float(a["seq_kl"].mean()),
+            "kl_coef": a["kl_coef"],
+            "response_len/mean": float(rlen.mean()),
+            "response_len/max": float(rlen.max()),
+            "response/truncated_frac": _mean([1.0 if m["finish_reason"] == "length" else 0.0 for m in batch.meta]),
+            "logprob_gap": float(gap.mean()) if gap.numel() else 0.0,
+            "samples": float(len(batch)),
+        }
         for key in ("loss", "grad_norm", "lr", "pg_loss", "clip_frac", "ppo_kl", "ratio", "ptx_loss"):
             vals = [float(m[key]) for m in p_metrics if key in m]
             if vals:
