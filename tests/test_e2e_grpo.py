@@ -117,3 +117,19 @@ def test_sigkill_during_checkpoint_then_resume_matches(grpo_workspace):
     for k in a:
         assert (a[k] - b[k]).abs().max().item() <= 1e-6, k
     assert not leftovers(pids2)
+
+
+def test_colocated_grpo_moves_roles_between_phases(grpo_workspace):
+    """Policy and rollout on one shared device (Ray actors): every step puts the idle role
+    away and brings it back (offload/onload, sleep/wake_up over Ray), and the run trains."""
+    ws = grpo_workspace
+    cfg = ws.config("colocated", 2, resources={"pools": {"default": {"devices_per_node": 1}},
+                                               "colocate": [["policy", "rollout"]]},
+                    algorithm={"ppo_epochs": 2})
+    rc, out, pids = run_cli(["train", str(cfg)], cli_env(ws.root))
+    assert rc == 0, out[-4000:]
+    steps = [r for r in metrics_rows(ws.root / "runs" / "colocated") if r["step"] >= 1]
+    assert [r["step"] for r in steps] == [1, 2]
+    # policy out for generation, rollout out and policy in for log-probs and training, rollout in to sync
+    assert all(r["offload/moves"] == 4 and math.isfinite(r["loss"]) for r in steps), steps
+    assert pids and not leftovers(pids)

@@ -147,6 +147,7 @@ class GRPO(Algorithm):
         advantages, updates and the weight sync; see the module docstring."""
         c = self.config
         self._times = {k: 0.0 for k in ("generate", "reward", "reference", "old_logprobs", "train", "sync", "offload")}
+        moves_before = len(self.residency.moves)
         batch, scores, breakdown, ds_stats = self._collect(records)
         metrics: dict[str, float] = dict(ds_stats) if c.dynamic_sampling else {}
         if len(batch) == 0:  # every group agreed: nothing to learn from this step
@@ -169,6 +170,7 @@ class GRPO(Algorithm):
         self.samples_seen += len(batch)
         metrics.update(self._step_metrics(batch, scores, rewards, adv, breakdown, train_metrics, need_old))
         metrics.update(sync)
+        metrics["offload/moves"] = float(len(self.residency.moves) - moves_before)
         return metrics
 
     def _experience(self, batch: Batch) -> bool:
