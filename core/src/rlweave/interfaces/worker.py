@@ -62,14 +62,17 @@ class WorkerContext:
     optim_total_steps: int | None = None
 
     def __post_init__(self) -> None:
-        if self.optim is None and isinstance(self.extra, dict) and self.extra.get("optim") is not None:
-            self.optim = self.extra.pop("optim")
+        extra = self.extra if isinstance(self.extra, dict) else {}
+        if self.optim is None and extra.get("optim") is not None:
+            self.optim = extra["optim"]
         if isinstance(self.optim, dict):
             from rlweave.config.schema import OptimSection
 
             self.optim = OptimSection.model_validate(self.optim)
-        if self.optim_total_steps is None and isinstance(self.extra, dict) and self.extra.get("total_steps"):
-            self.optim_total_steps = int(self.extra.pop("total_steps"))
+        if self.optim_total_steps is None and extra.get("total_steps"):
+            self.optim_total_steps = int(extra["total_steps"])
+        if "optim" in extra or "total_steps" in extra:  # now in the typed fields; the caller's dict stays as it is
+            self.extra = {k: v for k, v in extra.items() if k not in ("optim", "total_steps")}
 
 
 class Worker:

@@ -29,8 +29,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rlweave.weight_sync.buckets import BucketMeta, cast_floating, iter_buckets, unpack_bucket
-from rlweave.weight_sync.interface import WeightSyncError, WeightSyncTimeout, WeightTransport
-from rlweave.weight_sync.object_store import dtype_end
+from rlweave.weight_sync.interface import WeightSyncError, WeightSyncTimeout, WeightTransport, from_worker_error
+from rlweave.weight_sync.object_store import destination_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -217,9 +217,8 @@ class BroadcastTransport(WeightTransport):
             raise WeightSyncError("broadcast transport: setup() was not called (or the transport is closed)")
         start = time.monotonic()
         deadline = start + timeout_s
+        dtype = destination_dtype(dst, timeout_s)
         try:
-            dtype = dst.submit_ranks("weight_dtype", [0], [((), {})], lambda v: v[0], fn=dtype_end).result(
-                timeout=timeout_s)
             src_ranks, dst_ranks = list(range(src.world_size)), list(range(dst.world_size))
             sending = src.submit_ranks("send_weights", src_ranks,
                                        [((self.key, bucket_bytes, dtype, self.tamper), {})] * len(src_ranks),
@@ -233,11 +232,8 @@ class BroadcastTransport(WeightTransport):
                 f"weight sync {side} {exc.role!r} (broadcast): rank(s) {', '.join(map(str, exc.ranks))} did not "
                 f"finish within {timeout_s:g} s; the receiving worker may be stuck in load_weights()") from None
         except WorkerError as exc:
-            cause = exc.cause if isinstance(exc.cause, WeightSyncError) else None
-            detail = str(cause) if cause is not None else exc.summary
             side = "from" if exc.role == src.name else "into"
-            raise (type(cause) if cause is not None else WeightSyncError)(
-                f"weight sync {side} {exc.role!r} rank {exc.rank} (broadcast): {detail}") from exc
+            raise from_worker_error(exc, f"weight sync {side} {exc.role!r}", " (broadcast)") from exc
         if any(r != sent for r in received):
             raise WeightSyncError(f"weight sync into {dst.name!r} (broadcast): ranks received {received}, "
                                   f"source sent {sent}")

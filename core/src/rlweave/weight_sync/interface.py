@@ -50,6 +50,16 @@ class WeightSyncTimeout(WeightSyncError, TimeoutError):
     """A weight sync did not finish within its timeout."""
 
 
+def from_worker_error(exc: Any, where: str, note: str = "") -> WeightSyncError:
+    """The :class:`WeightSyncError` for a ``WorkerError`` of a transport's rank-side end:
+    ``"<where> rank <r><note>: <detail>"``, of the same type and with the message of the
+    rank's own ``WeightSyncError`` when that is the cause (a corrupt bucket, a fetch
+    timeout), else with the worker's summary. Raise it ``from exc``."""
+    cause = exc.cause if isinstance(exc.cause, WeightSyncError) else None
+    detail = str(cause) if cause is not None else exc.summary
+    return (type(cause) if cause is not None else WeightSyncError)(f"{where} rank {exc.rank}{note}: {detail}")
+
+
 class WeightTransport(ABC):
     """Moves weights from one role's ranks to another's (see the module contract)."""
 

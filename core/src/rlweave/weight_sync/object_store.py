@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from rlweave.weight_sync.buckets import BucketMeta, iter_buckets, unpack_bucket
-from rlweave.weight_sync.interface import WeightSyncError, WeightSyncTimeout, WeightTransport
+from rlweave.weight_sync.interface import WeightSyncError, WeightSyncTimeout, WeightTransport, from_worker_error
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -94,6 +94,21 @@ def dtype_end(worker: Any, rank: int) -> str | None:  # noqa: ARG001
 
 
 # ------------------------------------------------------------- controller side
+def destination_dtype(dst: "RoleHandle", timeout_s: float) -> str | None:
+    """The destination's ``weight_dtype()`` (asked of its rank 0, :func:`dtype_end`), or None;
+    every transport sends floating tensors in it."""
+    from rlweave.scheduler.errors import WorkerError, WorkerTimeout
+
+    try:
+        return dst.submit_ranks("weight_dtype", [0], [((), {})], lambda v: v[0], fn=dtype_end).result(
+            timeout=timeout_s)
+    except WorkerTimeout:
+        raise WeightSyncTimeout(f"weight sync into {dst.name!r}: rank 0 did not answer within {timeout_s:g} s") \
+            from None
+    except WorkerError as exc:
+        raise WeightSyncError(f"weight sync into {dst.name!r} rank {exc.rank}: {exc.summary}") from exc
+
+
 def _remaining(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
 
@@ -143,30 +158,14 @@ class ObjectStoreTransport(WeightTransport):
                 "stuck in load_weights()"
             ) from None
         except WorkerError as exc:
-            cause = exc.cause if isinstance(exc.cause, WeightSyncError) else None
-            detail = str(cause) if cause is not None else exc.summary
-            err_type = type(cause) if cause is not None else WeightSyncError
-            raise err_type(f"weight sync into {dst.name!r} rank {exc.rank}: {detail}") from exc
-
-    def wanted_dtype(self, dst: "RoleHandle", timeout_s: float) -> str | None:
-        """The destination's ``weight_dtype()`` (asked of its rank 0), or None."""
-        from rlweave.scheduler.errors import WorkerError, WorkerTimeout
-
-        try:
-            return dst.submit_ranks("weight_dtype", [0], [((), {})], lambda v: v[0], fn=dtype_end).result(
-                timeout=timeout_s)
-        except WorkerTimeout:
-            raise WeightSyncTimeout(f"weight sync into {dst.name!r}: rank 0 did not answer within {timeout_s:g} s") \
-                from None
-        except WorkerError as exc:
-            raise WeightSyncError(f"weight sync into {dst.name!r} rank {exc.rank}: {exc.summary}") from exc
+            raise from_worker_error(exc, f"weight sync into {dst.name!r}") from exc
 
     def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float) -> dict[str, Any]:
         """See :meth:`WeightTransport.sync`; floating tensors travel in the destination's
         ``weight_dtype()`` when it names one."""
         start = time.monotonic()
         deadline = start + timeout_s
-        dtype = self.wanted_dtype(dst, timeout_s)
+        dtype = destination_dtype(dst, timeout_s)
         sent = self.send(src, bucket_bytes, _remaining(deadline), dtype)
         self.receive(dst, sent, timeout_s, wait_s=_remaining(deadline))
         seconds = time.monotonic() - start

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from rlweave.weight_sync.sync import sync_timeout, sync_weights
+
 if TYPE_CHECKING:  # pragma: no cover
     from rlweave.config.schema import WeightSyncSection
     from rlweave.weight_sync.interface import WeightTransport
@@ -58,7 +60,8 @@ class WeightSync:
         self.bucket_bytes = int(section.bucket_mb * (1 << 20))
         self.timeout_s = section.timeout_s
         name = section.transport
-        self._factory = transport_factory or (lambda _src, dst: make_transport(name, self._timeout(dst)))
+        self._factory = transport_factory or (
+            lambda _src, dst: make_transport(name, sync_timeout(self._handle(dst), self.timeout_s)))
         self._transports: dict[tuple[str, str], "WeightTransport"] = {}
 
     def transport(self, src: str, dst: str) -> "WeightTransport":
@@ -75,8 +78,6 @@ class WeightSync:
         returns the transport's stats (``bytes``, ``tensors``, ``buckets``, ``seconds``,
         ``bytes_per_s``, ...). Errors and timeouts as in :mod:`rlweave.weight_sync.interface`;
         the timeout is ``weight_sync.timeout_s``, else the destination's ``timeouts.sync``."""
-        from rlweave.weight_sync.sync import sync_weights
-
         return sync_weights(self._handle(src), self._handle(dst), bucket_bytes=self.bucket_bytes,
                             timeout_s=self.timeout_s, transport=self.transport(src, dst))
 
@@ -89,13 +90,6 @@ class WeightSync:
         """Close every transport (idempotent)."""
         while self._transports:
             self._transports.popitem()[1].close()
-
-    def _timeout(self, dst: str) -> float:
-        """``weight_sync.timeout_s``, else the destination's ``timeouts.sync``, else 900 s."""
-        if self.timeout_s is not None:
-            return float(self.timeout_s)
-        limit = getattr(self._handle(dst), "timeout_for", lambda _m: (None, None))("receive_weights")[0]
-        return float(limit) if limit is not None else 900.0
 
     def _handle(self, role: str) -> Any:
         if role not in self.roles:

@@ -1,4 +1,5 @@
-"""``sync_weights``: the one call algorithms use to push weights between roles."""
+"""``sync_weights``: one weight sync between two role handles (algorithms go through
+:class:`rlweave.weight_sync.WeightSync`, which calls it), and the timeout it defaults to."""
 
 from __future__ import annotations
 
@@ -11,6 +12,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: sync timeout when the destination handle names none
 DEFAULT_TIMEOUT_S = 900.0
+
+
+def sync_timeout(dst: "RoleHandle", timeout_s: float | None = None) -> float:
+    """``timeout_s`` when given, else the destination's ``roles.<role>.timeouts.sync``, else
+    :data:`DEFAULT_TIMEOUT_S` (a handle without timeouts)."""
+    if timeout_s is not None:
+        return float(timeout_s)
+    limit = getattr(dst, "timeout_for", lambda _m: (None, None))("receive_weights")[0]
+    return float(limit) if limit is not None else DEFAULT_TIMEOUT_S
 
 
 def sync_weights(
@@ -32,9 +42,7 @@ def sync_weights(
     ``timeout_s`` and :class:`~rlweave.weight_sync.interface.WeightSyncError` on a corrupt
     bucket or a worker error.
     """
-    if timeout_s is None:
-        limit = getattr(dst, "timeout_for", lambda _m: (None, None))("receive_weights")[0]
-        timeout_s = limit if limit is not None else DEFAULT_TIMEOUT_S
+    timeout_s = sync_timeout(dst, timeout_s)
     if transport is None:
         from rlweave.weight_sync.object_store import ObjectStoreTransport
 
