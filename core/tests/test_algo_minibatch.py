@@ -21,3 +21,14 @@ def test_sampling_keys_are_strict_and_bounded():
     for bad in ({"temperature": 0}, {"top_p": 1.5}, {"max_new_tokens": 0}, {"n_samples": 0}, {"topp": 0.9}):
         with pytest.raises(ValueError):
             SamplingConfig(**bad)
+
+
+def test_step_metrics_helpers():
+    from rlweave.algo.step_metrics import key_means, reward_breakdown, truncated_frac
+
+    rows = [{"loss": 1.0, "lr": 0.1}, {"loss": 3.0}, {}]
+    assert key_means(rows, ("loss", ("lr", "critic/lr"), "missing")) == {"loss": 2.0, "critic/lr": 0.1}
+    breakdown = [{"a": 1.0, "b": "x", "failed": []}, {"a": 0.0, "b": 2, "failed": ["b"]}]
+    assert reward_breakdown(breakdown) == {"reward/a": 0.5, "reward/b": 2.0, "reward/failed": 1.0}
+    assert truncated_frac([{"finish_reason": "length"}, {"finish_reason": "stop"}]) == 0.5
+    assert truncated_frac([]) == 0.0

@@ -16,8 +16,8 @@ class SamplingConfig(BaseModel):
 
     n_samples: int = Field(1, ge=1, description="Responses sampled per prompt.")
     temperature: float = Field(
-        1.0, gt=0, description="Sampling temperature of the rollout; old, reference and training log-probs are those of "
-        "logits / temperature (the distribution sampled from).",
+        1.0, gt=0, description="Sampling temperature of the rollout; old, reference and training log-probs are those "
+        "of logits / temperature (the distribution sampled from).",
     )
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold (1.0: off).")
     top_k: int = Field(-1, description="Top-k sampling (-1: off).")

@@ -23,6 +23,7 @@ import torch
 
 from rlweave.algo.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.algo.minibatch import split
+from rlweave.algo.step_metrics import key_means, reward_breakdown, truncated_frac
 from rlweave.algo.rollout import encode_prompts, generations_to_batch, sampling_params
 from rlweave.algo.weights import token_weights
 from rlweave.data.batch import Batch
@@ -45,10 +46,6 @@ PHASES = {
     "eval": ("rollout",),
     "rest": ("policy", "rollout"),
 }
-
-
-def _mean(xs: list[float]) -> float:
-    return float(sum(xs) / len(xs)) if xs else 0.0
 
 
 class GRPO(Algorithm):
@@ -252,21 +249,16 @@ class GRPO(Algorithm):
             "adv/max": float(adv.max()),
             "response_len/mean": float(rlen.mean()),
             "response_len/max": float(rlen.max()),
-            "response/truncated_frac": _mean([1.0 if m["finish_reason"] == "length" else 0.0 for m in batch.meta]),
+            "response/truncated_frac": truncated_frac(batch.meta),
             "samples": float(len(batch)),
             **{f"time/{k}": v for k, v in self._times.items()},
         }
-        for name in sorted({k for d in breakdown for k in d if k != "failed"}):
-            vals = [float(d[name]) for d in breakdown if isinstance(d.get(name), (int, float))]
-            metrics[f"reward/{name}"] = _mean(vals)
-        metrics["reward/failed"] = float(sum(len(d.get("failed", [])) for d in breakdown))
+        metrics.update(reward_breakdown(breakdown))
         if need_old:
             gap = (batch.token["old_logprobs"] - batch.token["rollout_logprobs"]).abs()[batch.token["loss_mask"] > 0]
             metrics["logprob_gap"] = float(gap.mean()) if gap.numel() else 0.0
-        for key in ("loss", "grad_norm", "lr", "pg_loss", "clip_frac", "kl", "entropy", "ratio"):
-            vals = [float(m[key]) for m in train_metrics if key in m]
-            if vals:
-                metrics[key] = _mean(vals)
+        metrics.update(key_means(train_metrics, ("loss", "grad_norm", "lr", "pg_loss", "clip_frac", "kl", "entropy",
+                                                 "ratio")))
         # the policy ranks' own train_step time (time/train minus this is dispatch and transfer)
         metrics["time/train_compute"] = float(sum(m.get("time_s", 0.0) for m in train_metrics))
         if not need_old and train_metrics and "logprob_gap" in train_metrics[0]:

@@ -28,6 +28,7 @@ import torch
 from rlweave.algo.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.algo.kl import kl_penalty
 from rlweave.algo.minibatch import split
+from rlweave.algo.step_metrics import key_means, reward_breakdown, truncated_frac
 from rlweave.algo.rollout import encode_prompts, generations_to_batch, sampling_params
 from rlweave.algo.weights import token_weights
 from rlweave.data.batch import Batch
@@ -46,10 +47,6 @@ from rlweave_algo_ppo.normalize import (
     normalize_scores,
 )
 from rlweave_algo_ppo.sequences import conform, scoring_batch, supervised_batch
-
-
-def _mean(xs: list[float]) -> float:
-    return float(sum(xs) / len(xs)) if xs else 0.0
 
 
 def wait_all(futures: dict[str, Any], t0: float, poll_s: float = 0.005) -> tuple[dict[str, Any], dict[str, float]]:
@@ -189,10 +186,7 @@ class PPO(Algorithm):
             score = score + e.weight * s
         if rule is not None:
             metrics["reward/rules"] = float(rule.mean())
-            for name in sorted({k for d in breakdown for k in d if k != "failed"}):
-                vals = [float(d[name]) for d in breakdown if isinstance(d.get(name), (int, float))]
-                metrics[f"reward/{name}"] = _mean(vals)
-            metrics["reward/failed"] = float(sum(len(d.get("failed", [])) for d in breakdown))
+            metrics.update(reward_breakdown(breakdown))
             score = score + rule
         return score
 
@@ -327,20 +321,14 @@ class PPO(Algorithm):
             "kl_coef": a["kl_coef"],
             "response_len/mean": float(rlen.mean()),
             "response_len/max": float(rlen.max()),
-            "response/truncated_frac": _mean([1.0 if m["finish_reason"] == "length" else 0.0 for m in batch.meta]),
+            "response/truncated_frac": truncated_frac(batch.meta),
             "logprob_gap": float(gap.mean()) if gap.numel() else 0.0,
             "samples": float(len(batch)),
         }
-        for key in ("loss", "grad_norm", "lr", "pg_loss", "clip_frac", "ppo_kl", "ratio", "ptx_loss"):
-            vals = [float(m[key]) for m in p_metrics if key in m]
-            if vals:
-                metrics[key] = _mean(vals)
-        critic_keys = (("value_loss", "value_loss"), ("value_clipfrac", "value_clipfrac"),
-                       ("grad_norm", "critic/grad_norm"), ("lr", "critic/lr"))
-        for key, out in critic_keys:
-            vals = [float(m[key]) for m in v_metrics if key in m]
-            if vals:
-                metrics[out] = _mean(vals)
+        metrics.update(key_means(p_metrics, ("loss", "grad_norm", "lr", "pg_loss", "clip_frac", "ppo_kl", "ratio",
+                                             "ptx_loss")))
+        metrics.update(key_means(v_metrics, ("value_loss", "value_clipfrac", ("grad_norm", "critic/grad_norm"),
+                                             ("lr", "critic/lr"))))
         return metrics
 
     # ---------------------------------------------------------------- evaluation
