@@ -208,7 +208,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from rlweave.models.tiny import build_tiny_qwen2
+    from rlweave.testing.tiny_model import build_tiny_qwen2
     from rlweave_backend_fsdp.testing import free_port
 
     if args.device == "cpu":

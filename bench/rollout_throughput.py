@@ -197,7 +197,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-    from rlweave.models.tiny import build_tiny_qwen2
+    from rlweave.testing.tiny_model import build_tiny_qwen2
 
     preset = PRESETS[args.preset]
     prompts = make_prompts(args.prompts, args.prompt_min, args.prompt_max, preset["vocab_size"], seed=0)

@@ -106,7 +106,7 @@ def test_the_runner_does_not_treat_it_as_a_lost_worker():
 
 
 def test_held_out_evaluation_stops_too():
-    from rlweave.algo.evaluate import exact_match
+    from rlweave.algo_helpers.evaluate import exact_match
     from rlweave.interfaces.engine import Generation
 
     class Tok:

@@ -12,7 +12,7 @@ tr = pytest.importorskip("rlweave_backend_fsdp.testing_reliability")
 
 
 def test_nan_on_one_rank_skips_everywhere_and_never_reaches_a_checkpoint(guarantee, tmp_path):
-    from rlweave.models.tiny import build_tiny_qwen2
+    from rlweave.testing.tiny_model import build_tiny_qwen2
     from rlweave_backend_fsdp.testing import run_ranks
 
     tiny = str(build_tiny_qwen2(tmp_path / "model", seed=1))

@@ -12,7 +12,7 @@ tr = pytest.importorskip("rlweave_backend_fsdp.testing_reliability")
 
 
 def test_two_rank_checkpoint_reloads_bitwise_on_one_rank(guarantee, tmp_path):
-    from rlweave.models.tiny import build_tiny_qwen2
+    from rlweave.testing.tiny_model import build_tiny_qwen2
     from rlweave_backend_fsdp.testing import run_ranks
 
     tiny = str(build_tiny_qwen2(tmp_path / "model", seed=1))

@@ -49,7 +49,7 @@ def _port() -> int:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from rlweave.models.tiny import build_tiny_qwen2
+    from rlweave.testing.tiny_model import build_tiny_qwen2
 
     d = tmp_path_factory.mktemp("dpo_tiny")
     build_tiny_qwen2(d / "model", vocab_size=128)

@@ -80,7 +80,7 @@ def _context(roles, tmp_path, config, seed, **kw):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from rlweave.models.tiny import build_tiny_qwen2
+    from rlweave.testing.tiny_model import build_tiny_qwen2
 
     return str(build_tiny_qwen2(tmp_path_factory.mktemp("ppo") / "m", vocab_size=128, hidden=32, layers=2, heads=4,
                                 kv_heads=2, ffn=64, seed=2))

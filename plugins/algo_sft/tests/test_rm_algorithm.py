@@ -47,7 +47,7 @@ def _records(n: int, offset: int = 0):
 
 @pytest.fixture(scope="module")
 def sft_dir(tmp_path_factory):
-    from rlweave.models.tiny import build_tiny_qwen2
+    from rlweave.testing.tiny_model import build_tiny_qwen2
 
     return str(build_tiny_qwen2(tmp_path_factory.mktemp("sft") / "m", vocab_size=128, hidden=32, layers=2, heads=4,
                                 kv_heads=2, ffn=64, seed=1))

@@ -127,7 +127,7 @@ def test_workers_of_a_role_resolve_with_the_slowest_ranks_speed_and_warn_once(tm
     """Two ranks, bf16 mixed precision on CPU, rank 0 injected fast and rank 1 slow: both take
     the fp32 paths (no rlweave kernels, attention fp32 forward and backward), rank 0 logs one
     warning naming the slowdown, and training works."""
-    from rlweave.models.tiny import build_tiny_qwen2
+    from rlweave.testing.tiny_model import build_tiny_qwen2
     from rlweave_backend_fsdp import testing_scenarios as sc
     from rlweave_backend_fsdp.testing import run_ranks
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlweave.models.tiny import build_tiny_qwen2
+from rlweave.testing.tiny_model import build_tiny_qwen2
 from rlweave_backend_fsdp import testing_scenarios as sc
 from rlweave_backend_fsdp.testing import run_ranks
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from rlweave.models.tiny import build_tiny_qwen2
+from rlweave.testing.tiny_model import build_tiny_qwen2
 from rlweave_backend_fsdp import testing_reliability as tr
 from rlweave_backend_fsdp.testing import run_ranks
 

@@ -30,7 +30,7 @@ def test_plugin_import_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, rlweave_infer_hf.plugin, rlweave_infer_hf.config, rlweave.rollout.requests, "
-            "rlweave.rollout.consistency; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    code = ("import sys, rlweave_infer_hf.plugin, rlweave_infer_hf.config, rlweave.engine_helpers.requests, "
+            "rlweave.engine_helpers.consistency; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

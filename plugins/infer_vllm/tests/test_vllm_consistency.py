@@ -13,7 +13,7 @@ import pytest
 
 from rlweave.interfaces.engine import SamplingParams
 from rlweave.interfaces.worker import WorkerContext
-from rlweave.rollout.consistency import logprob_gap
+from rlweave.engine_helpers.consistency import logprob_gap
 
 pytest.importorskip("vllm", reason="vLLM not installed")
 
@@ -22,7 +22,7 @@ PROMPTS = [[3, 17, 42, 5], [9, 8, 7, 6, 5, 4, 3, 2, 11], [60, 61], [100, 2, 50, 
 
 @pytest.fixture(scope="module")
 def rollout(tmp_path_factory):
-    from rlweave.models.tiny import build_tiny_qwen2
+    from rlweave.testing.tiny_model import build_tiny_qwen2
     from rlweave_infer_vllm.engine import VLLMEngine
 
     model_dir = build_tiny_qwen2(tmp_path_factory.mktemp("consistency") / "m", vocab_size=128, hidden=128,

@@ -16,7 +16,7 @@ psutil = pytest.importorskip("psutil")
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from rlweave.models.tiny import build_tiny_qwen2
+    from rlweave.testing.tiny_model import build_tiny_qwen2
 
     return build_tiny_qwen2(tmp_path_factory.mktemp("procs") / "m", vocab_size=128, hidden=128, layers=1, heads=4,
                             kv_heads=2, ffn=256, seed=5)

@@ -10,7 +10,7 @@ pytest.importorskip("vllm", reason="vLLM not installed (pip install rlweave-infe
 
 def test_tied_embeddings_update_is_refused_on_cpu(tmp_path):
     from rlweave.interfaces.worker import WorkerContext
-    from rlweave.models.tiny import build_tiny_qwen2
+    from rlweave.testing.tiny_model import build_tiny_qwen2
     from rlweave_infer_vllm.engine import VLLMEngine
 
     model_dir = build_tiny_qwen2(

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rlweave.config.resolve import ResolvedPlugins
     from rlweave.config.schema import RunConfig
 
-#: record keys that are not reward fields (the same as ``rlweave.algo.evaluate``, which needs torch)
+#: record keys that are not reward fields (the same as ``rlweave.algo_helpers.evaluate``, which needs torch)
 
 Call = tuple[int, dict[str, Any]]
 

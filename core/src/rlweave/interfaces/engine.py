@@ -53,7 +53,7 @@ class Generation:
     "error"}``, ``error`` set when ``finish_reason == "error"``, ``truncated`` when the prompt
     was cut to fit.
 
-    Conventions every engine follows (shared code: :mod:`rlweave.rollout.requests`):
+    Conventions every engine follows (shared code: :mod:`rlweave.engine_helpers.requests`):
 
     * ``logprobs[i]`` is the log-prob of ``token_ids[i]`` under the distribution it was
       sampled from: ``log_softmax(logits / T)`` (restricted to the top-k/top-p set when those

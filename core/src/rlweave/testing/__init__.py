@@ -4,6 +4,8 @@
   every inference-engine plugin subclasses in its own tests.
 * :mod:`rlweave.testing.reference`: transformers reference computations (greedy decoding,
   per-token log-probs) the suites compare against.
+* :mod:`rlweave.testing.tiny_model`: tiny random Qwen2 checkpoints (no downloads) for tests,
+  benchmarks and examples.
 * :mod:`rlweave.testing.workers`: tiny probe workers for scheduler and weight-sync tests.
 * :mod:`rlweave.testing.runs`: drive ``rlweave`` in a subprocess and find what outlived it.
 * :mod:`rlweave.testing.tamper`: damage and booby-trap checkpoints.

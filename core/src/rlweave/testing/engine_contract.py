@@ -47,7 +47,7 @@ import pytest
 from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
 from rlweave.interfaces.worker import WorkerContext
 from rlweave.plugins.types import EngineRecord, import_target
-from rlweave.rollout.consistency import logprob_gap
+from rlweave.engine_helpers.consistency import logprob_gap
 from rlweave.testing.reference import load_reference_model, reference_greedy, reference_logprobs
 
 FINISH_REASONS = {"stop", "length", "error"}
@@ -78,7 +78,7 @@ class EngineContractSuite:
     # ------------------------------------------------------------- overridable
     def build_model(self, path: Path) -> Path:
         """Write the tiny checkpoint the suite runs on; returns its directory."""
-        from rlweave.models.tiny import build_tiny_qwen2
+        from rlweave.testing.tiny_model import build_tiny_qwen2
 
         return build_tiny_qwen2(path, **self.model_kwargs)
 

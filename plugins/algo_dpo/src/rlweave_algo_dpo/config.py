@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rlweave.algo.sampling import SamplingConfig
+from rlweave.algo_helpers.sampling import SamplingConfig
 
 
 class PreferenceLossConfig(BaseModel):
@@ -66,7 +66,7 @@ class DPOConfig(PreferenceLossConfig):
 
 class OnlineDPOConfig(PreferenceLossConfig, SamplingConfig):
     """The preference loss keys, the shared sampling keys
-    (:class:`~rlweave.algo.sampling.SamplingConfig`) and OnlineDPO's own."""
+    (:class:`~rlweave.algo_helpers.sampling.SamplingConfig`) and OnlineDPO's own."""
 
     name: Literal["online_dpo"] = Field("online_dpo", description="Algorithm name.")
     n_samples: int = Field(4, ge=2, description="Responses sampled per prompt (k >= 2).")

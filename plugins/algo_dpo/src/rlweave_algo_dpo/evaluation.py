@@ -1,5 +1,5 @@
 """Held-out exact-match for the preference algorithms: greedy answers scored by the run's
-rewards (``rlweave.algo.evaluate.exact_match``), generated either by a rollout role or, for
+rewards (``rlweave.algo_helpers.evaluate.exact_match``), generated either by a rollout role or, for
 DPO runs without one, by the policy saved in Hugging Face format and decoded locally."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rlweave.algo.evaluate import exact_match
+from rlweave.algo_helpers.evaluate import exact_match
 
 log = logging.getLogger("rlweave.algo_dpo")
 
@@ -28,7 +28,7 @@ def evaluate_records(ctx: Any, cfg: Any, records: list[dict[str, Any]], generato
 
 def local_generator(policy: Any, run_dir: Path, dtype: str = "float32") -> Any:
     """Save the policy in HF format under ``run_dir/eval_hf`` and load it for local decoding."""
-    from rlweave.algo.local_generate import LocalHFGenerator
+    from rlweave.algo_helpers.local_generate import LocalHFGenerator
 
     path = Path(run_dir) / "eval_hf"
     if path.exists():

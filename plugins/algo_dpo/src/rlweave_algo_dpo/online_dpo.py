@@ -17,8 +17,8 @@ import time
 from typing import Any
 
 
-from rlweave.algo.evaluate import record_prompt, reward_fields
-from rlweave.algo.rollout import encode_prompts, sampling_params
+from rlweave.algo_helpers.evaluate import record_prompt, reward_fields
+from rlweave.algo_helpers.rollout import encode_prompts, sampling_params
 from rlweave.data.batch import Batch
 from rlweave.interfaces.algorithm import Algorithm, RunContext
 from rlweave.residency import Residency

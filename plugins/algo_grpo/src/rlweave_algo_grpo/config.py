@@ -6,11 +6,11 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from rlweave.algo.sampling import SamplingConfig
+from rlweave.algo_helpers.sampling import SamplingConfig
 
 
 class GRPOConfig(SamplingConfig):
-    """The shared sampling keys (:class:`~rlweave.algo.sampling.SamplingConfig`) and GRPO's own."""
+    """The shared sampling keys (:class:`~rlweave.algo_helpers.sampling.SamplingConfig`) and GRPO's own."""
 
     model_config = ConfigDict(extra="forbid")
 

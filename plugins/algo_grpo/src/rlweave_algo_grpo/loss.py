@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlweave.algo.kl import kl_penalty
+from rlweave.algo_helpers.kl import kl_penalty
 
 
 @dataclass

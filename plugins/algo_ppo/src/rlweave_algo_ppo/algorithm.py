@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
-from rlweave.algo.evaluate import exact_match, record_prompt, reward_fields
-from rlweave.algo.kl import kl_penalty
-from rlweave.algo.minibatch import split
-from rlweave.algo.step_metrics import key_means, reward_breakdown, truncated_frac
-from rlweave.algo.rollout import encode_prompts, generations_to_batch, sampling_params
-from rlweave.algo.weights import token_weights
+from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
+from rlweave.algo_helpers.kl import kl_penalty
+from rlweave.algo_helpers.minibatch import split
+from rlweave.algo_helpers.step_metrics import key_means, reward_breakdown, truncated_frac
+from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, sampling_params
+from rlweave.algo_helpers.weights import token_weights
 from rlweave.data.batch import Batch
 from rlweave.interfaces.algorithm import Algorithm
 from rlweave.interfaces.engine import SamplingParams

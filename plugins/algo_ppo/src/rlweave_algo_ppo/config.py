@@ -10,7 +10,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rlweave.algo.sampling import SamplingConfig
+from rlweave.algo_helpers.sampling import SamplingConfig
 
 
 class RewardModelEntry(BaseModel):
@@ -24,7 +24,7 @@ class RewardModelEntry(BaseModel):
 
 
 class PPOConfig(SamplingConfig):
-    """The shared sampling keys (:class:`~rlweave.algo.sampling.SamplingConfig`) and PPO's own."""
+    """The shared sampling keys (:class:`~rlweave.algo_helpers.sampling.SamplingConfig`) and PPO's own."""
 
     model_config = ConfigDict(extra="forbid")
 

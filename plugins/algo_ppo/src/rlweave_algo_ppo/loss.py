@@ -3,7 +3,7 @@
 Both follow the token-weight convention of :mod:`rlweave.interfaces.backend`: the batch
 carries a token field ``token_weight`` such that ``sum(token_weight * per_token_loss)``
 over every token of the mini-batch on every rank is the loss wanted (token mean or
-sequence mean, see :func:`rlweave.algo.weights.token_weights`); the backend sums
+sequence mean, see :func:`rlweave.algo_helpers.weights.token_weights`); the backend sums
 micro-batches and ranks. Metrics are weight-sums too, so the backend's sums are means.
 
 **Policy** (:class:`PolicyLoss`), with ``ratio = exp(logp - old_logp)`` and advantage ``A``::

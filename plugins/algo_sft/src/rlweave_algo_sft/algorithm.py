@@ -2,7 +2,7 @@
 
 One step = one optimizer step of the policy on the step's records (the backend splits the
 batch into micro-batches by token budget and accumulates). Only response tokens carry loss
-(token-weight convention, see ``rlweave.algo.weights``).
+(token-weight convention, see ``rlweave.algo_helpers.weights``).
 
 Evaluation is held-out exact match: greedy answers from a ``rollout`` role when the config
 asks for one (``eval_rollout: true``; the policy's weights are synced to it first), else
@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from rlweave.algo.evaluate import exact_match
-from rlweave.algo.weights import token_weights
+from rlweave.algo_helpers.evaluate import exact_match
+from rlweave.algo_helpers.weights import token_weights
 from rlweave.data.batch import Batch
 from rlweave.interfaces.algorithm import Algorithm
 from rlweave.residency import EVAL_PHASES, Residency
@@ -102,7 +102,7 @@ class SFT(Algorithm):
             self.ctx.weight_sync.sync("policy", "rollout")
             return self.residency.during("eval", exact_match, self.ctx.roles["rollout"], self.ctx.tokenizer, recs,
                                          reward, c.eval_max_new_tokens, c.eval_threshold)
-        from rlweave.algo.local_generate import LocalHFGenerator
+        from rlweave.algo_helpers.local_generate import LocalHFGenerator
 
         tmp = tempfile.mkdtemp(prefix="eval_hf_", dir=str(self.ctx.run_dir))
         try:

@@ -3,7 +3,7 @@
 Two record shapes:
 
 * ``{"query": str, "response": str}``: the query is encoded like a rollout prompt
-  (:func:`rlweave.algo.rollout.encode_prompts`), the response follows it, then EOS; only the
+  (:func:`rlweave.algo_helpers.rollout.encode_prompts`), the response follows it, then EOS; only the
   response (and EOS) is trained.
 * ``{"messages": [{"role", "content"}, ...]}``: rendered with the tokenizer's chat template
   when it has one (else ``"role: content\\n"`` lines); every assistant turn is trained, the
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlweave.algo.rollout import encode_prompts
+from rlweave.algo_helpers.rollout import encode_prompts
 
 
 def _ids(tokenizer: Any, text: str, special: bool) -> list[int]:

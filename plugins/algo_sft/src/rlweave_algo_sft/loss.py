@@ -1,5 +1,5 @@
 """SFT loss: token-weighted negative log-likelihood, ``sum_t w_t * -log p(x_t | x_<t)``,
-with ``w`` the batch's ``token_weight`` (see ``rlweave.algo.weights``)."""
+with ``w`` the batch's ``token_weight`` (see ``rlweave.algo_helpers.weights``)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 from rlweave.devices.cpu import slow_bf16_warning
 from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
-from rlweave.rollout.requests import (
+from rlweave.engine_helpers.requests import (
     SampleRequest,
     cut_at_stop,
     error_generation,

@@ -12,7 +12,7 @@ stream, so its buckets are verified). Replicas are data parallel.
 Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
 
 * **Requests.** Every sample is its own vLLM request (``n=1``) with its own seed
-  (:func:`rlweave.rollout.requests.sample_seed`): a seeded sample's tokens do not depend on
+  (:func:`rlweave.engine_helpers.requests.sample_seed`): a seeded sample's tokens do not depend on
   the rest of the batch. Prefix caching shares the prompt's KV between the ``n`` samples.
 * **Log-probs.** ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob only.
   ``logprobs_mode: processed`` (vLLM ``processed_logprobs``, default) is the log-prob under
@@ -51,7 +51,7 @@ from typing import Any, Iterable
 from rlweave.devices.cpu import slow_bf16_warning
 from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
 from rlweave.scheduler.errors import WorkerLost
-from rlweave.rollout.requests import (
+from rlweave.engine_helpers.requests import (
     cut_at_stop,
     eos_token_ids,
     error_generation,

@@ -1,12 +1,12 @@
-"""rlweave.algo.kl and rlweave.algo.weights against hand-computed values."""
+"""rlweave.algo_helpers.kl and rlweave.algo_helpers.weights against hand-computed values."""
 
 import math
 
 import pytest
 import torch
 
-from rlweave.algo.kl import kl_penalty
-from rlweave.algo.weights import token_weights
+from rlweave.algo_helpers.kl import kl_penalty
+from rlweave.algo_helpers.weights import token_weights
 from rlweave.data.batch import Batch
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlweave.algo.minibatch import split
-from rlweave.algo.sampling import SamplingConfig
+from rlweave.algo_helpers.minibatch import split
+from rlweave.algo_helpers.sampling import SamplingConfig
 
 
 def test_split_keeps_order_and_balances():
@@ -24,7 +24,7 @@ def test_sampling_keys_are_strict_and_bounded():
 
 
 def test_step_metrics_helpers():
-    from rlweave.algo.step_metrics import key_means, reward_breakdown, truncated_frac
+    from rlweave.algo_helpers.step_metrics import key_means, reward_breakdown, truncated_frac
 
     rows = [{"loss": 1.0, "lr": 0.1}, {"loss": 3.0}, {}]
     assert key_means(rows, ("loss", ("lr", "critic/lr"), "missing")) == {"loss": 2.0, "critic/lr": 0.1}

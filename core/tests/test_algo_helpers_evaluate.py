@@ -1,9 +1,9 @@
-"""rlweave.algo.evaluate.exact_match with a scripted generator (the rollout stand-in is the
+"""rlweave.algo_helpers.evaluate.exact_match with a scripted generator (the rollout stand-in is the
 thing under test's input, not the thing tested)."""
 
 import pytest
 
-from rlweave.algo.evaluate import exact_match, record_prompt, reward_fields
+from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.interfaces.engine import Generation
 
 

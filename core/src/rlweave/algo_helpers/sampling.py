@@ -3,7 +3,7 @@ OnlineDPO): one definition, flat beside ``algorithm.name`` in YAML.
 
 An algorithm's config subclasses :class:`SamplingConfig`, redefines ``n_samples`` where its
 default or bound differs, and turns the keys into engine settings with
-:func:`rlweave.algo.rollout.sampling_params`.
+:func:`rlweave.algo_helpers.rollout.sampling_params`.
 """
 
 from __future__ import annotations

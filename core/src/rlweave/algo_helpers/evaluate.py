@@ -2,7 +2,7 @@
 
 Works with anything that generates: a rollout :class:`~rlweave.scheduler.RoleHandle`
 (``generate`` returns a future) or a local generator whose ``generate`` returns the list
-directly (:class:`rlweave.algo.local_generate.LocalHFGenerator`). Never trains.
+directly (:class:`rlweave.algo_helpers.local_generate.LocalHFGenerator`). Never trains.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from rlweave.algo.rollout import encode_prompts
+from rlweave.algo_helpers.rollout import encode_prompts
 from rlweave.interfaces.engine import SamplingParams
 from rlweave.rewards.failures import RewardFailureError
 from rlweave.rewards.fields import reward_fields  # noqa: F401 - re-exported: algorithms import it from here

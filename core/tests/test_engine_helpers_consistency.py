@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlweave.rollout.consistency import logprob_gap
+from rlweave.engine_helpers.consistency import logprob_gap
 
 
 def test_gap_on_masked_tokens_only():

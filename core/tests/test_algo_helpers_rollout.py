@@ -1,9 +1,9 @@
-"""rlweave.algo.rollout: prompt encoding and generations -> packed Batch."""
+"""rlweave.algo_helpers.rollout: prompt encoding and generations -> packed Batch."""
 
 import pytest
 import torch
 
-from rlweave.algo.rollout import encode_prompts, generations_to_batch, sampling_params
+from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, sampling_params
 from rlweave.interfaces.engine import Generation
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rlweave.interfaces.engine import SamplingParams
-from rlweave.rollout.requests import cut_at_stop, eos_token_ids, plan_requests, sample_seed, stop_token_ids
+from rlweave.engine_helpers.requests import cut_at_stop, eos_token_ids, plan_requests, sample_seed, stop_token_ids
 
 
 def test_plan_long_prompt_error_and_budget():

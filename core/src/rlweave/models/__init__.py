@@ -1,1 +1,0 @@
-"""Model-building helpers shared by backends, engines and tests (torch imported lazily)."""
