@@ -6,11 +6,11 @@ Side by side, forward and backward time of one attention call per layer and micr
 * ``shared``: the same samples with their 32-token prompt shared: 43 responses of 128
   queries over 160 keys (the prompt, then causal over themselves), masked SDPA;
 
-each with bf16 inputs five ways: CPU SDPA in bf16, attended in fp32 (``attention.planned_sdpa``
-on CPU up to session 5), the forward in bf16 with the backward in fp32 (``attention._attend``,
-``cpu_attention_backward: fp32``), and the same forward with the compiled bf16 backward
-(``cpu_attention_backward: bf16``, the default with ``compile: true`` where bf16 is fast), and
-the flash kernel in fp32 forward and backward (``attention._attend`` with ``cpu_forward="fp32"``,
+each with bf16 inputs five ways: CPU SDPA in bf16, attended in fp32 (an earlier CPU path of
+``attention.planned_sdpa``), the forward in bf16 with the backward in fp32 (``attention._attend``,
+``cpu.attention_backward: fp32``), and the same forward with the compiled bf16 backward
+(``cpu.attention_backward: bf16``, the default with ``compile: true`` where bf16 is fast), and
+the flash kernel in fp32 forward and backward (``cpu.attention.Modes(forward="fp32")``,
 the path on CPUs where bf16 is slow, ``rlweave.devices.cpu``). 8 query heads, 2 KV
 heads, head dim 64 (the yardstick model of bench/grpo_vs_trl.py). Prints ms per call and the
 ratios to bf16 SDPA. Runs with the allocator settings of rlweave's CPU workers (re-executes
@@ -40,9 +40,10 @@ def run(q_len: int, k_len: int, mask, dtype, mode: str, samples: int, reps: int)
     def attend():
         if mode in ("mixed", "low", "flash32"):
             from rlweave_backend_fsdp.attention import _attend
+            from rlweave_backend_fsdp.cpu.attention import Modes
 
-            return _attend(q, k, v, mask, None, 0.0, True, "bf16" if mode == "low" else "fp32",
-                           "fp32" if mode == "flash32" else "input")
+            modes = Modes(forward="fp32" if mode == "flash32" else "input", backward="bf16" if mode == "low" else "fp32")
+            return _attend(q, k, v, mask, None, 0.0, True, modes)
         a, b, c = (x.float() for x in (q, k, v)) if mode == "fp32" else (q, k, v)
         o = F.scaled_dot_product_attention(a, b, c, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
         return o.to(dtype)

@@ -4,7 +4,7 @@ products behind the FSDP backend's ``auto`` CPU choices.
 Prints the probe's ratio (``--probes`` fresh measurements), then for a linear layer of
 ``--tokens`` tokens and ``--hidden`` -> ``--ffn`` features, per product, the best time in fp32
 and in bf16 and their ratio: forward ``x @ W.t()``, input gradient ``g @ W``, weight gradient
-``g.t() @ x``, and the weight gradient as ``cpu_kernels: rlweave`` computes it (the narrower
+``g.t() @ x``, and the weight gradient as ``cpu.kernels: rlweave`` computes it (the narrower
 operand transposed into a contiguous copy first, copy included).
 
     python bench/cpu_bf16.py [--threads 2] [--tokens 512] [--hidden 512] [--ffn 2048]
@@ -35,7 +35,7 @@ def products(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> dict:
         "forward x @ W.t()": lambda: torch.nn.functional.linear(x, w),
         "input gradient g @ W": lambda: g @ w,
         "weight gradient g.t() @ x": lambda: g.t() @ x,
-        "weight gradient, cpu_kernels layout": lambda: (x.t().contiguous() @ g).t().contiguous(),
+        "weight gradient, cpu.kernels layout": lambda: (x.t().contiguous() @ g).t().contiguous(),
     }
 
 

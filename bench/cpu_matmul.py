@@ -7,7 +7,7 @@ micro-batch of the grpo_vs_trl yardstick), times the three products a training s
 
 plus the weight gradient with both operands transposed to contiguous memory first (copy
 included, and without it) and with only the narrower operand transposed first, copy included
-(what the FSDP backend's ``cpu_kernels`` does for the MLP and LM head), and prints TFLOP/s
+(what the FSDP backend's ``cpu.kernels`` does for the MLP and LM head), and prints TFLOP/s
 next to the square 2048 x 2048 ceiling of the same dtype. Runs with the allocator settings
 rlweave uses on CPU (re-executes itself with ``GLIBC_TUNABLES`` unless set), or fresh outputs
 would page-fault:

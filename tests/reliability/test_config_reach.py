@@ -48,9 +48,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 VARIANTS = Path(__file__).with_name("config_reach_variants.yaml")
 
-#: worker module -> the option model it builds from ``ctx.config``
-OPTION_MODELS = {"rlweave_backend_fsdp.worker": "FSDPConfig", "rlweave_infer_hf.engine": "HFEngineConfig",
-                 "rlweave_infer_vllm.engine": "VLLMEngineConfig"}
 #: parameters of reward functions that come from the data record, not from ``args``
 RECORD_FIELDS = {"arith_exact": ("answer",), "math_boxed": ("answer",)}
 
@@ -151,7 +148,7 @@ def _loop_run(user: dict, rec: Recorder) -> RunConfig:
     from rlweave.testing.recorded_run import recorded_run
 
     cfg = RunConfig.model_validate(user)
-    with recorded_run(rec, OPTION_MODELS):
+    with recorded_run(rec):
         run(ModelView(cfg, "", rec))
     return cfg
 
@@ -165,7 +162,7 @@ def _build_only(user: dict, rec: Recorder, role: str, init: bool, calls: tuple =
 
     cfg = RunConfig.model_validate(user)
     view = ModelView(cfg, "", rec)
-    with recorded_run(rec, OPTION_MODELS):
+    with recorded_run(rec):
         resolved = resolve_plugins(view)
         builder = RoleBuilder(view, {role: resolved.roles[role]}, [role])
         try:

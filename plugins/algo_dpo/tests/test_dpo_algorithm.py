@@ -61,7 +61,7 @@ def fsdp_role(name, model_dir, budget=4096, optim=True, share=True):
     from rlweave_backend_fsdp.worker import FSDPWorker
 
     ctx = WorkerContext(role=name, master_port=_port(), model={"path": str(model_dir)},
-                        config={"max_tokens_per_micro_batch": budget, "share_prompts": share},
+                        options={"max_tokens_per_micro_batch": budget, "share_prompts": share},
                         extra={"optim": {"lr": 1e-3}} if optim else {})
     h = RoleHandle(name, LocalWorkerGroup(name, FSDPWorker, [ctx]))
     h.call("init_model").result()

@@ -55,13 +55,13 @@ def _role(name, path, model_type=None, lr=None, port=0):
     if name == "rollout":
         from rlweave_infer_hf.engine import HFEngine
 
-        ctx = WorkerContext(role=name, config={"max_batch_size": 16}, model={"path": path}, seed=5)
+        ctx = WorkerContext(role=name, options={"max_batch_size": 16}, model={"path": path}, seed=5)
         group = LocalWorkerGroup(name, HFEngine, [ctx])
         group.workers[0].init_engine()
     else:
         from rlweave_backend_fsdp.worker import FSDPWorker
 
-        ctx = WorkerContext(role=name, master_port=port, config={"max_tokens_per_micro_batch": 128},
+        ctx = WorkerContext(role=name, master_port=port, options={"max_tokens_per_micro_batch": 128},
                             model={"path": path, "model_type": model_type}, seed=5,
                             extra={"optim": {"lr": lr, "grad_clip": 1.0}} if lr else {})
         group = LocalWorkerGroup(name, FSDPWorker, [ctx])

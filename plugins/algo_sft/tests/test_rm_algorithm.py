@@ -28,7 +28,7 @@ class CharTokenizer:
 def _fsdp_role(name: str, path: str, model_type: str, lr: float | None, port: int) -> RoleHandle:
     from rlweave_backend_fsdp.worker import FSDPWorker
 
-    ctx = WorkerContext(role=name, rank=0, world_size=1, master_port=port, config={"max_tokens_per_micro_batch": 64},
+    ctx = WorkerContext(role=name, rank=0, world_size=1, master_port=port, options={"max_tokens_per_micro_batch": 64},
                         model={"path": path, "model_type": model_type}, seed=3,
                         extra={"optim": {"lr": lr, "grad_clip": 1.0}} if lr else {})
     group = LocalWorkerGroup(name, FSDPWorker, [ctx])

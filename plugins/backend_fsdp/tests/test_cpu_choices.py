@@ -1,4 +1,4 @@
-"""The FSDP backend's device choices (rlweave_backend_fsdp.cpu_choices) with an injected bf16
+"""The FSDP backend's device choices (rlweave_backend_fsdp.cpu.choices) with an injected bf16
 speed: unchanged on CPUs with fast bf16, fp32 paths and a warning on CPUs with slow bf16;
 and the CPU attention's fp32 forward for bf16 inputs."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlweave.devices.cpu import Bf16Speed
-from rlweave_backend_fsdp import cpu_choices
+from rlweave_backend_fsdp.cpu import choices as cpu_choices
 from rlweave_backend_fsdp.config import FSDPConfig
 
 FAST = Bf16Speed(ratio=0.15, capability="AVX512", onednn_bf16=True)  # AMX-like
@@ -20,9 +20,9 @@ SLOW = Bf16Speed(ratio=97.0, capability="AVX2", onednn_bf16=False)  # AVX2-only
 
 def _before(cfg: FSDPConfig, device: str, bf16: bool) -> tuple[bool, str, str]:
     """The resolution as it was before bf16 speed was considered (kernels, backward, scope)."""
-    kernels = cfg.cpu_kernels == "rlweave" if cfg.cpu_kernels != "auto" else device == "cpu" and bf16
-    if cfg.cpu_attention_backward != "auto":
-        backward = cfg.cpu_attention_backward
+    kernels = cfg.cpu.kernels == "rlweave" if cfg.cpu.kernels != "auto" else device == "cpu" and bf16
+    if cfg.cpu.attention_backward != "auto":
+        backward = cfg.cpu.attention_backward
     else:
         backward = "bf16" if cfg.compile and kernels else "fp32"
     scope = cfg.compile_scope if cfg.compile_scope != "auto" else ("layer" if device == "cuda" else "mlp_norms")
@@ -43,9 +43,10 @@ def no_probe(monkeypatch):
 
 @pytest.mark.parametrize("kernels, backward, compile, scope, device, bf16", OPTIONS)
 def test_fast_bf16_cpu_resolves_as_before(no_probe, kernels, backward, compile, scope, device, bf16):
-    cfg = FSDPConfig(cpu_kernels=kernels, cpu_attention_backward=backward, compile=compile, compile_scope=scope)
+    cfg = FSDPConfig(cpu={"kernels": kernels, "attention_backward": backward}, compile=compile, compile_scope=scope)
     got = cpu_choices.resolve(cfg, device, bf16, FAST)
     assert (got.kernels, got.attention_backward, got.compile_scope) == _before(cfg, device, bf16)
+    assert got.compiled_logprobs == (compile and device == "cpu")  # the log-prob kernels: compile on CPU
     assert got.attention_forward == "input" and not got.bf16_slow
     assert cpu_choices.warning(got, cfg, "float32", "policy", 0) is None
 
@@ -61,13 +62,13 @@ def test_slow_bf16_cpu_takes_the_fp32_path_for_every_auto_choice(no_probe):
 
 
 def test_slow_bf16_cpu_keeps_explicit_choices(no_probe):
-    got = cpu_choices.resolve(FSDPConfig(cpu_kernels="rlweave", compile=True), "cpu", True, SLOW)
+    got = cpu_choices.resolve(FSDPConfig(cpu={"kernels": "rlweave"}, compile=True), "cpu", True, SLOW)
     assert got.kernels and got.attention_backward == "fp32" and got.attention_forward == "fp32"
-    got = cpu_choices.resolve(FSDPConfig(cpu_attention_backward="bf16"), "cpu", True, SLOW)
+    got = cpu_choices.resolve(FSDPConfig(cpu={"attention_backward": "bf16"}), "cpu", True, SLOW)
     # the bf16 backward recomputes from the bf16 forward
     assert got.attention_backward == "bf16" and got.attention_forward == "input"
-    msg = cpu_choices.warning(got, FSDPConfig(cpu_attention_backward="bf16"), "bfloat16", "ref", 1)
-    assert "cpu_attention_backward: bf16 assume fast bf16" in msg and "model.dtype: bfloat16" in msg
+    msg = cpu_choices.warning(got, FSDPConfig(cpu={"attention_backward": "bf16"}), "bfloat16", "ref", 1)
+    assert "cpu.attention_backward: bf16 assume fast bf16" in msg and "model.dtype: bfloat16" in msg
 
 
 def test_fp32_compute_and_gpu_ranks_never_probe(no_probe):
@@ -93,9 +94,10 @@ def test_warning_names_the_slowdown_what_asked_for_bf16_and_the_fix():
 
 @pytest.mark.parametrize("mask_prefix", [0, 8])
 def test_cpu_attention_fp32_forward_attends_bf16_inputs_in_fp32(mask_prefix):
-    """``cpu_forward="fp32"``: bf16 inputs give fp32 attention of the same values, rounded to
+    """``Modes(forward="fp32")``: bf16 inputs give fp32 attention of the same values, rounded to
     bf16 once, and bf16 gradients equal to the fp32 ones rounded."""
     from rlweave_backend_fsdp.attention import _attend
+    from rlweave_backend_fsdp.cpu.attention import Modes
 
     torch.manual_seed(0)
     g, n, h, hk, d = 3, 24, 4, 2, 16
@@ -103,7 +105,7 @@ def test_cpu_attention_fp32_forward_attends_bf16_inputs_in_fp32(mask_prefix):
     q = torch.randn(g, h, n, d).bfloat16().requires_grad_()
     k, v = (torch.randn(g, hk, s, d).bfloat16().requires_grad_() for _ in range(2))
     mask = None if mask_prefix == 0 else torch.ones(n, s, dtype=torch.bool).tril(mask_prefix)
-    out = _attend(q, k, v, mask, None, 0.0, True, "fp32", "fp32")
+    out = _attend(q, k, v, mask, None, 0.0, True, Modes(forward="fp32", backward="fp32"))
     w = torch.randn(out.shape).bfloat16().float()  # representable in bf16: the same incoming gradient both ways
     (out.float() * w).sum().backward()
     qf, kf, vf = (x.detach().float().requires_grad_() for x in (q, k, v))
@@ -116,11 +118,23 @@ def test_cpu_attention_fp32_forward_attends_bf16_inputs_in_fp32(mask_prefix):
     assert not torch.equal(_attend(q, k, v, mask, None, 0.0, True), out)
 
 
-def test_set_cpu_forward_rejects_unknown_kinds():
-    from rlweave_backend_fsdp.attention import set_cpu_forward
+def test_cpu_attention_modes_reject_unknown_kinds():
+    from rlweave_backend_fsdp.cpu.attention import Modes
 
     with pytest.raises(ValueError, match="input or fp32"):
-        set_cpu_forward([torch.nn.Module()], "bf16")
+        Modes(forward="bf16")
+    with pytest.raises(ValueError, match="fp32 or bf16"):
+        Modes(backward="fp16")
+
+
+def test_cpu_options_are_nested_and_strict():
+    """``options.cpu`` is its own section: unknown keys in it and the old flat keys are errors."""
+    from pydantic import ValidationError
+
+    assert FSDPConfig().cpu.kernels == "auto" and FSDPConfig().cpu.attention_backward == "auto"
+    for bad in ({"cpu": {"kernel": "torch"}}, {"cpu_kernels": "torch"}, {"cpu_attention_backward": "fp32"}):
+        with pytest.raises(ValidationError):
+            FSDPConfig.model_validate(bad)
 
 
 def test_workers_of_a_role_resolve_with_the_slowest_ranks_speed_and_warn_once(tmp_path):

@@ -212,7 +212,7 @@ def test_compiled_layers_equal_eager(tiny, tmp_path, scope, units):
 
 def test_bf16_compiled_attention_backward_trains_like_fp32_backward(tiny, tmp_path, monkeypatch):
     """bf16 + compile on a CPU with fast bf16 (injected, so the test runs on any CPU):
-    ``cpu_attention_backward: auto`` marks every attention module for the compiled bf16
+    ``cpu.attention_backward: auto`` sets every attention module to the compiled bf16
     backward, and training follows the fp32 backward's losses within bf16 rounding."""
     from rlweave.devices.cpu import ENV
 

@@ -64,6 +64,7 @@ def test_grouped_varlen_attention_equals_per_sample(dtype, backward):
     import torch.nn.functional as F
 
     from rlweave_backend_fsdp.attention import packed_plan, planned_sdpa
+    from rlweave_backend_fsdp.cpu.attention import Modes
 
     dt = getattr(torch, dtype)
     torch.manual_seed(0)
@@ -76,7 +77,7 @@ def test_grouped_varlen_attention_equals_per_sample(dtype, backward):
     v = torch.randn(1, 2, bounds[-1], 8, dtype=dt, requires_grad=True)
     w = torch.randn(1, bounds[-1], 4, 8)
 
-    got = planned_sdpa(q, k, v, packed_plan(tuple(bounds)), None, 0.0, True, backward)
+    got = planned_sdpa(q, k, v, packed_plan(tuple(bounds)), None, 0.0, True, Modes(backward=backward))
     (got.float() * w).sum().backward()
     g_got = [x.grad.clone() for x in (q, k, v)]
     for x in (q, k, v):
@@ -103,6 +104,7 @@ def test_shared_prompt_attention_equals_unshared(dtype, backward):
     import torch.nn.functional as F
 
     from rlweave_backend_fsdp.attention import planned_sdpa
+    from rlweave_backend_fsdp.cpu.attention import Modes
     from rlweave_backend_fsdp.prefix import share
 
     dt = getattr(torch, dtype)
@@ -124,7 +126,7 @@ def test_shared_prompt_attention_equals_unshared(dtype, backward):
     v = torch.randn(1, 2, t, 8, dtype=dt, requires_grad=True)
     w = torch.randn(1, ids.numel(), 4, 8)
 
-    got = planned_sdpa(q, k, v, row.plan, None, 0.0, True, backward)[:, row.tok_row]
+    got = planned_sdpa(q, k, v, row.plan, None, 0.0, True, Modes(backward=backward))[:, row.tok_row]
     (got.float() * w).sum().backward()
     g_got = [x.grad.clone() for x in (q, k, v)]
     for x in (q, k, v):
@@ -143,12 +145,12 @@ def test_shared_prompt_attention_equals_unshared(dtype, backward):
 
 @pytest.mark.parametrize("prefix", [0, 24])
 def test_cpu_bf16_attention_backward_matches_fp64(prefix):
-    """The bf16 CPU backward (``set_cpu_backward(..., "bf16")``) against fp64 attention on
+    """The bf16 CPU backward (``Modes(backward="bf16")``) against fp64 attention on
     the same bf16 inputs: gradients within bf16 rounding (relative error ~4e-3 measured),
     for causal buckets and prefix buckets, with grouped key/value heads."""
     import torch
 
-    from rlweave_backend_fsdp.attention import _CPUFlash
+    from rlweave_backend_fsdp.cpu.attention import _CPUFlash
 
     torch.manual_seed(0)
     g, n, h, hk, d = 6, 40, 4, 2, 32

@@ -106,8 +106,10 @@ class RolloutEngine(Worker):
 
     @property
     def max_model_len(self) -> int:
-        """Longest prompt + response the engine accepts."""
-        return int(self.ctx.config.get("max_model_len", 2048))
+        """Longest prompt + response the engine accepts (``options.max_model_len``, else 2048)."""
+        opts = self.ctx.options
+        value = opts.get("max_model_len") if isinstance(opts, dict) else getattr(opts, "max_model_len", None)
+        return int(value or 2048)
 
     def health(self) -> dict[str, Any]:
         """Liveness and basic facts (role, rank, pid, engine name)."""

@@ -3,7 +3,9 @@
 A worker is a plain Python class. The Ray scheduler (``rlweave.scheduler``) creates one
 instance per rank inside a Ray actor; a test or a GPU box without Ray can create it
 directly in one process. The controller fills a :class:`WorkerContext`; the worker reads
-its own plugin section from ``ctx.config`` and the model description from ``ctx.model``.
+its own plugin section as a validated model (``ctx.options_as(TheOptionsModel)``) and the
+model description from ``ctx.model``. How the rank's process is set up (CPU threads, memory
+allocator) is the scheduler's business and not part of the context.
 
 Failure: a method that meets bad input or a bug raises an ordinary exception; the controller
 gets it as a ``WorkerError`` naming role, rank and method, and the run stops. A worker whose
@@ -16,7 +18,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+M = TypeVar("M")
 
 
 @dataclass
@@ -28,21 +33,21 @@ class WorkerContext:
         rank / world_size: this rank inside the role's own worker group.
         master_addr / master_port: rendezvous of the group's torch.distributed group.
         device: ``"cpu"`` or ``"cuda"`` (virtual devices on a GPU-less machine are CPU).
-        config: the selected plugin's validated section, as a plain dict.
+        options: the role's ``options`` section, validated once by the controller into the
+            selected plugin's options model (its record's ``config_model``; defaults defined
+            there alone). A dict given here (tests, embedders; or a plugin without a model) is
+            validated by the worker: see :meth:`options_as`.
         model: model description (``path``, ``dtype``, ``model_type``, ``trust_remote_code``...).
         seed: base seed of the run; workers derive per-rank seeds from it.
-        parallel: parallel sizes for this role (``{"dp": 2, "tp": 1}``).
+        parallel: parallel sizes for this role (``{"dp": 2, "tp": 1}``): the
+            ``roles.<role>.parallel`` mapping, already checked against the dimensions the
+            plugin declares (a dimension it does not list never reaches it).
         optim: the role's validated ``optim`` section (:class:`rlweave.config.schema.OptimSection`,
             defaults defined there alone) when the role trains, else None. A dict given here or
             as ``extra["optim"]`` (tests, embedders) is validated into one.
         optim_total_steps: optimizer steps of the whole run, for a schedule whose
             ``optim.total_steps`` is null (``extra["total_steps"]`` is read the same way).
         extra: anything else a plugin passes to its workers.
-        cpu_threads: intra-op threads of a rank on a CPU device (None: the node's cores
-            divided by ``world_size``); the scheduler applies it before building the worker.
-        cpu_malloc_reuse: on a CPU device, the scheduler keeps freed memory in the rank's
-            process for reuse (:mod:`rlweave.scheduler.ray_impl.malloc`) before building the
-            worker; afterwards it says whether that was applied.
     """
 
     role: str = "policy"
@@ -51,13 +56,11 @@ class WorkerContext:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     device: str = "cpu"
-    config: dict[str, Any] = field(default_factory=dict)
+    options: Any = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     parallel: dict[str, int] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
-    cpu_threads: int | None = None
-    cpu_malloc_reuse: bool = True
     optim: Any = None
     optim_total_steps: int | None = None
 
@@ -73,6 +76,21 @@ class WorkerContext:
             self.optim_total_steps = int(extra["total_steps"])
         if "optim" in extra or "total_steps" in extra:  # now in the typed fields; the caller's dict stays as it is
             self.extra = {k: v for k, v in extra.items() if k not in ("optim", "total_steps")}
+
+    def options_as(self, model_cls: type[M]) -> M:
+        """The ``options`` section as an instance of ``model_cls`` (the worker's plugin schema).
+
+        An instance of ``model_cls`` (what the controller hands over) is returned as it is, not
+        validated again; a mapping or None (empty) is validated into a new one, leaving
+        ``options`` unchanged. Raises pydantic's ``ValidationError`` (naming the bad keys) for
+        invalid values, and TypeError for a model of another class."""
+        opts = self.options
+        if isinstance(opts, model_cls):
+            return opts
+        if opts is None or isinstance(opts, Mapping):
+            return model_cls.model_validate(dict(opts or {}))
+        raise TypeError(f"role {self.role} rank {self.rank}: options are a {type(opts).__name__}; "
+                        f"expected {model_cls.__name__} or a dict of its fields")
 
 
 class Worker:

@@ -192,8 +192,8 @@ class Recorder:
 
     def model_factory(self, model_cls: type[BaseModel], section: str = "options") -> Callable[..., Any]:
         """A stand-in for ``model_cls`` in a worker module: builds the model and, while
-        :attr:`role` is set, returns it as a view at ``roles.<role>.<section>``. Workers build
-        their options as ``Model(**ctx.config)``, a copy that would otherwise log nothing."""
+        :attr:`role` is set, returns it as a view at ``roles.<role>.<section>``: for code that
+        builds a model from a ``**``-copy of its section, which would otherwise log nothing."""
 
         def build(*args: Any, **kwargs: Any) -> Any:
             obj = model_cls(*args, **kwargs)

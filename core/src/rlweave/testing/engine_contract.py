@@ -29,7 +29,7 @@ start) and checks, against plain transformers on the same weights:
   :class:`rlweave.scheduler.WorkerError` naming role and rank.
 
 Override :meth:`make_context` or :meth:`make_engine` for engines that need more than a
-:class:`~rlweave.interfaces.worker.WorkerContext` with ``config=engine_options``.
+:class:`~rlweave.interfaces.worker.WorkerContext` with ``options=engine_options``.
 Prompts are token ids; no tokenizer is needed.
 """
 
@@ -88,7 +88,7 @@ class EngineContractSuite:
             rank=rank,
             world_size=1,
             device="cpu",
-            config=dict(self.engine_options),
+            options=dict(self.engine_options),
             model={"path": str(model_dir), "dtype": "float32"},
             seed=1,
         )

@@ -16,11 +16,13 @@ the controller's, and no cluster has to start. What is replaced, inside :func:`r
   store of the weight sync holds each bucket in this process (``ray.put``/``ray.get`` are the
   identity);
 * the worker context (:func:`rlweave.scheduler.ray_impl.build._context`) is built by the real
-  function, then its ``config`` becomes a recording dict at ``roles.<role>.options`` and its
-  ``seed``, ``world_size``, ``cpu_threads``, ``cpu_malloc_reuse`` and ``parallel`` are logged as
-  ``run.seed``, ``roles.<role>.devices``, ``roles.<role>.cpu_threads``, ``ray.cpu_malloc_reuse``
-  and ``roles.<role>.parallel``; its ``model`` (``model_dump()`` of a view) and ``optim`` (a
-  view) record already;
+  function, then its ``options`` become a view at ``roles.<role>.options`` (a recording dict
+  for a plugin without an options model) and its ``seed``, ``world_size`` and ``parallel`` are
+  logged as ``run.seed``, ``roles.<role>.devices`` and ``roles.<role>.parallel``; its ``model``
+  (``model_dump()`` of a view) and ``optim`` (a view) record already. The rank's process
+  settings (:func:`rlweave.scheduler.ray_impl.build._process_settings`) log ``cpu_threads`` and
+  ``cpu_malloc_reuse`` as ``roles.<role>.cpu_threads`` and ``ray.cpu_malloc_reuse`` when the
+  actor applies them;
 * role handles keep recording the ``timeouts`` they copy; plugin option models named in
   ``option_models`` are built as views (:meth:`Recorder.model_factory`); after a worker is
   built, plain-dict copies of recorded dicts it keeps are recorded too
@@ -122,14 +124,23 @@ def _recording_handle(recorder: Recorder) -> type:
 
 def context_paths(role: str) -> dict[str, str]:
     """Worker-context attribute -> the config key it carries."""
-    return {"seed": "run.seed", "world_size": f"roles.{role}.devices", "cpu_threads": f"roles.{role}.cpu_threads",
-            "cpu_malloc_reuse": "ray.cpu_malloc_reuse", "parallel": f"roles.{role}.parallel"}
+    return {"seed": "run.seed", "world_size": f"roles.{role}.devices", "parallel": f"roles.{role}.parallel"}
 
 
 def recorded_context(ctx: Any, role: str, recorder: Recorder) -> Any:
-    """``ctx`` (a real worker context) with its config recorded (see the module docstring)."""
-    ctx.config = recorder.dumped(dict(ctx.config), f"roles.{role}.options")
+    """``ctx`` (a real worker context) with its options recorded (see the module docstring)."""
+    path = f"roles.{role}.options"
+    if isinstance(ctx.options, BaseModel):
+        ctx.options = ModelView(ctx.options, path, recorder)
+    else:
+        ctx.options = recorder.dumped(dict(ctx.options or {}), path)
     return AttrView(ctx, context_paths(role), recorder)
+
+
+def recorded_settings(settings: Any, role: str, recorder: Recorder) -> Any:
+    """A rank's process settings with their reads logged under their config paths."""
+    paths = {"cpu_threads": f"roles.{role}.cpu_threads", "cpu_malloc_reuse": "ray.cpu_malloc_reuse"}
+    return AttrView(settings, paths, recorder)
 
 
 class _RecordedPlugins:
@@ -178,8 +189,9 @@ def _reward_arg_reads(recorder: Recorder, entries: list[Any]) -> None:
 def recorded_run(recorder: Recorder, option_models: Mapping[str, str] = {}) -> Iterator[None]:
     """Inside, :func:`rlweave.runner.loop.run` given a :class:`ModelView` of its config runs every
     rank here and logs reads to ``recorder`` (see the module docstring). ``option_models``:
-    worker module -> the name of the option model it builds from ``ctx.config``, e.g.
-    ``{"rlweave_backend_fsdp.worker": "FSDPConfig"}``. Ray must not be running."""
+    worker module -> the name of an option model it builds itself from a copy of a section,
+    e.g. ``{"some_plugin.worker": "ItsConfig"}`` (options a worker takes from ``ctx.options``
+    record already). Ray must not be running."""
     import ray
     import torch
 
@@ -193,6 +205,7 @@ def recorded_run(recorder: Recorder, option_models: Mapping[str, str] = {}) -> I
 
     real_resolve = resolve.resolve_plugins
     real_context = build._context
+    real_settings = build._process_settings
     real_score = reward_set.RewardSet.score
 
     def resolve_plugins(cfg, pm=None, source="<config>"):
@@ -206,10 +219,15 @@ def recorded_run(recorder: Recorder, option_models: Mapping[str, str] = {}) -> I
             out.algorithm_config = ModelView(out.algorithm_config, "algorithm", recorder)
         return out
 
-    def _context(cfg, role, rank, addr, total_steps=None):
+    def _context(cfg, role, rank, addr, total_steps=None, record=None):
         with recorder.paused():
-            ctx = real_context(cfg, role, rank, addr, total_steps)
+            ctx = real_context(cfg, role, rank, addr, total_steps, record)
         return recorded_context(ctx, role, recorder)
+
+    def _process_settings(cfg, role):
+        with recorder.paused():
+            settings = real_settings(cfg, role)
+        return recorded_settings(settings, role, recorder)
 
     def score(self, samples):
         _reward_arg_reads(recorder, self.entries)
@@ -223,6 +241,7 @@ def recorded_run(recorder: Recorder, option_models: Mapping[str, str] = {}) -> I
 
         patch(resolve, "resolve_plugins", resolve_plugins)
         patch(build, "_context", _context)
+        patch(build, "_process_settings", _process_settings)
         patch(build, "remote_actor_class", lambda: _LocalActorClass())
         patch(build, "RayWorkerGroup", lambda name, actors: InProcessGroup(name, actors, recorder))
         patch(build, "RoleHandle", _recording_handle(recorder))

@@ -6,7 +6,8 @@
 * :class:`ProbeEngine` - an engine-shaped worker whose generations encode the prompt.
 * :class:`StuckReceiver` - a ProbeWorker whose ``load_weights`` never returns in time.
 
-``ctx.config`` keys: ``weights_mb`` (size of the state dict, default 0), ``weights_seed``.
+``ctx.options`` keys (a plain dict: these workers have no options model): ``weights_mb`` (size of
+the state dict, default 0), ``weights_seed``.
 """
 
 from __future__ import annotations
@@ -51,15 +52,14 @@ class ProbeWorker(Worker):
 
     def init_model(self) -> None:
         self.init_distributed()
-        mb = float(self.ctx.config.get("weights_mb", 0))
-        self.state = make_state_dict(mb, int(self.ctx.config.get("weights_seed", 0))) if mb else {}
+        mb = float(self.ctx.options.get("weights_mb", 0))
+        self.state = make_state_dict(mb, int(self.ctx.options.get("weights_seed", 0))) if mb else {}
 
     def placement(self) -> dict[str, Any]:
         out = {"role": self.ctx.role, "rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
                "device": self.ctx.device, "master": f"{self.ctx.master_addr}:{self.ctx.master_port}"}
         ray = sys.modules.get("ray")  # set inside a Ray actor; not imported just for this
         out["gpu_ids"] = [str(g) for g in ray.get_gpu_ids()] if ray is not None and ray.is_initialized() else []
-        out["cpu_malloc_reuse"] = self.ctx.cpu_malloc_reuse
         out["started_with_glibc_tunables"] = _started_with("GLIBC_TUNABLES")
         return out
 
@@ -121,10 +121,10 @@ class ProbeWorker(Worker):
 
 
 class StuckReceiver(ProbeWorker):
-    """``load_weights`` sleeps ``ctx.config['stuck_s']`` (default 300 s) before reading."""
+    """``load_weights`` sleeps ``ctx.options['stuck_s']`` (default 300 s) before reading."""
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        time.sleep(float(self.ctx.config.get("stuck_s", 300)))
+        time.sleep(float(self.ctx.options.get("stuck_s", 300)))
         super().load_weights(named_tensors)
 
 
@@ -146,7 +146,7 @@ class ProbeEngine(RolloutEngine):
 
     def weight_dtype(self) -> str | None:
         """Option ``weight_dtype`` (None by default)."""
-        return (self.ctx.config or {}).get("weight_dtype")
+        return (self.ctx.options or {}).get("weight_dtype")
 
     def get_state(self) -> dict[str, Any]:
         return self.state

@@ -15,15 +15,9 @@ called with ``rlweave_plan``, an :class:`AttentionPlan` in which a continuation 
 sample's response) attends to all of its prefix segment (the shared prompt) and causally to
 itself, which is exactly what the unshared sample's attention computes for those tokens.
 
-On CPU the kernel is PyTorch's flash attention with the forward in the inputs' dtype and the
-backward in fp32 (:class:`_CPUFlash`): for bf16 the forward is ~3x faster than in fp32 and
-the backward ~2x faster than in bf16 (``bench/cpu_attention.py``). Attention modules marked
-by :func:`set_cpu_backward` with ``"bf16"`` get a bf16 backward instead: the probabilities
-recomputed from the forward's log-sum-exp, bf16 matmuls (AMX) around an fp32 softmax
-gradient, compiled by inductor into a few fused kernels (:func:`_bf16_backward_math`; run
-eagerly it would be slower than the fp32 flash backward). On a CPU where bf16 is slow
-(:mod:`.cpu_choices`) attention modules are marked by :func:`set_cpu_forward` with
-``"fp32"``: bf16 inputs are then attended in fp32, forward and backward.
+On CPU (without dropout) the kernels are those of :mod:`.cpu.attention`, run as the registry
+there says for the calling attention module (how a prepared model's modules run is chosen by
+:func:`rlweave_backend_fsdp.cpu.prepare`).
 
 Without ``cu_seq_lens_q`` (padded rows) the call is plain SDPA with the padding mask, so
 the same model serves both layouts.
@@ -38,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlweave_backend_fsdp import inductor
+from rlweave_backend_fsdp.cpu import attention as cpu_attention
 
 NAME = "rlweave_varlen"
 _registered = False
@@ -85,8 +79,7 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling=
         return out.unsqueeze(0), None
     if plan is None:
         plan = packed_plan(tuple(cu.tolist()))
-    return planned_sdpa(query, key, value, plan, scaling, drop, gqa, getattr(module, _BACKWARD_ATTR, "fp32"),
-                        getattr(module, _FORWARD_ATTR, "input")), None
+    return planned_sdpa(query, key, value, plan, scaling, drop, gqa, cpu_attention.modes_of(module)), None
 
 
 @dataclass(frozen=True)
@@ -172,115 +165,12 @@ def _rows(x: torch.Tensor, idx) -> torch.Tensor:
     return x.index_select(0, idx.to(x.device))
 
 
-_BACKWARD_ATTR = "rlweave_cpu_attention_backward"
-_FORWARD_ATTR = "rlweave_cpu_attention_forward"
-
-
-def set_cpu_forward(modules, kind: str) -> int:
-    """Mark attention ``modules`` to run the CPU forward ``kind``: ``"input"`` (the flash
-    kernel in the inputs' dtype, the default) or ``"fp32"`` (bf16/fp16 inputs upcast to fp32,
-    the fp32 backward with them; for CPUs where bf16 is slow). Returns how many modules were
-    marked."""
-    if kind not in ("input", "fp32"):
-        raise ValueError(f"{NAME}: CPU attention forward {kind!r}; choose input or fp32")
-    return _mark(modules, _FORWARD_ATTR, kind)
-
-
-def set_cpu_backward(modules, kind: str) -> int:
-    """Mark attention ``modules`` (those transformers passes to the attention function) to
-    run the CPU backward ``kind``: ``"fp32"`` (the fp32 flash kernel) or ``"bf16"``
-    (:func:`_bf16_backward_math`, for bf16 inputs; other dtypes keep fp32). Returns how many
-    modules were marked."""
-    if kind not in ("fp32", "bf16"):
-        raise ValueError(f"{NAME}: CPU attention backward {kind!r}; choose fp32 or bf16")
-    return _mark(modules, _BACKWARD_ATTR, kind)
-
-
-def _mark(modules, attr: str, kind: str) -> int:
-    """Set ``attr`` to ``kind`` on every module that is not None; returns how many."""
-    marked = [m for m in modules if m is not None]
-    for m in marked:
-        setattr(m, attr, kind)
-    return len(marked)
-
-
-def _bf16_backward_math(q, k, v, out, grad, lse, mask, scale: float):
-    """Attention gradients from the forward's output and log-sum-exp, for ``(B, H, L, D)``
-    ``q``/``out``/``grad`` and ``(B, Hk, S, D)`` ``k``/``v`` (query head ``h`` reads key/value
-    head ``h // (H // Hk)``), ``lse`` ``(B, H, L)`` and an additive fp32 ``(L, S)`` ``mask``.
-
-    The matmuls take and give the inputs' dtype (on AMX CPUs ~10x the fp32 rate), with the
-    query heads of one key/value head stacked so each is one batched matmul; the softmax
-    and its gradient are fp32 (``P = exp(scale * QK^T + mask - lse)``, ``dS = P * (dP -
-    rowsum(dO * O))``), rounded once before their matmuls, as GPU flash attention does."""
-    b, h, n, d = q.shape
-    hk, s_len = k.shape[1], k.shape[2]
-    r = h // hk
-    q5 = q.reshape(b, hk, r * n, d)
-    g5 = grad.reshape(b, hk, r * n, d)
-    scores = torch.matmul(q5, k.transpose(-1, -2)).view(b, hk, r, n, s_len)
-    p = torch.exp(scores.float() * scale + mask - lse.view(b, hk, r, n, 1))
-    dv = torch.matmul(p.to(q.dtype).view(b, hk, r * n, s_len).transpose(-1, -2), g5)
-    dp = torch.matmul(g5, v.transpose(-1, -2)).view(b, hk, r, n, s_len)
-    delta = (grad.float() * out.float()).sum(-1).view(b, hk, r, n, 1)
-    ds = (p * (dp.float() - delta) * scale).to(q.dtype).view(b, hk, r * n, s_len)
-    dq = torch.matmul(ds, k).view(b, h, n, d)
-    dk = torch.matmul(ds.transpose(-1, -2), q5)
-    return dq, dk, dv
-
-
-class _CPUFlash(torch.autograd.Function):
-    """PyTorch's CPU flash-attention kernel, forward in the inputs' dtype and backward in
-    fp32. On CPU the bf16 forward is ~3x faster than fp32, but the bf16 backward is ~2x
-    slower than fp32 (``bench/cpu_attention.py``), so the backward upcasts: it is the fp32
-    kernel's backward from the bf16 forward's output and log-sum-exp (the flash-attention
-    recipe of keeping the output in the input dtype). Inputs ``(B, H, L, D)`` (any strides
-    with a contiguous last dimension; fewer key/value heads than query heads allowed);
-    ``mask`` an additive fp32 (fp64 for fp64 inputs) ``(L, S)`` mask, or None for causal attention.
-    ``backward="bf16"`` with bf16 inputs: :func:`_bf16_backward_math`, compiled, instead of the
-    fp32 kernel."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, mask, scale, backward="fp32"):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, mask is None, attn_mask=mask, scale=scale)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mask, ctx.scale, ctx.low = mask, scale, backward == "bf16" and q.dtype == torch.bfloat16
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v, out, lse = ctx.saved_tensors
-        if ctx.low:
-            n = q.shape[2]  # causal buckets: L == S
-            mask = ctx.mask
-            if mask is None:
-                mask = _additive(torch.ones(n, n, dtype=torch.bool).tril_(), lse.dtype)
-            scale = ctx.scale if ctx.scale is not None else q.shape[-1] ** -0.5
-            dq, dk, dv = inductor.compiled(_bf16_backward_math)(q, k, v, out, grad, lse, mask, float(scale))
-            return dq, dk, dv, None, None, None
-        wide = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            *(x.to(wide) for x in (grad, q, k, v, out)), lse, 0.0, ctx.mask is None,
-            attn_mask=None if ctx.mask is None else ctx.mask.to(wide), scale=ctx.scale)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
-
-
-def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool ``allowed`` -> additive mask: 0 where allowed, -inf elsewhere."""
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
-
-
 def _attend(q, k, v, mask: torch.Tensor | None, scaling, drop: float, gqa: bool,
-            cpu_backward: str = "fp32", cpu_forward: str = "input") -> torch.Tensor:
+            cpu_modes: cpu_attention.Modes = cpu_attention.DEFAULT) -> torch.Tensor:
     """Attention of ``(B, H, L, D)`` inputs; ``mask`` bool ``(L, S)`` or None (causal).
-    ``cpu_backward``/``cpu_forward``: see :func:`set_cpu_backward`, :func:`set_cpu_forward`."""
+    ``cpu_modes``: how a CPU module runs (:class:`.cpu.attention.Modes`)."""
     if q.device.type == "cpu" and drop == 0.0:
-        wide = torch.promote_types(q.dtype, torch.float32)
-        additive = None if mask is None else _additive(mask, wide)
-        if cpu_forward == "fp32" and q.dtype != wide:
-            return _CPUFlash.apply(q.to(wide), k.to(wide), v.to(wide), additive, scaling, "fp32").to(q.dtype)
-        return _CPUFlash.apply(q, k, v, additive, scaling, cpu_backward)
+        return cpu_attention.attend(q, k, v, mask, scaling, cpu_modes)
     dtype = q.dtype
     if q.device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):  # dropout on CPU: fp32 SDPA
         q, k, v = q.float(), k.float(), v.float()
@@ -291,10 +181,10 @@ def _attend(q, k, v, mask: torch.Tensor | None, scaling, drop: float, gqa: bool,
 
 
 def planned_sdpa(query, key, value, plan: AttentionPlan, scaling, drop: float, gqa: bool,
-                 cpu_backward: str = "fp32", cpu_forward: str = "input") -> torch.Tensor:
+                 cpu_modes: cpu_attention.Modes = cpu_attention.DEFAULT) -> torch.Tensor:
     """Attention of a packed row by ``plan``: one kernel call per bucket, segments stacked on
     the batch dimension (no padding). Inputs ``(1, H, T, D)``; returns ``(1, T, H, D)``.
-    ``cpu_backward``/``cpu_forward``: see :func:`set_cpu_backward`, :func:`set_cpu_forward`.
+    ``cpu_modes``: how a CPU module runs (:class:`.cpu.attention.Modes`).
 
     Works on ``(T, H, D)`` views of the inputs (the layout the projections produce, so
     bucket inputs and outputs are mostly views); a plan without ``inv`` takes its buckets as
@@ -313,8 +203,7 @@ def planned_sdpa(query, key, value, plan: AttentionPlan, scaling, drop: float, g
             pre = b.prefix_idx.to(q.device)
             k, v = (torch.cat([full.index_select(0, pre).view(b.g, b.n_k - b.n_q, *full.shape[1:]), x], dim=1)
                     for full, x in ((rows[1], k), (rows[2], v)))
-        o = _attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), b.mask, scaling, drop, gqa, cpu_backward,
-                    cpu_forward)
+        o = _attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), b.mask, scaling, drop, gqa, cpu_modes)
         outs.append(o.transpose(1, 2).reshape(b.g * b.n_q, o.shape[1], o.shape[3]))
     out = torch.cat(outs) if len(outs) > 1 else outs[0]
     if plan.inv is not None:

@@ -7,12 +7,32 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class CPUOptions(BaseModel):
+    """``roles.<role>.options.cpu``: the CPU fast paths (:mod:`rlweave_backend_fsdp.cpu`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kernels: Literal["auto", "rlweave", "torch"] = Field(
+        "auto", description="'rlweave': CPU fast paths: rotary embeddings as one autograd function in the projections' "
+        "layout, and the weight gradients of Llama-style MLP projections and the LM head with their narrower operand "
+        "transposed first (the layout oneDNN's bf16 weight-gradient matmul runs fast); 'torch': transformers' "
+        "code as is. auto: rlweave on CPU with bf16 compute where this CPU runs bf16 fast (probed: "
+        "rlweave.devices.cpu), torch elsewhere. Applies to this role's model only.",
+    )
+    attention_backward: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="CPU attention backward with bf16 compute: 'fp32' runs PyTorch's flash kernel in fp32; 'bf16' "
+        "recomputes the probabilities and runs bf16 matmuls around an fp32 softmax gradient, compiled by inductor "
+        "(faster where the CPU has fast bf16 matmuls: bench/RESULTS.md; gradients within bf16 rounding, as on GPU). "
+        "auto: bf16 when compile is on, kernels resolves to rlweave and this CPU runs bf16 fast, else fp32.",
+    )
+
+
 class FSDPConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mixed_precision: Literal["none", "bf16"] = Field(
         "none", description="bf16: compute in bf16 with fp32 master weights and fp32 gradient reduction. On a CPU "
-        "without fast bf16 matmuls (e.g. AVX2 only) a warning names the measured slowdown; use none there.",
+        "without fast bf16 matmuls (e.g. AVX2 only) a warning names this CPU's probed slowdown; use none there.",
     )
     activation_checkpointing: bool = Field(False, description="Recompute decoder-layer activations in backward.")
     max_tokens_per_micro_batch: int = Field(
@@ -36,27 +56,16 @@ class FSDPConfig(BaseModel):
     compile: bool = Field(
         False, description="torch.compile parts of each decoder layer (see compile_scope; attention stays eager): fused "
         "elementwise work and fewer kernel launches; the first steps compile (tens of seconds). On CPU it also compiles "
-        "the log-prob/entropy gradient, rotary embeddings (with cpu_kernels) and the attention backward "
-        "(cpu_attention_backward).",
+        "the log-prob/entropy gradient, rotary embeddings (with cpu.kernels) and the attention backward "
+        "(cpu.attention_backward).",
     )
     compile_scope: Literal["auto", "layer", "mlp_norms"] = Field(
         "auto", description="With compile: 'layer' compiles each decoder layer whole (rotary and projections included); "
         "'mlp_norms' compiles only the layer's other children (its norms and MLP). auto: layer on GPU, mlp_norms on CPU, "
-        "where inductor's rotary backward is slow (measured: bench/RESULTS.md).",
+        "where inductor's rotary backward is slow (bench/RESULTS.md).",
     )
-    cpu_kernels: Literal["auto", "rlweave", "torch"] = Field(
-        "auto", description="'rlweave': CPU fast paths: rotary embeddings as one autograd function in the projections' "
-        "layout, and the weight gradients of Llama-style MLP projections and the LM head with their narrower operand "
-        "transposed first (oneDNN's bf16 weight-gradient matmul is slower otherwise); 'torch': transformers' "
-        "code as is. auto: rlweave on CPU with bf16 compute where this CPU runs bf16 fast (probed: "
-        "rlweave.devices.cpu), torch elsewhere.",
-    )
-    cpu_attention_backward: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="CPU attention backward with bf16 compute: 'fp32' runs PyTorch's flash kernel in fp32; 'bf16' "
-        "recomputes the probabilities and runs bf16 matmuls around an fp32 softmax gradient, compiled by inductor "
-        "(faster where the CPU has fast bf16 matmuls, bench/RESULTS.md; gradients within bf16 rounding, as on GPU). auto: "
-        "bf16 when compile is on, cpu_kernels resolves to rlweave and this CPU runs bf16 fast, else fp32.",
-    )
+    cpu: CPUOptions = Field(
+        default_factory=CPUOptions, description="CPU fast paths (used on CPU ranks only; see its keys).")
     reshard_after_forward: Optional[bool] = Field(
         None, description="FSDP2: free gathered parameters after each forward (ZeRO-3); null: only with 2+ ranks."
     )

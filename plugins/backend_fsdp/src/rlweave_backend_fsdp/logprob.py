@@ -13,8 +13,8 @@ Same values as the unchunked fp32 computation up to float rounding.
 
 With ``compiled`` (the backend's ``compile`` option, CPU), the entropy forward and the
 backward are inductor kernels over all rows instead of eager chunk loops; they too read the
-logits once per pass and never hold fp32 ``(R, V)`` tensors. Yardstick logits (16,896 x
-4,096 bf16, 2 CPU cores): entropy forward 52 -> 39 ms, backward 83 -> 25 ms.
+logits once per pass and never hold fp32 ``(R, V)`` tensors (faster than the eager chunks on
+CPU: bench/RESULTS.md).
 """
 
 from __future__ import annotations

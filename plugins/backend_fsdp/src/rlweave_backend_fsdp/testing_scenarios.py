@@ -87,7 +87,7 @@ def _worker(ctx_kw: dict, model: dict, optim: dict | None, **cfg):
     from rlweave.interfaces.worker import WorkerContext
     from rlweave_backend_fsdp.worker import FSDPWorker
 
-    ctx = WorkerContext(role="policy", config=cfg, model=model, seed=3, extra={"optim": optim} if optim else {}, **ctx_kw)
+    ctx = WorkerContext(role="policy", options=cfg, model=model, seed=3, extra={"optim": optim} if optim else {}, **ctx_kw)
     w = FSDPWorker(ctx)
     w.init_model()
     return w
@@ -284,10 +284,10 @@ def compile_scenario(ctx_kw: dict, model_dir: str, work: str, scope: str = "auto
 
 def bf16_attention_backward_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
     """bf16 compute with ``compile: true`` on CPU, the attention backward chosen by
-    ``cpu_attention_backward`` (``fp32``, and ``auto``, which resolves to the compiled bf16
-    one): what each worker marked its attention modules with, and the losses of three
+    ``cpu.attention_backward`` (``fp32``, and ``auto``, which resolves to the compiled bf16
+    one): the backward each worker set for its attention modules, and the losses of three
     training steps from the same weights (packed and shared-prompt rows)."""
-    from rlweave_backend_fsdp.attention import _BACKWARD_ATTR
+    from rlweave_backend_fsdp.cpu.attention import modes_of
     from rlweave_backend_fsdp.modeling import decoder_layers
 
     model = {"path": model_dir, "dtype": "float32", "model_type": "causal_lm"}
@@ -295,9 +295,9 @@ def bf16_attention_backward_scenario(ctx_kw: dict, model_dir: str, work: str) ->
     res: dict = {}
     for kind in ("fp32", "auto"):
         w = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=32, compile=True, mixed_precision="bf16",
-                    cpu_attention_backward=kind)
+                    cpu={"attention_backward": kind})
         res[kind] = {
-            "marks": [getattr(layer.self_attn, _BACKWARD_ATTR, None) for layer in decoder_layers(w.model)],
+            "marks": [modes_of(layer.self_attn).backward for layer in decoder_layers(w.model)],
             "losses": [w.train_step(b, nll_loss)["nll"] for b in (fixed_batch(), group_batch(), fixed_batch())],
         }
     return res
@@ -306,14 +306,14 @@ def bf16_attention_backward_scenario(ctx_kw: dict, model_dir: str, work: str) ->
 def cpu_choices_scenario(ctx_kw: dict, model_dir: str, work: str, ratios: list[float]) -> dict:
     """bf16 mixed precision on CPU with rank ``r``'s bf16 speed set to ``ratios[r]``
     (``RLWEAVE_CPU_BF16_RATIO``): the speed every rank resolved with, the warnings logged,
-    how the attention modules were marked, whether rlweave's CPU linears were installed, and
+    the CPU attention modes of the attention modules, whether rlweave's CPU linears were installed, and
     the losses of two training steps."""
     import logging
 
     import torch.distributed as dist
 
     from rlweave.devices.cpu import ENV
-    from rlweave_backend_fsdp.attention import _BACKWARD_ATTR, _FORWARD_ATTR
+    from rlweave_backend_fsdp.cpu.attention import modes_of
     from rlweave_backend_fsdp.modeling import decoder_layers
 
     os.environ[ENV] = str(ratios[ctx_kw["rank"]])
@@ -326,8 +326,7 @@ def cpu_choices_scenario(ctx_kw: dict, model_dir: str, work: str, ratios: list[f
     layers = decoder_layers(w.model)
     shard = fixed_batch().select(shard_indices(ctx_kw["world_size"], ctx_kw["rank"], 6))
     local = {"ratio": w.choices.speed.ratio, "logged": logged,
-             "marks": [(getattr(layer.self_attn, _FORWARD_ATTR, None), getattr(layer.self_attn, _BACKWARD_ATTR, None))
-                       for layer in layers],
+             "marks": [(modes_of(layer.self_attn).forward, modes_of(layer.self_attn).backward) for layer in layers],
              "kernels": ["forward" in layer.mlp.gate_proj.__dict__ for layer in layers],
              "losses": [w.train_step(shard, nll_loss)["loss"] for _ in range(2)]}
     out: list = [None] * dist.get_world_size()

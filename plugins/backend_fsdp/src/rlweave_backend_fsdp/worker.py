@@ -23,7 +23,6 @@ and ``reward`` (score at each sample's last token). See :mod:`.modeling` and
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
@@ -34,16 +33,13 @@ import torch.distributed as dist
 
 from rlweave.data.batch import Batch
 from rlweave.interfaces.backend import LossFn, TrainingWorker
-from rlweave_backend_fsdp import (
-    attention, checkpoint, cpu_choices, cpu_linear, finite, hf_export, micro, modeling, prefix, rotary,
-)
+from rlweave_backend_fsdp import attention, checkpoint, cpu, finite, hf_export, micro, modeling, prefix
 from rlweave_backend_fsdp.config import FSDPConfig
 from rlweave_backend_fsdp.outputs import Outputs, last_token_scores, token_logprobs, token_values
 from rlweave_backend_fsdp.schedule import WarmupSchedule
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _NO_MASK = {"full_attention": None, "sliding_attention": None}
-log = logging.getLogger("rlweave.backend_fsdp")
 
 
 class FSDPWorker(TrainingWorker):
@@ -59,7 +55,7 @@ class FSDPWorker(TrainingWorker):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         ctx = self.ctx
-        self.cfg = FSDPConfig(**(ctx.config or {}))
+        self.cfg = ctx.options_as(FSDPConfig)
         self.kind = ctx.model.get("model_type", "causal_lm")
         if ctx.device == "cuda":
             if not torch.cuda.is_available():
@@ -78,19 +74,9 @@ class FSDPWorker(TrainingWorker):
         self.attn_impl = attention.choose(self.cfg.attn_implementation, ctx.device)
         self.packing = self.cfg.use_packing
         bf16 = self.cfg.mixed_precision == "bf16" or param_dtype == torch.bfloat16
-        speed = cpu_choices.role_bf16_speed(self.device.type, bf16, self.world_size)
-        self.choices = cpu_choices.resolve(self.cfg, self.device.type, bf16, speed)
-        message = cpu_choices.warning(self.choices, self.cfg, dtype_name, ctx.role, self.rank)
-        if message and self.rank == 0:
-            log.warning(message)
         model = modeling.load_model(ctx.model, self.attn_impl, param_dtype, seed)
-        if self.choices.kernels:
-            cpu_linear.install(model)
-            rotary.install(model, compiled=self.cfg.compile)
-        if self.device.type == "cpu":
-            attn = [getattr(m, "self_attn", None) for m in modeling.decoder_layers(model)]
-            attention.set_cpu_backward(attn, self.choices.attention_backward)
-            attention.set_cpu_forward(attn, self.choices.attention_forward)
+        self.choices = cpu.prepare(model, self.cfg, self.device.type, bf16, self.world_size,
+                                   dtype_name=dtype_name, role=ctx.role, rank=self.rank)
         if self.cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         mesh = init_device_mesh(self.device.type, (self.world_size,))
@@ -121,7 +107,7 @@ class FSDPWorker(TrainingWorker):
         """AdamW and its LR schedule from ``o``, the role's ``OptimSection``."""
         self.optim_cfg = o
         kw = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
-        try:  # fused AdamW (CPU and CUDA, DTensor-aware) is ~5x faster than the per-tensor loop on CPU
+        try:  # fused AdamW (CPU and CUDA, DTensor-aware): faster than the per-tensor loop (bench/RESULTS.md)
             self.optimizer = torch.optim.AdamW(self.model.parameters(), fused=True, **kw)
         except (RuntimeError, TypeError, ValueError):
             self.optimizer = torch.optim.AdamW(self.model.parameters(), **kw)
@@ -187,7 +173,7 @@ class FSDPWorker(TrainingWorker):
         rows = shared.tok_row if shared is not None else None
         if self.kind == "causal_lm":
             lp, ent = token_logprobs(raw, ids, mb.cu_seqlens, temperature, with_entropy, rows,
-                                     compiled=self.cfg.compile and self.device.type == "cpu")
+                                     compiled=self.choices.compiled_logprobs)
             return Outputs(logprobs=lp, entropy=ent)
         return Outputs(values=token_values(raw, mb.cu_seqlens, rows))
 

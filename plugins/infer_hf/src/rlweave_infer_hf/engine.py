@@ -49,7 +49,7 @@ class HFEngine(RolloutEngine):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.cfg = HFEngineConfig(**(ctx.config or {}))
+        self.cfg = ctx.options_as(HFEngineConfig)
         self.model = None
         self._asleep = False
 

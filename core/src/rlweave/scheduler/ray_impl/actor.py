@@ -21,30 +21,14 @@ from typing import Any, Callable
 
 from rlweave.scheduler.errors import RemoteFailure, WorkerLost
 from rlweave.scheduler.faults import FaultPlan
-from rlweave.scheduler.ray_impl.malloc import keep_freed_memory
+from rlweave.scheduler.ray_impl import process
+from rlweave.scheduler.ray_impl.process import ProcessSettings
 
 
 def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def cpu_threads(requested: int | None, world_size: int) -> int:
-    """Intra-op threads of a CPU rank: ``requested``, else the node's cores divided by the
-    role's ranks (its ranks run at the same time; different roles mostly take turns)."""
-    if requested:
-        return int(requested)
-    return max(1, (os.cpu_count() or 1) // max(1, world_size))
-
-
-def apply_cpu_threads(n: int) -> None:
-    """Give this process ``n`` intra-op threads. Ray starts a rank with ``OMP_NUM_THREADS=1``
-    (its CPU share is tiny); the variable is reset too, so subprocesses (an engine's) inherit it."""
-    import torch
-
-    os.environ["OMP_NUM_THREADS"] = str(n)
-    torch.set_num_threads(n)
 
 
 class WorkerActor:
@@ -54,6 +38,7 @@ class WorkerActor:
     def __init__(self, worker_cls: type, role: str, rank: int):
         self._cls, self._role, self._rank = worker_cls, role, rank
         self.worker: Any = None
+        self.applied: ProcessSettings | None = None  # what setup applied to this process
         self._faults = FaultPlan(role, rank)  # test-only fault injection (rlweave.scheduler.faults)
 
     def _fail(self, method: str, exc: BaseException) -> RemoteFailure:
@@ -74,7 +59,9 @@ class WorkerActor:
         return host, _free_port(host)
 
     def placement(self) -> dict[str, Any]:
-        """Where Ray put this rank: pid, node, placement group, GPU ids, CPU threads."""
+        """Where Ray put this rank: pid, node, placement group, GPU ids, CPU threads, and
+        whether this process keeps freed memory for reuse (``cpu_malloc_reuse``, as applied by
+        :meth:`setup`; None before it)."""
         import ray
 
         ctx = ray.get_runtime_context()
@@ -87,16 +74,16 @@ class WorkerActor:
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "torch_threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None,
+            "cpu_malloc_reuse": None if self.applied is None else self.applied.cpu_malloc_reuse,
         }
 
-    def setup(self, ctx: Any, device_kind: str) -> None:
+    def setup(self, ctx: Any, device_kind: str, settings: ProcessSettings | None = None) -> None:
         """Build the worker. ``device_kind`` is the pool's kind: a ``gpu`` pool gives
         ``ctx.device = "cuda"`` when this process sees CUDA, else ``"cpu"`` (virtual devices).
-        On a CPU device the rank's intra-op threads are set first (``ctx.cpu_threads``, see
-        :func:`cpu_threads`), and ``ctx.cpu_threads`` holds the number applied; with
-        ``ctx.cpu_malloc_reuse`` freed memory is kept for reuse
-        (:func:`~rlweave.scheduler.ray_impl.malloc.keep_freed_memory`), and the field then
-        says whether it was applied."""
+        Before the worker is built, ``settings`` (default: :class:`ProcessSettings`'s) are
+        applied to this process (:func:`.process.apply`: on a CPU device its intra-op threads
+        and, with ``cpu_malloc_reuse``, freed memory kept for reuse); what was applied is kept
+        in ``self.applied`` and reported by :meth:`placement`."""
         try:
             if device_kind == "gpu":
                 import torch
@@ -104,12 +91,7 @@ class WorkerActor:
                 ctx.device = "cuda" if torch.cuda.is_available() else "cpu"
             else:
                 ctx.device = "cpu"
-            if ctx.device == "cpu":
-                ctx.cpu_threads = cpu_threads(ctx.cpu_threads, ctx.world_size)
-                apply_cpu_threads(ctx.cpu_threads)
-                ctx.cpu_malloc_reuse = bool(ctx.cpu_malloc_reuse) and keep_freed_memory()
-            else:
-                ctx.cpu_malloc_reuse = False
+            self.applied = process.apply(settings or ProcessSettings(), ctx.device, ctx.world_size)
             self.worker = self._cls(ctx)
         except BaseException as exc:  # noqa: BLE001
             raise self._fail("__init__", exc) from None

@@ -3,11 +3,10 @@
 By default glibc gives a large freed block back to the OS (``munmap`` above a dynamic
 threshold of 128 KiB to 32 MiB, heap trimming above 128 KiB free at the top), so the next
 tensor of that size is mapped again and every 4 KiB page is zero-filled on first touch. A
-CPU training step allocates and frees gigabytes of activations and gradients: the
-yardstick GRPO step (``bench/grpo_vs_trl.py``) paid about 280,000 page faults (1.1 GB)
-per train step. With both thresholds raised freed blocks stay in the heap and are reused,
-as CUDA caching allocators keep device memory: 0 faults after the first step, and the
-whole GRPO step ran 1.1-1.2x faster (measured below).
+CPU training step allocates and frees gigabytes of activations and gradients, so each train
+step faults them back in. With both thresholds raised freed blocks stay in the heap and are
+reused, as CUDA caching allocators keep device memory: no faults after the first step, and a
+faster step (``bench/grpo_vs_trl.py``; the numbers are in bench/RESULTS.md).
 
 Where it applies (``ray.cpu_malloc_reuse``, on by default):
 
@@ -18,12 +17,6 @@ Where it applies (``ray.cpu_malloc_reuse``, on by default):
 * a rank of a ``cpu`` pool elsewhere starts with the variable (:func:`start_env`);
 * a rank on a CPU device also calls :func:`keep_freed_memory` while it sets up (ranks the
   controller could not classify).
-
-Measured with the GRPO yardstick, interleaved runs. 2-core AMD machine: the whole cluster
-tuned 27.1-30.0 s/step; only the ranks (started with the variable) 29.8-31.9 s; glibc's
-defaults 32.2-33.6 s. 2-core Intel machine with AMX (``bench/grpo_vs_trl.py``, one
-invocation): 11.00 vs 12.82 s/step (1.17x); TRL's step with the same settings 14.15 vs
-17.39 s (1.23x).
 
 Cost: a process keeps its heap's high-water mark until it exits (what it frees, it reuses
 itself). ``ray.cpu_malloc_reuse: false`` keeps glibc's defaults; a ``GLIBC_TUNABLES`` the

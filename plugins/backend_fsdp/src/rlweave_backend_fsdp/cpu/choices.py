@@ -4,10 +4,10 @@ Each ``auto`` option that depends on the device is decided here, once per worker
 config, the device type, whether the role computes in bf16, and on a CPU rank computing in
 bf16 how fast this CPU runs bf16 (:func:`rlweave.devices.cpu.bf16_speed`):
 
-* ``cpu_kernels: auto``: rlweave's CPU linears and rotary embeddings with bf16 compute on a
+* ``cpu.kernels: auto``: rlweave's CPU linears and rotary embeddings with bf16 compute on a
   CPU where bf16 is fast; transformers' code otherwise (the linears' weight-gradient layout
   suits oneDNN's bf16 kernels and is much slower than plain ``nn.Linear`` without them).
-* ``cpu_attention_backward: auto``: the compiled bf16 backward with ``compile: true`` and
+* ``cpu.attention_backward: auto``: the compiled bf16 backward with ``compile: true`` and
   rlweave's CPU kernels on a CPU where bf16 is fast; the fp32 flash backward otherwise.
 * the CPU attention forward (no option): in the inputs' dtype, except bf16 inputs on a CPU
   where bf16 is slow, which are attended in fp32 (there the bf16 forward is no faster, and
@@ -15,6 +15,7 @@ bf16 how fast this CPU runs bf16 (:func:`rlweave.devices.cpu.bf16_speed`):
   from the bf16 forward.
 * ``compile_scope: auto``: whole layers on GPU, norms and MLP on CPU (inductor's rotary
   backward is slow on CPU whatever the dtype, so this does not depend on bf16 speed).
+* the compiled log-prob/entropy kernels (no option): with ``compile: true`` on CPU.
 
 On a CPU where bf16 is fast each ``auto`` choice is the one that assumes fast bf16 (as the
 options' descriptions say). On a CPU where bf16 is slow every ``auto`` choice takes its fp32 path and :func:`warning`
@@ -40,13 +41,15 @@ class DeviceChoices:
     ``kernels``: install rlweave's CPU linears and rotary embeddings; ``attention_forward``:
     ``"input"`` (the inputs' dtype) or ``"fp32"`` (bf16/fp16 inputs attended in fp32) on CPU;
     ``attention_backward``: ``"fp32"`` or ``"bf16"`` on CPU; ``compile_scope``: ``"layer"``
-    or ``"mlp_norms"``; ``bf16_compute``: the role computes in bf16; ``speed``: the bf16
-    speed the choices were made with (None when not needed: not a CPU rank computing in bf16)."""
+    or ``"mlp_norms"``; ``compiled_logprobs``: log-probs and entropy by inductor kernels;
+    ``bf16_compute``: the role computes in bf16; ``speed``: the bf16 speed the choices were
+    made with (None when not needed: not a CPU rank computing in bf16)."""
 
     kernels: bool
     attention_forward: str
     attention_backward: str
     compile_scope: str
+    compiled_logprobs: bool = False
     bf16_compute: bool = False
     speed: Bf16Speed | None = None
 
@@ -66,12 +69,12 @@ def resolve(cfg: FSDPConfig, device: str, bf16_compute: bool, speed: Bf16Speed |
     if not (cpu and bf16_compute):
         speed = None
     slow = speed is not None and speed.slow
-    if cfg.cpu_kernels != "auto":
-        kernels = cfg.cpu_kernels == "rlweave"
+    if cfg.cpu.kernels != "auto":
+        kernels = cfg.cpu.kernels == "rlweave"
     else:
         kernels = cpu and bf16_compute and not slow
-    if cfg.cpu_attention_backward != "auto":
-        backward = cfg.cpu_attention_backward
+    if cfg.cpu.attention_backward != "auto":
+        backward = cfg.cpu.attention_backward
     else:
         backward = "bf16" if cfg.compile and kernels and not slow else "fp32"
     forward = "fp32" if slow and backward != "bf16" else "input"
@@ -79,7 +82,7 @@ def resolve(cfg: FSDPConfig, device: str, bf16_compute: bool, speed: Bf16Speed |
         scope = cfg.compile_scope
     else:
         scope = "mlp_norms" if cpu else "layer"
-    return DeviceChoices(kernels, forward, backward, scope, bf16_compute, speed)
+    return DeviceChoices(kernels, forward, backward, scope, cfg.compile and cpu, bf16_compute, speed)
 
 
 def role_bf16_speed(device: str, bf16_compute: bool, world_size: int) -> Bf16Speed | None:
@@ -112,8 +115,8 @@ def warning(choices: DeviceChoices, cfg: FSDPConfig, dtype_name: str, role: str,
         asked.append("mixed_precision: bf16")
     if dtype_name == "bfloat16":
         asked.append("model.dtype: bfloat16")
-    explicit = [f"{k}: {v}" for k, v in (("cpu_kernels", cfg.cpu_kernels),
-                                         ("cpu_attention_backward", cfg.cpu_attention_backward))
+    explicit = [f"{k}: {v}" for k, v in (("cpu.kernels", cfg.cpu.kernels),
+                                         ("cpu.attention_backward", cfg.cpu.attention_backward))
                 if v in ("rlweave", "bf16")]
     msg = (f"fsdp backend: role {role} rank {rank} computes in bf16 on CPU ({', '.join(asked)}), but "
            f"{choices.speed.describe()}; use mixed_precision: none and model.dtype: float32 on this CPU. "

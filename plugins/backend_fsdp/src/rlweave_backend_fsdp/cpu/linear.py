@@ -1,11 +1,10 @@
-"""Linear layers laid out for CPU bf16 training (option ``cpu_kernels``).
+"""Linear layers laid out for CPU bf16 training (option ``cpu.kernels``).
 
 On CPU, oneDNN's bf16 matmul runs a weight gradient ``grad_out.t() @ x`` (both operands
-``(tokens, features)``, the reduction over tokens) at about half the rate of the forward and
+``(tokens, features)``, the reduction over tokens) slower than the forward and
 input-gradient matmuls: the transposed left operand is the slow layout. Copying the
 narrower operand to its transpose first and multiplying in the fast layout wins for the
-wide layers (``bench/cpu_matmul.py --tokens 16896``, copy included: 512 -> 2048 1.13 -> 1.36
-TFLOP/s, LM head 1.06 -> 1.59; but 512 -> 512 1.61 -> 0.59).
+wide layers and loses for square ones (``bench/cpu_matmul.py``; bench/RESULTS.md).
 
 :func:`install` patches the wide linears of a Llama-style model (Llama, Qwen2/3, Mistral):
 the MLP's bias-free ``gate_proj``, ``up_proj``, ``down_proj`` and the LM head, whose
