@@ -34,7 +34,8 @@ def setup(monkeypatch, tmp_path):
     pm = fakes.make_pm()
     monkeypatch.setattr(cli, "plugin_manager", lambda: pm)
     fake = types.ModuleType("rlweave.config.placement")
-    fake.check_placement = lambda cfg, roles: []
+    fake.check_placement = lambda cfg, roles, supported=None, rank_spans=None: []
+    fake.spans_of = lambda record: ()
     monkeypatch.setitem(sys.modules, "rlweave.config.placement", fake)
     Path("c.yaml").write_text(yaml.safe_dump(CONFIG))
     return pm

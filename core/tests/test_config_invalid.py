@@ -36,7 +36,8 @@ def setup(monkeypatch, tmp_path):
     """Run in tmp_path; placement (helper B's) answers what PLACEMENT holds."""
     monkeypatch.chdir(tmp_path)
     fake = types.ModuleType("rlweave.config.placement")
-    fake.check_placement = lambda cfg, roles: list(PLACEMENT)
+    fake.check_placement = lambda cfg, roles, supported=None, rank_spans=None: list(PLACEMENT)
+    fake.spans_of = lambda record: ()
     monkeypatch.setitem(sys.modules, "rlweave.config.placement", fake)
     PLACEMENT.clear()
 

@@ -31,7 +31,8 @@ BASE = {
 def no_placement(monkeypatch):
     """Placement is helper B's check; here it always passes (its own tests cover it)."""
     fake = types.ModuleType("rlweave.config.placement")
-    fake.check_placement = lambda cfg, roles: []
+    fake.check_placement = lambda cfg, roles, supported=None, rank_spans=None: []
+    fake.spans_of = lambda record: ()
     monkeypatch.setitem(sys.modules, "rlweave.config.placement", fake)
 
 

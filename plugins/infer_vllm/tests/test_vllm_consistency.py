@@ -28,7 +28,7 @@ def rollout(tmp_path_factory):
     model_dir = build_tiny_qwen2(tmp_path_factory.mktemp("consistency") / "m", vocab_size=128, hidden=128,
                                  layers=2, heads=4, kv_heads=2, ffn=256, seed=3)
     # subprocess: the engine-core process mode (the contract suite runs the CPU default, in process)
-    engine = VLLMEngine(WorkerContext(role="rollout", config={"max_model_len": 64, "kv_cache_gib": 0.25,
+    engine = VLLMEngine(WorkerContext(role="rollout", options={"max_model_len": 64, "kv_cache_gib": 0.25,
                                                               "engine_core": "subprocess"},
                                       model={"path": str(model_dir), "dtype": "float32"}, seed=1))
     engine.init_engine()
@@ -94,7 +94,7 @@ def test_vllm_vs_fsdp_backend(rollout):
     with socket.socket() as sock:  # a free rendezvous port: other tests may hold 29500
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    worker = worker_cls(WorkerContext(role="policy", config={}, master_port=port,
+    worker = worker_cls(WorkerContext(role="policy", options={}, master_port=port,
                                       model={"path": str(model_dir), "dtype": "float32"}))
     worker.init_model()
     try:

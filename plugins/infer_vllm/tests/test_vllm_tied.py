@@ -18,7 +18,7 @@ def test_tied_embeddings_update_is_refused_on_cpu(tmp_path):
     )
     ctx = WorkerContext(
         role="rollout",
-        config={"max_model_len": 32, "kv_cache_gib": 0.25, "dtype": "float32"},
+        options={"max_model_len": 32, "kv_cache_gib": 0.25, "dtype": "float32"},
         model={"path": str(model_dir), "dtype": "float32"},
     )
     engine = VLLMEngine(ctx)

@@ -13,9 +13,16 @@ Rules:
   of ``devices``, a colocation group is one slot of the largest ``devices`` of its
   members (they share those devices and take turns); the slots must fit in
   ``nodes x devices_per_node``;
-* parallel sizes: when ``roles.<r>.parallel`` is given, the product of its sizes equals
-  ``roles.<r>.devices`` (``dp * tp * pp == devices``), every size is >= 1, and, when the
-  selected plugin's record is known, every key is one the plugin supports.
+* parallel sizes: when ``roles.<r>.parallel`` is given, every size is >= 1; with ``dp``
+  the product of the sizes equals ``roles.<r>.devices`` (``dp * tp * pp == devices``),
+  without it the product divides ``devices`` and the quotient is the data-parallel size
+  (``devices: 4, parallel: {tp: 2}`` is two replicas of two devices); when the selected
+  plugin's record is known, every key is one the plugin supports;
+* ranks spanning devices: when the plugin's record says one rank spans some parallel sizes
+  (``EngineRecord.rank_spans``, e.g. a vLLM replica spans ``tp`` devices), the devices of
+  one rank (:func:`devices_per_rank`) must sit on one node: that number must not exceed,
+  and must divide, the pool's ``devices_per_node``, and the role's slot must start on a
+  multiple of it inside its node, so no rank straddles two nodes.
 
 Only the roles the algorithm needs (``role_names``) are placed; other configured roles
 are ignored.
@@ -92,6 +99,28 @@ def pool_layout(cfg: "RunConfig", role_names: Sequence[str]) -> dict[str, PoolLa
     return layouts
 
 
+def devices_per_rank(parallel: Mapping[str, int], spans: Sequence[str] = ()) -> int:
+    """Devices one rank takes: the product of the sizes in ``parallel`` named by ``spans``
+    (a plugin record's ``rank_spans``); 1 when it spans none."""
+    n = 1
+    for key in spans:
+        n *= max(1, int(parallel.get(key, 1)))
+    return n
+
+
+def spans_of(record: Any) -> tuple[str, ...]:
+    """The parallel sizes one rank of a plugin spans (its record's ``rank_spans``; none for
+    records without the field, or no record)."""
+    return tuple(getattr(record, "rank_spans", ()) or ())
+
+
+def rank_parallel(parallel: Mapping[str, int], spans: Sequence[str] = ()) -> dict[str, int]:
+    """The parallel sizes *between* ranks: ``parallel`` without the sizes a rank spans
+    (what the role's handle dispatches over; ``{tp: 2}`` spanned by a rank leaves ``{}``,
+    so every rank is one data-parallel replica)."""
+    return {k: v for k, v in parallel.items() if k not in spans}
+
+
 def _parallel_errors(role: str, section: Any, supported: Sequence[str] | None) -> list[tuple[str, str]]:
     errors: list[tuple[str, str]] = []
     par = dict(section.parallel)
@@ -107,24 +136,52 @@ def _parallel_errors(role: str, section: Any, supported: Sequence[str] | None) -
                            f"{key!r} (supported: {choices})"))
     product = 1
     for size in par.values():
-        product *= size
-    if product != section.devices:
-        arith = " * ".join(f"{k} {v}" for k, v in par.items())
+        product *= max(1, size)
+    arith = " * ".join(f"{k} {v}" for k, v in par.items())
+    if "dp" in par and product != section.devices:
         errors.append((path, f"role {role!r}: {arith} = {product}, but roles.{role}.devices is {section.devices} "
                        "(the product of the parallel sizes must equal devices)"))
+    elif "dp" not in par and section.devices % product:
+        errors.append((path, f"role {role!r}: {arith} = {product} does not divide roles.{role}.devices "
+                       f"({section.devices}); devices must be a multiple of it (the quotient is the number of "
+                       "data-parallel replicas)"))
     return errors
+
+
+def _span_errors(cfg: "RunConfig", role: str, span: int, layout: PoolLayout) -> list[tuple[str, str]]:
+    """A rank of ``role`` spanning ``span`` devices must fit on one node of its pool."""
+    name = cfg.roles[role].pool
+    pool = cfg.resources.pools[name]
+    per_node = pool.devices_per_node
+    path = f"roles.{role}.parallel"
+    where = f"role {role!r}: one rank spans {span} devices ({path})"
+    if span > per_node:
+        return [(path, f"{where}, but a node of pool {name!r} has only {per_node} "
+                 f"(resources.pools.{name}.devices_per_node); a rank's devices must be on one node")]
+    if pool.nodes > 1 and per_node % span:
+        return [(path, f"{where}, which does not divide resources.pools.{name}.devices_per_node ({per_node}): "
+                 f"with {pool.nodes} nodes some rank would straddle two nodes")]
+    offset = layout.slot_of(role).offset
+    if pool.nodes > 1 and (offset % per_node) % span:
+        return [(path, f"{where}, but its devices start at device {offset} of pool {name!r} ({per_node} per node), "
+                 f"not on a multiple of {span}: some rank would straddle two nodes; list the role earlier in its "
+                 "pool or give it a pool of its own")]
+    return []
 
 
 def check_placement(
     cfg: "RunConfig",
     role_names: Sequence[str],
     supported_parallel: Mapping[str, Sequence[str]] | None = None,
+    rank_spans: Mapping[str, Sequence[str]] | None = None,
 ) -> list[tuple[str, str]]:
     """Every placement problem of ``role_names`` as ``(dotted path, message)``; empty when
     the placement fits.
 
     ``supported_parallel`` (optional) maps a role to the parallel keys its selected plugin
-    supports (``BackendRecord.parallel`` / ``EngineRecord.parallel``).
+    supports (``BackendRecord.parallel`` / ``EngineRecord.parallel``); ``rank_spans``
+    (optional) maps a role to the parallel keys one of its ranks spans
+    (``EngineRecord.rank_spans``).
     """
     errors: list[tuple[str, str]] = []
     needed = list(dict.fromkeys(role_names))
@@ -171,7 +228,13 @@ def check_placement(
     if errors:  # capacity arithmetic only makes sense on a consistent layout
         return errors
 
-    for name, layout in pool_layout(cfg, needed).items():
+    layouts = pool_layout(cfg, needed)
+    for role, spans in (rank_spans or {}).items():
+        span = devices_per_rank(cfg.roles[role].parallel, spans) if role in needed and role in cfg.roles else 1
+        if span > 1:
+            errors.extend(_span_errors(cfg, role, span, layouts[cfg.roles[role].pool]))
+
+    for name, layout in layouts.items():
         if layout.used <= layout.capacity:
             continue
         pool = pools[name]

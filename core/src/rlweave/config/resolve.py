@@ -16,7 +16,8 @@ it failed, see :mod:`rlweave.config.loader`), this
   with a backend (trained/scoring roles) or an engine (``rollout``), and that their
   ``parallel`` sizes are ones the plugin understands;
 * checks ``required_plugins`` against installed distribution versions;
-* runs ``rlweave.config.placement.check_placement(cfg, role_names)`` when that module exists.
+* runs ``rlweave.config.placement.check_placement`` over the roles, with the ranks' device spans of the
+  selected plugins (a vLLM replica spans ``tp`` devices).
 
 Every problem becomes a :class:`~rlweave.config.errors.ConfigIssue`; nothing heavy is imported.
 """
@@ -227,12 +228,13 @@ class _Pass:
 
     def placement(self) -> None:
         try:
-            from rlweave.config.placement import check_placement
+            from rlweave.config.placement import check_placement, spans_of
         except ImportError:
             return
         names = [r for r in (self.out.role_names or tuple(self.cfg.roles)) if r in self.cfg.roles]
+        spans = {r: spans_of(rec) for r, rec in self.out.roles.items()}
         try:
-            problems = check_placement(self.cfg, names)
+            problems = check_placement(self.cfg, names, rank_spans=spans)
         except Exception as exc:
             self.issue("resources", f"placement check failed: {type(exc).__name__}: {exc}")
             return

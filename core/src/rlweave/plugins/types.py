@@ -62,7 +62,8 @@ class PluginRecord:
         summary: one line for ``rlweave list-plugins``.
         target: ``"module:attribute"`` of the heavy object, imported by :meth:`load`.
         config_model: pydantic model validating this plugin's own YAML section
-            (``None`` when the plugin takes no options).
+            (``None`` when the plugin takes no options). A backend's or engine's ranks receive
+            the validated instance as ``WorkerContext.options``.
         api_version: the plugin-API version the plugin was built for; a record with a
             different version than ``rlweave.PLUGIN_API_VERSION`` is ``incompatible``.
         probe: ``() -> None | reason``: ``None`` when the record can run here, else why not
@@ -102,10 +103,19 @@ class BackendRecord(PluginRecord):
 @dataclass(frozen=True)
 class EngineRecord(PluginRecord):
     """An inference engine: ``load()`` returns a :class:`rlweave.interfaces.RolloutEngine`
-    subclass. ``parallel`` lists supported parallel sizes (``"tp"`` etc.)."""
+    subclass. ``parallel`` lists supported parallel sizes (``"tp"`` etc.).
+
+    ``rank_spans`` lists the parallel sizes that one rank spans: a rank of such an engine is
+    one whole replica that drives its own workers (vLLM's tensor-parallel processes) on
+    ``product(roles.<role>.parallel[k] for k in rank_spans)`` devices. The scheduler then
+    starts one rank per replica, ``devices // that product`` ranks, and makes all of the
+    replica's devices visible to the rank's process (``CUDA_VISIBLE_DEVICES``), so the
+    processes the engine starts inherit them. Default ``()``: one rank per device.
+    """
 
     kind: ClassVar[str] = "engine"
     parallel: tuple[str, ...] = ()
+    rank_spans: tuple[str, ...] = ()
 
 
 def _no_roles(config: Any) -> tuple[str, ...]:

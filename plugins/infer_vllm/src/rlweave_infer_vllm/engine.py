@@ -1,13 +1,17 @@
 """``VLLMEngine``: the rollout contract on ``vllm.LLM``.
 
-One instance is one engine replica. The scheduler runs it inside a Ray actor per rank; a
-test or a script can also create it directly (then vLLM's engine-core subprocess needs the
-calling script to have an ``if __name__ == "__main__":`` guard when vLLM spawns). vLLM runs
-tensor parallelism inside the replica itself (``tensor_parallel_size``, default
-``roles.rollout.parallel.tp``): the first rank of each tp block starts ``vllm.LLM`` with
-that size and generates; the other ranks of the block are *followers* that start nothing
-and accept ``load_weights``/``sleep``/``wake_up`` as no-ops (they still drain the weight
-stream, so its buckets are verified). Replicas are data parallel.
+One instance is one engine replica, and one rank of the rollout role. The scheduler runs
+it inside a Ray actor per replica; a test or a script can also create it directly (then
+vLLM's engine-core subprocess needs the calling script to have an ``if __name__ ==
+"__main__":`` guard when vLLM spawns). Replicas are data parallel.
+
+**Tensor parallelism** runs inside the replica: with ``roles.rollout.parallel.tp: t`` the
+engine starts ``vllm.LLM(tensor_parallel_size=t)`` with vLLM's multiprocessing executor,
+whose ``t`` worker processes are children of this one. The plugin's record declares that a
+rank spans ``tp`` devices (``rank_spans=("tp",)``), so the scheduler starts one rank per
+``t`` devices (``devices: 4, tp: 2`` is two replicas) and this process sees all ``t`` of its
+devices in ``CUDA_VISIBLE_DEVICES``, which vLLM's workers inherit. Weight sync and
+residency address each replica once (one destination rank per replica).
 
 Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
 
@@ -89,7 +93,7 @@ class VLLMEngine(RolloutEngine):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.cfg = VLLMEngineConfig(**(ctx.config or {}))
+        self.cfg = ctx.options_as(VLLMEngineConfig)
         self.llm = None
         self._asleep = 0
         self._dead: str | None = None
@@ -110,12 +114,17 @@ class VLLMEngine(RolloutEngine):
 
     @property
     def tp(self) -> int:
-        return self.cfg.tensor_parallel_size or int(self.ctx.parallel.get("tp", 1))
-
-    @property
-    def is_follower(self) -> bool:
-        """True on ranks that are not the first of their tensor-parallel block."""
-        return self.ctx.rank % self.tp != 0
+        """Tensor-parallel size of this replica: ``roles.rollout.parallel.tp`` (the devices the
+        scheduler gave this rank). ``options.tensor_parallel_size``, when set, must agree."""
+        tp = int(self.ctx.parallel.get("tp", 1))
+        asked = self.cfg.tensor_parallel_size
+        if asked is not None and asked != tp:
+            raise ValueError(
+                f"{self.where}: roles.{self.ctx.role}.options.tensor_parallel_size is {asked} but "
+                f"roles.{self.ctx.role}.parallel.tp is {tp}; a replica's tensor-parallel size is the devices "
+                f"it is placed on: set parallel.tp: {asked} (and devices a multiple of it), or drop the option"
+            )
+        return tp
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Arguments for ``vllm.LLM`` derived from the context and the plugin options."""
@@ -140,6 +149,8 @@ class VLLMEngine(RolloutEngine):
             logprobs_mode="processed_logprobs" if cfg.logprobs_mode == "processed" else "raw_logprobs",
             worker_extension_cls="rlweave_infer_vllm.worker_ext.RlweaveWorkerExtension",
         )
+        if tp > 1:  # inside a Ray placement group vLLM would pick its Ray executor; the workers are
+            kw["distributed_executor_backend"] = "mp"  # this process's children, on the devices it sees
         if cfg.max_model_len:
             kw["max_model_len"] = cfg.max_model_len
         chunked = cfg.enable_chunked_prefill if cfg.enable_chunked_prefill is not None else gpu
@@ -171,10 +182,6 @@ class VLLMEngine(RolloutEngine):
 
     def init_engine(self) -> None:
         t0 = time.perf_counter()
-        if self.is_follower:
-            self._max_model_len = int(self.cfg.max_model_len or 0)
-            self.start_seconds = 0.0
-            return
         try:
             from vllm import LLM
         except ImportError as exc:
@@ -188,6 +195,8 @@ class VLLMEngine(RolloutEngine):
             if reserved is None:
                 reserved = int(os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))
             os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(reserved)  # read by the engine-core subprocess
+            if self.tp > 1 and not os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(self.tp, sorted(os.sched_getaffinity(0)))
         self.in_process = self.engine_in_process()
         # read by vllm.LLM when it builds its engine: 0 = the engine core runs in this process
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
@@ -213,9 +222,6 @@ class VLLMEngine(RolloutEngine):
         return getattr(self, "_weight_dtype", None)
 
     def _require(self):
-        if self.is_follower:
-            raise RuntimeError(f"{self.where}: rank {self.ctx.rank} is a tensor-parallel follower; "
-                               f"rank {self.ctx.rank - self.ctx.rank % self.tp} runs this replica")
         if self.llm is None:
             raise RuntimeError(f"{self.where}: init_engine() was not called")
         if self._dead:
@@ -261,6 +267,7 @@ class VLLMEngine(RolloutEngine):
             logprobs=0,
             flat_logprobs=True,  # flat lists instead of one dict per token (measurable per-step cost on CPU)
             detokenize=False,
+            skip_clone=True,  # one object per request, never reused: vLLM need not deep-copy it
         )
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
@@ -300,8 +307,6 @@ class VLLMEngine(RolloutEngine):
 
         Raises ``RuntimeError`` naming role and rank when vLLM rejects a tensor (unknown
         name, wrong shape); the staged update is discarded and the old weights stay."""
-        if self.is_follower:
-            return {"tensors": sum(1 for _ in named_tensors), "bytes": 0, "follower": True}
         llm = self._require()
         if getattr(self, "tied_on_cpu", False):
             raise NotImplementedError(
@@ -351,8 +356,6 @@ class VLLMEngine(RolloutEngine):
 
     # ----------------------------------------------------------- sleep/wake
     def sleep(self, level: int = 1) -> dict[str, Any]:
-        if self.is_follower:
-            return {"freed_bytes": 0, "level": level, "follower": True}
         llm = self._require()
         if not self.sleep_supported:
             llm.reset_prefix_cache()
@@ -380,9 +383,9 @@ class VLLMEngine(RolloutEngine):
         """Ping plus engine facts; raises ``EngineDeadError`` (role, rank) when vLLM's
         engine process no longer answers."""
         info = self.ping()
-        info.update(engine=self.engine_name, ready=self.llm is not None or self.is_follower,
+        info.update(engine=self.engine_name, ready=self.llm is not None, tp=self.tp,
                     engine_core="in_process" if self.in_process else "subprocess",
-                    asleep=bool(self._asleep), follower=self.is_follower)
+                    asleep=bool(self._asleep))
         if self.llm is not None:
             if not self._engine_alive():
                 self._dead = "engine core reported dead"
@@ -411,6 +414,18 @@ class VLLMEngine(RolloutEngine):
         super().shutdown()
         if left:
             raise RuntimeError(f"{self.where}: vLLM processes did not exit after SIGKILL: {', '.join(left)}")
+
+
+def cpu_thread_binding(tp: int, cpus: list[int]) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``tp`` CPU workers on ``cpus``: contiguous, disjoint
+    core lists (``"0-1|2-3"``), or ``"nobind"`` with fewer cores than workers. vllm-cpu's own
+    ``auto`` binds one NUMA node per worker and refuses to start tp workers on fewer nodes
+    (a one-socket machine)."""
+    if len(cpus) < tp:
+        return "nobind"
+    per = len(cpus) // tp
+    chunks = [cpus[i * per:(i + 1) * per] for i in range(tp)]
+    return "|".join(",".join(map(str, chunk)) for chunk in chunks)
 
 
 def sampled_logprobs(token_ids: list[int], logprobs: Any, where: str) -> list[float]:

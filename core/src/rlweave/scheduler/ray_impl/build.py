@@ -6,13 +6,22 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from rlweave.config.placement import PlacementError, check_placement, pool_layout, required_devices
+from rlweave.config.placement import (
+    PlacementError,
+    check_placement,
+    devices_per_rank,
+    pool_layout,
+    rank_parallel,
+    required_devices,
+    spans_of,
+)
 from rlweave.interfaces.worker import WorkerContext
 from rlweave.scheduler import faults
 from rlweave.scheduler.handle import RoleHandle
 from rlweave.scheduler.ray_impl.actor import remote_actor_class
 from rlweave.scheduler.ray_impl.group import RayWorkerGroup
 from rlweave.scheduler.ray_impl.pools import PoolPlacement, create_pool
+from rlweave.scheduler.ray_impl.process import ProcessSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     from rlweave.config.schema import RunConfig
@@ -38,27 +47,34 @@ def init_method(record: Any, worker_cls: type) -> str | None:
 
 
 def _context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int],
-             total_steps: int | None = None) -> WorkerContext:
+             total_steps: int | None = None, record: Any = None) -> WorkerContext:
+    """Rank ``rank``'s context: ``options`` validated by ``record``'s ``config_model`` (a dict
+    of the section when there is no record or it has no model)."""
     from rlweave.config.resolve import NEVER_TRAINED
 
     section = cfg.roles[role]
     trains = section.optim is not None and role not in NEVER_TRAINED
     model = section.model if section.model is not None else cfg.model
+    schema = getattr(record, "config_model", None)
+    options = schema.model_validate(dict(section.options)) if schema is not None else dict(section.options)
     return WorkerContext(
         role=role,
         rank=rank,
-        world_size=section.devices,
+        world_size=section.devices // devices_per_rank(section.parallel, spans_of(record)),
         master_addr=addr[0],
         master_port=addr[1],
-        config=dict(section.options),
+        options=options,
         model=model.model_dump(),
         seed=cfg.run.seed,
         parallel=dict(section.parallel),
         optim=section.optim if trains else None,
         optim_total_steps=int(total_steps) if total_steps else None,
-        cpu_threads=section.cpu_threads,
-        cpu_malloc_reuse=cfg.ray.cpu_malloc_reuse,
     )
+
+
+def _process_settings(cfg: "RunConfig", role: str) -> ProcessSettings:
+    """How the processes of ``role``'s ranks are set up (applied by the actor, not the worker)."""
+    return ProcessSettings(cpu_threads=cfg.roles[role].cpu_threads, cpu_malloc_reuse=cfg.ray.cpu_malloc_reuse)
 
 
 class RoleBuilder:
@@ -67,11 +83,12 @@ class RoleBuilder:
     :meth:`build` checks the placement (:class:`~rlweave.config.placement.PlacementError`
     with every problem), starts a local Ray cluster if none is connected, reserves one
     placement group per pool, creates one actor per rank, fills each rank's
-    :class:`~rlweave.interfaces.worker.WorkerContext` (``config`` = the role's ``options``,
-    ``model`` = the role's or the top-level model, ``optim`` (the validated section),
-    ``optim_total_steps`` from ``optimizer_total_steps`` (the run's optimizer steps of that role, used where
+    :class:`~rlweave.interfaces.worker.WorkerContext` (``options`` = the role's ``options``
+    validated into the record's options model, ``model`` = the role's or the top-level model,
+    ``optim`` (the validated section), ``optim_total_steps`` from ``optimizer_total_steps`` (the run's optimizer steps of that role, used where
     ``optim.total_steps`` is null), rendezvous = rank 0's node and a free port there), then,
     with ``init``, calls ``init_model()`` / ``init_engine()`` on all ranks of all roles at once.
+    Each rank's process is set up first from :func:`_process_settings` (threads, allocator).
     Handles carry ``roles.<role>.timeouts``. On any failure everything started so far is shut
     down before the error propagates.
 
@@ -92,18 +109,27 @@ class RoleBuilder:
 
     def _check(self) -> None:
         roles, records = self.roles, self.records
-        errors = check_placement(self.cfg, roles, {r: getattr(records[r], "parallel", None) for r in roles if r in records})
+        known = [r for r in roles if r in records]
+        errors = check_placement(self.cfg, roles, {r: getattr(records[r], "parallel", None) for r in known},
+                                 {r: spans_of(records[r]) for r in known})
         errors += [(f"roles.{r}", f"no backend/engine record selected for role {r!r}") for r in roles if r not in records]
         if errors:
             raise PlacementError(errors)
 
     def _actors(self, role: str) -> RoleHandle:
-        """New actors for every rank of ``role`` in its pool's slot (not yet set up)."""
+        """New actors for every rank of ``role`` in its pool's slot (not yet set up).
+
+        One actor per device, or, when the role's record says a rank spans ``s`` devices
+        (``rank_spans``), one per ``s`` devices whose process sees all ``s`` of them
+        (:mod:`rlweave.scheduler.ray_impl.pools`); the handle then dispatches over those
+        ranks as data-parallel replicas."""
         from rlweave.scheduler.ray_impl.cluster import gpus_are_virtual
         from rlweave.scheduler.ray_impl.malloc import start_env
+        from rlweave.scheduler.ray_impl.pools import visible_devices_env
 
         cfg = self.cfg
-        placement = self.pools[cfg.roles[role].pool]
+        section = cfg.roles[role]
+        placement = self.pools[section.pool]
         slot = placement.layout.slot_of(role)
         if role not in self.classes:
             self.classes[role] = self.records[role].load()
@@ -111,14 +137,19 @@ class RoleBuilder:
         env = start_env(cfg.ray.cpu_malloc_reuse, on_cpu)
         if os.environ.get(faults.ENV):  # test-only fault injection reaches every rank
             env[faults.ENV] = os.environ[faults.ENV]
+        spans = spans_of(self.records[role])
+        span = devices_per_rank(section.parallel, spans)
+        ranks = section.devices // span
+        envs = [dict(env) for _ in range(ranks)]
+        if span > 1 and placement.device == "gpu":
+            for rank_env, ids in zip(envs, placement.rank_devices(slot, ranks, span, role)):
+                rank_env.update(visible_devices_env(ids))
         actor_cls = remote_actor_class()
-        actors = [
-            actor_cls.options(**placement.actor_options(slot, rank, env)).remote(self.classes[role], role, rank)
-            for rank in range(cfg.roles[role].devices)
-        ]
-        timeouts = cfg.roles[role].timeouts.model_dump()
-        return RoleHandle(role, RayWorkerGroup(role, actors), cfg.roles[role].parallel, on_close=placement.release,
-                          timeouts=timeouts)
+        options = [placement.actor_options(slot, rank, envs[rank], span) for rank in range(ranks)]
+        actors = [actor_cls.options(**opts).remote(self.classes[role], role, rank) for rank, opts in enumerate(options)]
+        timeouts = section.timeouts.model_dump()
+        return RoleHandle(role, RayWorkerGroup(role, actors), rank_parallel(section.parallel, spans),
+                          on_close=placement.release, timeouts=timeouts)
 
     def _setup(self, handles: Mapping[str, RoleHandle], init: bool, init_timeout_s: float | None) -> None:
         """Rendezvous, worker objects and (with ``init``) model/engine initialisation."""
@@ -130,7 +161,9 @@ class RoleBuilder:
             addr = tuple(addr_futs[role].result(timeout=ADDRESS_TIMEOUT_S))
             device = self.pools[self.cfg.roles[role].pool].device
             total = self.totals.get(role)
-            rank_args = [((_context(self.cfg, role, r, addr, total), device), {}) for r in range(handle.world_size)]
+            settings = _process_settings(self.cfg, role)
+            rank_args = [((_context(self.cfg, role, r, addr, total, self.records[role]), device, settings), {})
+                         for r in range(handle.world_size)]
             setup_futs.append(handle.submit_ranks("setup", list(range(handle.world_size)), rank_args, list,
                                                   on_actor=True))
         for fut in setup_futs:

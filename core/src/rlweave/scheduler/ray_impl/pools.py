@@ -9,6 +9,17 @@ a colocation group share their slot's bundles, each asking for ``1/len(group)`` 
 ``c`` (:data:`CPUS_PER_DEVICE`) is a small CPU share: Ray only counts CPUs, it does not pin
 them, and a small share lets many ranks fit on a machine with few cores. It also makes
 Ray set ``OMP_NUM_THREADS=1`` in the ranks; a worker wanting more threads sets them itself.
+
+A rank that spans ``s`` devices (a vLLM replica with ``tp: s``; see
+``EngineRecord.rank_spans``) sits in the first of its ``s`` consecutive bundles
+(``slot.offset + rank * s``). Ray gives an actor the devices of one bundle only, so the
+replica's devices are looked up first (:meth:`PoolPlacement.rank_devices`: one short task
+per bundle, asking for the role's own share of it, reports the bundle's GPU id and node)
+and the rank's process starts with all of them in ``CUDA_VISIBLE_DEVICES``, Ray told not
+to overwrite it (:func:`visible_devices_env`); vLLM's worker processes inherit them. The
+bundles stay one device each, so colocated roles share them as before. Every device of a
+rank must be on one node: the placement check keeps a rank's bundles inside one node's
+share of the pool, and :meth:`~PoolPlacement.rank_devices` raises if Ray put them on two.
 """
 
 from __future__ import annotations
@@ -21,6 +32,8 @@ from rlweave.config.placement import PoolLayout, Slot
 
 CPUS_PER_DEVICE = 0.01
 READY_TIMEOUT_S = 60.0
+#: set in a Ray worker's environment, Ray leaves its ``CUDA_VISIBLE_DEVICES`` as it is
+NOSET_CUDA_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 
 
 def share(n: int) -> float:
@@ -37,20 +50,55 @@ class PoolPlacement:
     pg: Any
     users: int = 0
 
-    def actor_options(self, slot: Slot, rank: int, env: dict[str, str] | None = None) -> dict[str, Any]:
-        """Ray options of rank ``rank`` of ``slot``; ``env``: variables its process starts with."""
+    def _bundle_options(self, slot: Slot, bundle: int) -> dict[str, Any]:
+        """One role's share of bundle ``bundle`` (resources and scheduling strategy)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         frac = share(len(slot.roles))
-        extra = {"runtime_env": {"env_vars": dict(env)}} if env else {}
         return {
-            **extra,
             "num_cpus": math.floor(CPUS_PER_DEVICE * frac * 10000) / 10000,  # Ray precision, sums <= bundle
             "num_gpus": frac if self.device == "gpu" else 0,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=slot.offset + rank
+                placement_group=self.pg, placement_group_bundle_index=bundle
             ),
         }
+
+    def actor_options(self, slot: Slot, rank: int, env: dict[str, str] | None = None, span: int = 1) -> dict[str, Any]:
+        """Ray options of rank ``rank`` of ``slot`` whose ranks span ``span`` devices each (it
+        sits in bundle ``slot.offset + rank * span``); ``env``: variables its process starts with."""
+        extra = {"runtime_env": {"env_vars": dict(env)}} if env else {}
+        return {**extra, **self._bundle_options(slot, slot.offset + rank * span)}
+
+    def rank_devices(self, slot: Slot, ranks: int, span: int, role: str,
+                     timeout_s: float = READY_TIMEOUT_S) -> list[list[str]]:
+        """GPU ids of each of ``ranks`` ranks spanning ``span`` bundles of ``slot`` (rank ``r``:
+        bundles ``slot.offset + r*span ...``), found by one short task per bundle that takes the
+        role's share of it. Call it before the role's actors exist (their share must be free).
+        Raises ``RuntimeError`` naming the pool, role and rank when a rank's bundles are on two
+        nodes, or when the bundles do not answer within ``timeout_s``."""
+        import ray
+
+        probe = ray.remote(_bundle_device)
+        refs = [[probe.options(**self._bundle_options(slot, slot.offset + r * span + i)).remote() for i in range(span)]
+                for r in range(ranks)]
+        try:
+            found = ray.get([ref for per_rank in refs for ref in per_rank], timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - GetTimeoutError and friends
+            for per_rank in refs:
+                for ref in per_rank:
+                    ray.cancel(ref, force=True)
+            raise RuntimeError(f"pool {self.layout.name!r}: the devices of role {role!r} could not be looked up "
+                               f"within {timeout_s:g} s ({type(exc).__name__}: {exc})") from exc
+        out = []
+        for r in range(ranks):
+            mine = found[r * span:(r + 1) * span]
+            nodes = sorted({node for node, _ in mine})
+            if len(nodes) > 1:
+                raise RuntimeError(f"pool {self.layout.name!r}: rank {r} of role {role!r} spans {span} devices, but "
+                                   f"Ray put them on {len(nodes)} nodes ({', '.join(nodes)}); use strategy "
+                                   f"STRICT_PACK or make devices_per_node a multiple of {span}")
+            out.append([gpu for _, ids in mine for gpu in ids])
+        return out
 
     def release(self) -> None:
         """One role is done with the pool; the last one removes the placement group."""
@@ -64,6 +112,19 @@ class PoolPlacement:
                     remove_placement_group(self.pg)
                 except Exception:  # noqa: BLE001 - cluster already gone
                     pass
+
+
+def _bundle_device() -> tuple[str, list[str]]:
+    """Inside a task in one bundle: this node's id and the bundle's GPU id(s)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()]
+
+
+def visible_devices_env(gpu_ids: list[str]) -> dict[str, str]:
+    """Process environment that shows a rank exactly ``gpu_ids``: ``CUDA_VISIBLE_DEVICES``,
+    and Ray told not to replace it with the one GPU of the rank's own bundle."""
+    return {"CUDA_VISIBLE_DEVICES": ",".join(gpu_ids), NOSET_CUDA_ENV: "1"}
 
 
 def create_pool(layout: PoolLayout, device: str, strategy: str, timeout_s: float = READY_TIMEOUT_S) -> PoolPlacement:
