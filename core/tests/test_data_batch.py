@@ -1,5 +1,7 @@
 """Packed Batch: packing, masks, selection, balanced partition, concat round trips."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -76,3 +78,36 @@ def test_partition_keeps_groups_whole_when_counts_allow():
     # without a group field, samples are placed one by one (the earlier behaviour)
     b.sample.pop("group")
     assert [len(p) for p in b.balanced_partition(2)] == [6, 6]
+
+
+def test_select_matches_sample_by_sample_slicing():
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, 99, (int(n),), generator=g).tolist() for n in torch.randint(1, 9, (40,), generator=g)]
+    b = Batch.from_sequences(seqs, prompt_lens=[max(1, len(s) // 2) for s in seqs])
+    b.add_token("lp", torch.randn(b.num_tokens, 3, generator=g))
+    for idx in ([], [5], [39, 0, 7, 7, 12], list(range(40))[::-1]):
+        s = b.select(idx)
+        for key in ("input_ids", "loss_mask", "lp"):
+            expect = [b.token[key][b.cu_seqlens[i]:b.cu_seqlens[i + 1]] for i in idx]
+            want = torch.cat(expect) if expect else b.token[key][:0]
+            assert torch.equal(s.token[key], want), (key, idx)
+        assert s.cu_seqlens.tolist() == [0] + list(itertools.accumulate(len(seqs[i]) for i in idx))
+
+
+def test_loss_mask_covers_exactly_the_response_tokens():
+    seqs = [[1] * n for n in (1, 2, 5, 3, 8)]
+    plens = [1, 1, 4, 3, 2]
+    b = Batch.from_sequences(seqs, prompt_lens=plens)
+    want = [float(j >= p) for s, p in zip(seqs, plens) for j in range(len(s))]
+    assert b.token["loss_mask"].tolist() == want
+
+
+def test_shallow_copy_shares_tensors_not_fields():
+    b = make()
+    c = b.shallow_copy()
+    c.add_token("w", torch.ones(b.num_tokens))
+    c.add_sample("r", torch.zeros(len(b)))
+    c.meta.append({"extra": 1})
+    assert "w" not in b.token and "r" not in b.sample and len(b.meta) == 3
+    assert c.token["input_ids"] is b.token["input_ids"] and c.ids == b.ids
+    assert b.balanced_partition(1) == [[0, 1, 2]]

@@ -51,6 +51,25 @@ def test_dp_round_trip_preserves_order(world, parallel):
     assert torch.equal(back.cu_seqlens, b.cu_seqlens)
 
 
+def test_one_block_gets_the_batch_in_its_own_containers():
+    h = handle(ProbeWorker, 1)
+    b = uneven_batch()
+    back = h.call("echo_batch", b, dispatch="dp").result()
+    assert back is not b and back.ids == b.ids and torch.equal(back.token["input_ids"], b.token["input_ids"])
+    back.add_token("extra", torch.zeros(b.num_tokens))
+    assert "extra" not in b.token  # what a worker adds to its shard never reaches the caller's batch
+
+
+def test_futures_report_where_the_controller_spent_its_time():
+    h = handle(ProbeWorker, 2)
+    fut = h.call("nap", 0.05)  # in-process ranks run at submission: the nap is part of dispatch
+    fut.result()
+    assert fut.dispatch_s >= 0.1 and fut.wait_s >= 0 and fut.combine_s >= 0
+    fut = h.logprobs(uneven_batch())
+    fut.result()
+    assert fut.dispatch_s > 0 and fut.combine_s > 0
+
+
 def test_fewer_samples_than_shards():
     h = handle(ProbeWorker, 4)
     b = uneven_batch(2)

@@ -186,3 +186,59 @@ def test_colocated_grpo_puts_idle_roles_away_in_order(setup):
     assert algo.residency.resident == {"policy": True, "rollout": True} and not worker_offloaded_after
     assert m["time/offload"] >= 0 and math.isfinite(m["loss"])
     assert eval_moves == [("policy", "offload"), ("policy", "onload")]  # evaluation generates alone
+
+
+@pytest.mark.parametrize("dynamic_sampling", [False, True])
+def test_reference_log_probs_run_while_rewards_are_scored(setup, dynamic_sampling):
+    """With a reference model (kl_beta > 0) the reference and old log-prob calls are issued
+    before the rewards are scored, so they overlap; with dynamic sampling (groups may still be
+    dropped) only after. The step reports its dispatch/wait/pack/pool timings."""
+    from rlweave.rewards.reward_set import RewardSet
+    from rlweave_algo_grpo.algorithm import GRPO, STEP_TIMES
+    from rlweave_algo_grpo.config import GRPOConfig
+    from rlweave_backend_fsdp.worker import FSDPWorker
+    from rlweave_infer_hf.engine import HFEngine
+    from transformers import AutoTokenizer
+
+    tmp, model_dir = setup
+    model = {"path": str(model_dir), "dtype": "float32", "model_type": "causal_lm"}
+    pctx = WorkerContext(role="policy", model=model, seed=3, master_port=free_port(), extra={"optim": {"lr": 1e-2}})
+    policy = RoleHandle("policy", LocalWorkerGroup("policy", FSDPWorker, [pctx]))
+    reference = RoleHandle("reference", LocalWorkerGroup("reference", FSDPWorker, [
+        WorkerContext(role="reference", model=model, seed=3, master_port=free_port())]))
+    rollout = RoleHandle("rollout", LocalWorkerGroup("rollout", HFEngine, [WorkerContext(role="rollout", model=model,
+                                                                                         seed=3)]))
+    for h in (policy, reference):
+        h.call("init_model").result()
+    rollout.call("init_engine").result()
+    rewards = RewardSet([RewardEntry(name="grpo_probe_reward:probe", args={"log": str(tmp / "overlap.jsonl")})],
+                        RewardsRuntime(timeout_s=20, workers=1))
+    calls: list = []
+    roles = {"policy": CallLog("policy", policy, calls), "reference": CallLog("reference", reference, calls),
+             "rollout": CallLog("rollout", rollout, calls)}
+    try:
+        ctx = RunContext(roles=roles, tokenizer=AutoTokenizer.from_pretrained(model_dir), run_dir=tmp, config=None,
+                         rewards=CallLog("rewards", rewards, calls), seed=3,
+                         weight_sync=WeightSync(roles, transport_factory=lambda _s, _d: InProcessTransport()))
+        cfg = GRPOConfig(n_samples=4, max_new_tokens=6, kl_beta=0.05, ppo_epochs=2, dynamic_sampling=dynamic_sampling,
+                         max_resample=0, eval_max_new_tokens=4)
+        algo = GRPO(cfg, ctx)
+        algo.setup()
+        calls.clear()
+        m = algo.step([{"id": f"r{i}", "prompt": f"{i}+{i}=", "answer": str(2 * i), "level": 0} for i in range(4)])
+    finally:
+        rewards.close()
+        for h in (policy, reference, rollout):
+            h.shutdown()
+
+    order = [c for c in calls if c in {("reference", "logprobs"), ("policy", "logprobs"), ("rewards", "score")}]
+    if dynamic_sampling:
+        assert order == [("rewards", "score"), ("reference", "logprobs"), ("policy", "logprobs")]
+    else:
+        assert order == [("reference", "logprobs"), ("policy", "logprobs"), ("rewards", "score")]
+    if not m.get("skipped"):
+        assert math.isfinite(m["kl"]) and math.isfinite(m["loss"])
+        assert set(STEP_TIMES) <= {k[5:] for k in m if k.startswith("time/")}
+        assert all(m[f"time/{k}"] >= 0 for k in STEP_TIMES)
+        assert m["time/reward/pool"] > 0 and m["time/reward/pool"] <= m["time/reward"] + 1e-9
+        assert m["time/generate/wait"] + m["time/generate/pack"] <= m["time/generate"] + 1e-9

@@ -73,21 +73,24 @@ def generations_to_batch(
     groups: list[int] = []
     sids: list[str] = []
     metas: list[dict[str, Any]] = []
-    lps: list[torch.Tensor] = []
+    lps: list[float] = []  # flat, one entry per token: 0 on the prompt
     for g, (p, glist, pid, m) in enumerate(zip(prompt_ids, gens, ids, meta)):
+        p = list(p)
+        zeros = [0.0] * len(p)
         for k, gen in enumerate(glist):
             resp = list(gen.token_ids)
             if len(gen.logprobs) != len(resp):
                 raise ValueError(f"generation {pid}/{k}: {len(resp)} tokens but {len(gen.logprobs)} logprobs")
-            seqs.append(list(p) + resp)
+            seqs.append(p + resp)
             plens.append(len(p))
             rlens.append(len(resp))
             groups.append(g)
             sids.append(f"{pid}/{k}")
             metas.append({**m, "response_ids": resp, "finish_reason": gen.finish_reason})
-            lps.append(torch.cat([torch.zeros(len(p)), torch.tensor(list(gen.logprobs), dtype=torch.float32)]))
+            lps.extend(zeros)
+            lps.extend(gen.logprobs)
     batch = Batch.from_sequences(seqs, ids=sids, meta=metas, prompt_lens=plens)
-    batch.add_token("rollout_logprobs", torch.cat(lps) if lps else torch.zeros(0))
+    batch.add_token("rollout_logprobs", torch.tensor(lps, dtype=torch.float32))
     batch.add_sample("response_len", torch.tensor(rlens, dtype=torch.long))
     batch.add_sample("group", torch.tensor(groups, dtype=torch.long))
     return batch

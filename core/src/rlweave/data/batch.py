@@ -64,9 +64,10 @@ class Batch:
             if (pl < 1).any() or (pl > torch.tensor(lens)).any():
                 raise ValueError("Batch.from_sequences: prompt_len must be in [1, len(seq)]")
             b.sample["prompt_len"] = pl
-            starts = cu[:-1] + pl
-            for s, e, st in zip(cu[:-1].tolist(), cu[1:].tolist(), starts.tolist()):
-                mask[s:st] = 0.0
+            # a token is a prompt token when its position inside its sample is below prompt_len
+            b_lens = torch.tensor(lens, dtype=torch.long)
+            pos = torch.arange(len(flat)) - torch.repeat_interleave(cu[:-1], b_lens)
+            mask[pos < torch.repeat_interleave(pl, b_lens)] = 0.0
         b.token["loss_mask"] = mask
         if len(b.ids) != len(lens) or len(b.meta) != len(lens):
             raise ValueError("Batch.from_sequences: ids/meta length differs from sequences")
@@ -115,10 +116,9 @@ class Batch:
         lens = self.seqlens[idx]
         cu = torch.zeros(idx.numel() + 1, dtype=torch.long)
         cu[1:] = torch.cumsum(lens, 0)
-        if idx.numel():
-            tok_idx = torch.cat([torch.arange(self.cu_seqlens[i], self.cu_seqlens[i + 1]) for i in idx.tolist()])
-        else:
-            tok_idx = torch.zeros(0, dtype=torch.long)
+        # token t of the new batch comes from old position t + (old start - new start) of its sample
+        shift = torch.repeat_interleave(self.cu_seqlens[:-1][idx] - cu[:-1], lens)
+        tok_idx = torch.arange(int(cu[-1])) + shift
         il = idx.tolist()
         return Batch(
             cu_seqlens=cu,
@@ -127,6 +127,12 @@ class Batch:
             ids=[self.ids[i] for i in il],
             meta=[self.meta[i] for i in il],
         )
+
+    def shallow_copy(self) -> "Batch":
+        """The same samples and tensors in new containers: fields added to or removed from the
+        copy do not touch this batch (the tensors themselves are shared, not copied)."""
+        return Batch(cu_seqlens=self.cu_seqlens, token=dict(self.token), sample=dict(self.sample),
+                     ids=list(self.ids), meta=list(self.meta))
 
     def split(self, parts: int) -> list["Batch"]:
         """Split into ``parts`` contiguous chunks of near-equal sample count."""
@@ -144,6 +150,8 @@ class Batch:
         prompt once and a pair's loss stays on one rank; a group that fits in no part whole
         is split over the parts with room left."""
         n = len(self)
+        if parts == 1:
+            return [list(range(n))]
         lens = self.seqlens.tolist()
         cap = [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
         groups: list[list[int]] = [[] for _ in range(parts)]

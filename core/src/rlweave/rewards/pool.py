@@ -43,6 +43,12 @@ from rlweave.rewards._worker import worker_main
 
 Outcome = tuple[str, Any]
 
+#: calls a worker holds at once: the one it runs and the next ones, already in its pipe, so it
+#: never waits for the parent between two calls. A call's timeout starts when the worker's
+#: previous call has answered; calls queued behind one that kills or hangs its worker are handed
+#: out again (to any worker) once that call's outcome is known.
+PIPELINE = 4
+
 #: pools not closed yet; closed at interpreter exit (registered after multiprocessing's own
 #: exit handler, so it runs first, while the workers still answer)
 _OPEN: weakref.WeakSet[RewardPool] = weakref.WeakSet()
@@ -59,7 +65,8 @@ class _Slot:
     conn: Connection
     started: float
     ready: bool = False
-    busy: tuple[int, float] | None = None  # (call index, deadline)
+    busy: tuple[int, float] | None = None  # (call index, deadline) of the call the worker runs now
+    waiting: deque = field(default_factory=deque)  # calls sent behind it, not started yet
     pending_send: list[Any] = field(default_factory=list)
     workdir: str | None = None  # private directory, removed when the worker is gone
 
@@ -70,7 +77,8 @@ class RewardPool:
     Args:
         targets: reward functions by import string; calls name them by index.
         workers: number of processes.
-        timeout_s: per-call limit, counted from when the call reaches an idle ready worker.
+        timeout_s: per-call limit, counted from when the worker starts the call (it reached an idle
+            worker, or the worker's previous call answered; see :data:`PIPELINE`).
         start_method: multiprocessing start method (``spawn`` default, ``forkserver``, ``fork``).
         start_timeout_s: how long a worker may take to import the rewards.
         sandbox: limits of each worker: a :class:`SandboxLimits` or the config's
@@ -166,15 +174,18 @@ class RewardPool:
         self._ensure_started()
         while remaining:
             now = time.monotonic()
-            for slot in self._slots:  # hand out work
-                if slot.ready and slot.busy is None and queue:
+            for slot in self._slots:  # hand out work: the call to run, then the next behind it
+                while slot.ready and queue and (slot.busy is None or len(slot.waiting) < PIPELINE - 1):
                     i = queue.popleft()
                     try:
                         slot.conn.send((i, calls[i][0], calls[i][1]))
                     except (OSError, ValueError):
                         queue.appendleft(i)  # worker died; its sentinel fires below
-                        continue
-                    slot.busy = (i, now + self.timeout_s)
+                        break
+                    if slot.busy is None:
+                        slot.busy = (i, now + self.timeout_s)
+                    else:
+                        slot.waiting.append(i)
             deadlines = [s.busy[1] for s in self._slots if s.busy] + [
                 s.started + self.start_timeout_s for s in self._slots if not s.ready
             ]
@@ -185,10 +196,14 @@ class RewardPool:
                 slot = self._slots[k]
                 died = False
                 if slot.conn in ready or slot.proc.sentinel in ready:
-                    died = self._drain(slot, results)
+                    died, answered = self._drain(slot, results)
+                    remaining -= answered
                 if died or slot.proc.sentinel in ready:  # the sentinel is ready once the worker exited
+                    queue.extendleft(reversed(slot.waiting))  # never started: they go to another worker
+                    slot.waiting.clear()
                     if slot.busy is not None:
                         results[slot.busy[0]] = ("crash", self._died(slot))
+                        remaining -= 1
                     elif not slot.ready:
                         self._early_deaths += 1
                         if self._early_deaths >= 3 * self.workers:
@@ -202,13 +217,15 @@ class RewardPool:
                 slot = self._slots[k]
                 if slot.busy is not None and now >= slot.busy[1]:
                     results[slot.busy[0]] = ("timeout", f"reward call exceeded {self.timeout_s:g}s; worker killed")
+                    remaining -= 1
+                    queue.extendleft(reversed(slot.waiting))
+                    slot.waiting.clear()
                     self._replace(k)
                 elif not slot.ready and now >= slot.started + self.start_timeout_s:
                     self.close()
                     raise RewardWorkerError(
                         f"a reward worker did not start within {self.start_timeout_s:g}s (importing {self.targets})"
                     )
-            remaining = sum(r is None for r in results)
         return results  # type: ignore[return-value]
 
     def _died(self, slot: _Slot) -> str:
@@ -221,8 +238,10 @@ class RewardPool:
             why += f"; workers may map at most {self.sandbox.memory_mb} MiB ({PREFIX}.memory_mb)"
         return why
 
-    def _drain(self, slot: _Slot, results: list[Outcome | None]) -> bool:
-        """Read every message waiting on ``slot``; return True when the worker is gone."""
+    def _drain(self, slot: _Slot, results: list[Outcome | None]) -> tuple[bool, int]:
+        """Read every message waiting on ``slot``; return whether the worker is gone and how
+        many calls it answered."""
+        answered = 0
         try:
             while slot.conn.poll():
                 msg = slot.conn.recv()
@@ -236,10 +255,13 @@ class RewardPool:
                     call_id, status, payload = msg
                     if slot.busy is not None and slot.busy[0] == call_id:
                         results[call_id] = (status, payload)
-                        slot.busy = None
+                        answered += 1
+                        # the worker goes on with the next call in its pipe: its clock starts now
+                        slot.busy = (slot.waiting.popleft(), time.monotonic() + self.timeout_s) if slot.waiting \
+                            else None
         except (EOFError, OSError):
-            return True
-        return False
+            return True, answered
+        return False, answered
 
     def __del__(self) -> None:  # best effort; RewardSet.close() is the contract
         try:

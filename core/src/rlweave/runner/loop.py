@@ -97,8 +97,10 @@ def _trained_roles(cfg: RunConfig, roles: list[str]) -> list[str]:
 
 
 def _timings(metrics: dict[str, Any]) -> dict[str, float]:
-    return {k.split("/", 1)[1]: float(v) for k, v in metrics.items()
-            if k.startswith("time/") and isinstance(v, (int, float))}
+    """The step's phases for the status line: ``time/<phase>`` (parts of a phase,
+    ``time/<phase>/<part>``, stay in the metrics only)."""
+    return {k[5:]: float(v) for k, v in metrics.items()
+            if k.startswith("time/") and "/" not in k[5:] and isinstance(v, (int, float))}
 
 
 def run(cfg: RunConfig, config_path: str | os.PathLike[str] | None = None,

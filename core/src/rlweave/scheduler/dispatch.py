@@ -89,7 +89,11 @@ def gather(results: Sequence[Any], batch: "Batch", partitions: Sequence[Sequence
     first = results[0]
     if all(r is None for r in results):
         return None
+    # one shard holding every sample in order (one data-parallel block): nothing to reorder
+    whole = len(partitions) == 1 and list(partitions[0]) == list(range(len(batch)))
     if isinstance(first, Batch):
+        if whole:
+            return first
         merged = Batch.concat(results)
         order = torch.as_tensor([i for p in partitions for i in p], dtype=torch.long)
         return merged.select(torch.argsort(order))
@@ -99,6 +103,8 @@ def gather(results: Sequence[Any], batch: "Batch", partitions: Sequence[Sequence
             raise ValueError("data-parallel ranks returned dicts with different keys")
         return {k: gather([r[k] for r in results], batch, partitions, shards) for k in keys}
     if isinstance(first, torch.Tensor) and all(isinstance(r, torch.Tensor) and r.dim() >= 1 for r in results):
+        if whole and first.shape[0] in (batch.num_tokens, len(batch)):
+            return first
         if all(r.shape[0] == s.num_tokens for r, s in zip(results, shards)):
             cu = batch.cu_seqlens.tolist()
             src = [torch.arange(cu[i], cu[i + 1]) for p in partitions for i in p]

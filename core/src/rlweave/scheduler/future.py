@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 from rlweave.scheduler.errors import WorkerTimeout
@@ -28,6 +29,7 @@ class RoleFuture:
         self._group, self._pending, self._combine = group, pending, combine
         self.default_timeout, self.setting = default_timeout, setting
         self._value: Any = _UNSET
+        self.dispatch_s = self.wait_s = self.combine_s = 0.0
 
     def done(self) -> bool:
         return self._value is not _UNSET or self._group.done(self._pending)
@@ -35,13 +37,18 @@ class RoleFuture:
     def result(self, timeout: float | None = None) -> Any:
         if self._value is _UNSET:
             limit = self.default_timeout if timeout is None else timeout
+            t0 = time.perf_counter()
             try:
                 values = self._group.wait(self._pending, limit)
             except WorkerTimeout as exc:
                 if timeout is not None or exc.setting or not self.setting:
                     raise
                 raise WorkerTimeout(exc.role, exc.method, exc.ranks, exc.timeout_s, self.setting) from None
+            finally:
+                self.wait_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
             self._value = self._combine(values)
+            self.combine_s = time.perf_counter() - t0
         return self._value
 
     @staticmethod
@@ -50,6 +57,7 @@ class RoleFuture:
         fut = RoleFuture.__new__(RoleFuture)
         fut._group, fut._pending, fut._combine, fut._value = None, [], None, value
         fut.default_timeout, fut.setting = None, None
+        fut.dispatch_s = fut.wait_s = fut.combine_s = 0.0
         return fut
 
     def __repr__(self) -> str:

@@ -16,6 +16,7 @@ A handle is backend-agnostic: it runs on any :class:`~rlweave.scheduler.group.Wo
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from rlweave.scheduler import dispatch as dsp
@@ -66,18 +67,24 @@ class RoleHandle:
 
     # ------------------------------------------------------------------ core
     def submit_ranks(self, method: str, ranks: list[int], rank_args: list, combine: Callable[[list[Any]], Any],
-                     on_actor: bool = False, fn: Callable[..., Any] | None = None) -> RoleFuture:
+                     on_actor: bool = False, fn: Callable[..., Any] | None = None,
+                     started: float | None = None) -> RoleFuture:
         """Low level: ``method`` on ``ranks`` (``rank_args[i] = (args, kwargs)`` for
         ``ranks[i]``), results combined by ``combine(list in ranks order)``. ``on_actor``
         targets the rank's wrapper (``address``, ``placement``) instead of the worker. With
         ``fn``, each rank runs ``fn(worker, rank, *args, **kwargs)`` in its own process and
         ``method`` names the call (errors, faults, its :data:`TIMEOUT_KEYS` entry): the one
-        generic call through which weight-sync transports run their rank-side ends."""
+        generic call through which weight-sync transports run their rank-side ends. ``started``
+        (a ``time.perf_counter()`` reading) is when the caller began preparing the call: the
+        future's ``dispatch_s`` counts from there."""
+        started = time.perf_counter() if started is None else started
         if self._closed:
             raise RuntimeError(f"role {self.name!r} is shut down; cannot call {method}()")
         limit, setting = self.timeout_for(method)
-        return RoleFuture(self.group, self.group.submit(method, ranks, rank_args, on_actor=on_actor, fn=fn), combine,
-                          default_timeout=limit, setting=setting)
+        fut = RoleFuture(self.group, self.group.submit(method, ranks, rank_args, on_actor=on_actor, fn=fn), combine,
+                         default_timeout=limit, setting=setting)
+        fut.dispatch_s = time.perf_counter() - started
+        return fut
 
     def timeout_for(self, method: str) -> tuple[float | None, str | None]:
         """``(seconds, "roles.<role>.timeouts.<key>")`` for ``method``, or ``(None, None)``."""
@@ -101,6 +108,7 @@ class RoleHandle:
         raise ValueError(f"unknown dispatch {dispatch!r}; choose one of {', '.join(DISPATCH_MODES)}")
 
     def _dp_call(self, method: str, args: tuple, kw: dict, combine: Callable[[list[Any]], Any] | None) -> RoleFuture:
+        started = time.perf_counter()
         pos = [i for i, a in enumerate(args) if dsp.is_batch(a)]
         keys = [k for k, v in kw.items() if dsp.is_batch(v)]
         if not pos and not keys:
@@ -111,15 +119,17 @@ class RoleHandle:
                 raise ValueError(f"{self.name}.{method}: Batch arguments differ in length ({len(other)} vs {len(batch)})")
         partitions = batch.balanced_partition(self.dp)
         block = self.world_size // self.dp
+        # one data-parallel block: its shard is the whole batch in order (a shallow copy, not a select)
+        cut = (lambda b, _part: b.shallow_copy()) if self.dp == 1 else (lambda b, part: b.select(part))
         rank_args = []
         shards_by_block = []
         for part in partitions:
             a = list(args)
             k = dict(kw)
             for i in pos:
-                a[i] = args[i].select(part)
+                a[i] = cut(args[i], part)
             for key in keys:
-                k[key] = kw[key].select(part)
+                k[key] = cut(kw[key], part)
             shards_by_block.append(a[pos[0]] if pos else k[keys[0]])
             rank_args.extend([(tuple(a), k)] * block)
         ranks = list(range(self.world_size))
@@ -131,12 +141,13 @@ class RoleHandle:
                 return combine(per_block)
             return dsp.gather(per_block, batch, partitions, shards_by_block)
 
-        return self.submit_ranks(method, ranks, rank_args, gather)
+        return self.submit_ranks(method, ranks, rank_args, gather, started=started)
 
     # ------------------------------------------------------------ rollout
     def generate(self, prompts: list[list[int]], params: "SamplingParams") -> RoleFuture:
         """``list[list[Generation]]`` in prompt order; prompts are balanced by length over
         the engine replicas (data-parallel blocks); a replica's first rank generates."""
+        started = time.perf_counter()
         if not prompts:
             return RoleFuture.ready([])
         partitions = dsp.partition_lengths([len(p) for p in prompts], self.dp)
@@ -147,7 +158,7 @@ class RoleHandle:
         def reassemble(values: list[Any]) -> list[Any]:
             return dsp.reorder_lists(values, [p for _, p in used], n)
 
-        return self.submit_ranks("generate", [r for r, _ in used], rank_args, reassemble)
+        return self.submit_ranks("generate", [r for r, _ in used], rank_args, reassemble, started=started)
 
     def load_weights(self, named_tensors: list) -> RoleFuture:
         """Send ``[(name, tensor), ...]`` to every rank's ``load_weights`` directly (small

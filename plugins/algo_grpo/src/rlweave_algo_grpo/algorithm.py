@@ -10,7 +10,9 @@ Dataflow of one step (every arrow is a call on a role handle)::
 Old log-probs are recomputed only when the batch is used for more than one optimizer step
 (``ppo_epochs > 1`` or ``mini_batches > 1``) or the KL goes into the reward; with one update the "old" policy is the
 current one (ratio 1), which saves a full forward pass. The reference and old log-prob
-passes are issued together so they overlap when the roles live on different devices.
+passes are issued together so they overlap when the roles live on different devices, and,
+unless dynamic sampling may still drop groups, before the rewards are scored: the reward
+workers and the models' forward passes run at the same time.
 """
 
 from __future__ import annotations
@@ -48,6 +50,13 @@ PHASES = {
 }
 
 
+#: the ``time/*`` metrics of every step (seconds; ``a/b`` is a part of ``a``): phases, and inside
+#: them the controller's dispatch, its wait for the ranks, packing, decoding and the reward pool
+STEP_TIMES = ("generate", "generate/dispatch", "generate/wait", "generate/pack", "reward", "reward/decode",
+              "reward/pool", "reference", "old_logprobs", "train", "train/prepare", "train/dispatch", "train/wait",
+              "sync", "offload")
+
+
 class GRPO(Algorithm):
     """Group Relative Policy Optimization (with Dr.GRPO and DAPO options, see config)."""
 
@@ -76,38 +85,61 @@ class GRPO(Algorithm):
         self._sync()
         self.residency.enter("rest")
 
-    def _rollout(self, records: list[dict[str, Any]], salt: int) -> tuple[Batch, torch.Tensor, list[dict]]:
-        """Generate and score one group per record. Returns the batch, the rewards and
-        the per-sample reward breakdowns."""
+    def _rollout(self, records: list[dict[str, Any]], salt: int,
+                 experience: bool = False) -> tuple[Batch, torch.Tensor, list[dict], dict | None]:
+        """Generate and score one group per record. Returns the batch, the rewards, the
+        per-sample reward breakdowns and, with ``experience``, the reference and old log-prob
+        calls (:meth:`_issue_experience`), issued before the rewards are scored so that they run
+        while the reward workers score."""
         tok = self.ctx.tokenizer
         texts = [record_prompt(r, tok) for r in records]
         prompt_ids = encode_prompts(tok, texts)
         self._times["offload"] += self.residency.enter("generate")
         t0 = time.perf_counter()
-        gens = self.ctx.roles["rollout"].generate(prompt_ids, self._sampling(salt)).result()
-        self._times["generate"] += time.perf_counter() - t0
+        fut = self.ctx.roles["rollout"].generate(prompt_ids, self._sampling(salt))
+        gens = fut.result()
+        self._add_call_times("generate", fut)
+        t1 = time.perf_counter()
         meta = [{"prompt": t, **reward_fields(r)} for t, r in zip(texts, records)]
         batch = generations_to_batch(prompt_ids, gens, [str(r.get("id", i)) for i, r in enumerate(records)], meta)
-        t0 = time.perf_counter()
+        t2 = time.perf_counter()
+        self._times["generate/pack"] += t2 - t1
+        self._times["generate"] += t2 - t0
+        pending = self._issue_experience(batch) if experience else None
+        t2 = time.perf_counter()
+        if self.ctx.rewards is None:
+            raise RuntimeError("grpo needs at least one entry under 'rewards' in the config")
         samples = []
         for m in batch.meta:
             fields = {k: v for k, v in m.items() if k not in ("prompt", "response_ids", "finish_reason")}
             text = tok.decode(m["response_ids"], skip_special_tokens=True)
             samples.append({"prompt": m["prompt"], "response": text, **fields})
-        if self.ctx.rewards is None:
-            raise RuntimeError("grpo needs at least one entry under 'rewards' in the config")
+        t3 = time.perf_counter()
         totals, breakdown = self.ctx.rewards.score(samples)
-        self._times["reward"] += time.perf_counter() - t0
-        return batch, torch.tensor(totals, dtype=torch.float32), list(breakdown)
+        t4 = time.perf_counter()
+        self._times["reward/decode"] += t3 - t2
+        self._times["reward/pool"] += t4 - t3
+        self._times["reward"] += t4 - t2
+        return batch, torch.tensor(totals, dtype=torch.float32), list(breakdown), pending
 
-    def _collect(self, records: list[dict[str, Any]]) -> tuple[Batch, torch.Tensor, list[dict], dict[str, float]]:
+    def _add_call_times(self, name: str, fut) -> None:
+        """``time/<name>/dispatch`` and ``time/<name>/wait`` of a role call's future (see
+        :class:`~rlweave.scheduler.future.RoleFuture`); gathering counts as dispatch."""
+        self._times[f"{name}/dispatch"] = self._times.get(f"{name}/dispatch", 0.0) + fut.dispatch_s + fut.combine_s
+        self._times[f"{name}/wait"] = self._times.get(f"{name}/wait", 0.0) + fut.wait_s
+
+    def _collect(self, records: list[dict[str, Any]]) -> tuple[Batch, torch.Tensor, list[dict], dict[str, float],
+                                                               dict | None]:
         """Rollout, then (dynamic sampling) keep only groups with reward variance, drawing
         more prompts (``ctx.next_records``) or resampling the same ones until the
-        batch has as many groups as records or ``max_resample`` rounds are spent."""
-        batch, rewards, breakdown = self._rollout(records, salt=0)
+        batch has as many groups as records or ``max_resample`` rounds are spent. Without
+        dynamic sampling the batch is final once generated: its reference and old log-probs
+        are issued before its rewards are scored (the last item; None with dynamic sampling)."""
+        overlap = not self.config.dynamic_sampling
+        batch, rewards, breakdown, pending = self._rollout(records, salt=0, experience=overlap)
         stats = {"groups_total": float(len(records))}
-        if not self.config.dynamic_sampling:
-            return batch, rewards, breakdown, stats
+        if overlap:
+            return batch, rewards, breakdown, stats, pending
         want = len(records)
         keep_b, keep_r, keep_d = [], [], []
         n_groups = 0
@@ -131,21 +163,21 @@ class GRPO(Algorithm):
             rounds += 1
             more = self.ctx.next_records
             new_records = more() if more is not None else records
-            batch, rewards, breakdown = self._rollout(new_records, salt=rounds)
+            batch, rewards, breakdown, _ = self._rollout(new_records, salt=rounds)
             stats["groups_total"] += len(new_records)
         stats.update({"groups_kept": float(n_groups), "resample_rounds": float(rounds)})
         if not keep_b:
-            return batch.select([]), rewards[:0], [], stats
-        return Batch.concat(keep_b), torch.cat(keep_r), keep_d, stats
+            return batch.select([]), rewards[:0], [], stats, None
+        return Batch.concat(keep_b), torch.cat(keep_r), keep_d, stats, None
 
     # ---------------------------------------------------------------------- step
     def step(self, records: list[dict[str, Any]]) -> dict[str, float]:
         """Generate and score groups, then (unless every group agreed) log-probs,
         advantages, updates and the weight sync; see the module docstring."""
         c = self.config
-        self._times = {k: 0.0 for k in ("generate", "reward", "reference", "old_logprobs", "train", "sync", "offload")}
+        self._times = {k: 0.0 for k in STEP_TIMES}
         moves_before = len(self.residency.moves)
-        batch, scores, breakdown, ds_stats = self._collect(records)
+        batch, scores, breakdown, ds_stats, pending = self._collect(records)
         metrics: dict[str, float] = dict(ds_stats) if c.dynamic_sampling else {}
         if len(batch) == 0:  # every group agreed: nothing to learn from this step
             self._times["offload"] += self.residency.enter("rest")
@@ -155,7 +187,7 @@ class GRPO(Algorithm):
         rewards = scores + overlong_penalty(
             batch.sample["response_len"], c.max_new_tokens, c.overlong_buffer, c.overlong_penalty
         )
-        need_old = self._experience(batch)
+        need_old = self._experience(batch, pending)
         rewards = self._kl_in_reward(batch, rewards, metrics)
         adv = self._advantages(batch, rewards)
         train_metrics = self._update(batch)
@@ -170,24 +202,35 @@ class GRPO(Algorithm):
         metrics["offload/moves"] = float(len(self.residency.moves) - moves_before)
         return metrics
 
-    def _experience(self, batch: Batch) -> bool:
-        """Reference and old log-probs, issued together so they overlap on separate devices;
-        returns whether old log-probs were computed (several updates per batch, or the KL
-        goes into the reward, which needs the policy's log-probs before the update)."""
+    def _need_old(self) -> bool:
+        """Old log-probs are needed with several updates per batch, or when the KL goes into
+        the reward (it needs the policy's log-probs before the update)."""
+        c = self.config
+        return c.ppo_epochs > 1 or c.mini_batches > 1 or c.kl_in_reward
+
+    def _issue_experience(self, batch: Batch) -> dict:
+        """Start the reference and old log-prob calls on ``batch`` (together, so they overlap
+        on separate devices); returns their futures for :meth:`_experience`."""
         c, roles = self.config, self.ctx.roles
-        need_old = c.ppo_epochs > 1 or c.mini_batches > 1 or c.kl_in_reward
+        need_old = self._need_old()
         if c.kl_beta > 0 or need_old:
             self._times["offload"] += self.residency.enter("experience")
+        return {
+            "ref_logprobs": roles["reference"].logprobs(batch, temperature=c.temperature) if c.kl_beta > 0 else None,
+            "old_logprobs": roles["policy"].logprobs(batch, temperature=c.temperature) if need_old else None,
+        }
+
+    def _experience(self, batch: Batch, pending: dict | None = None) -> bool:
+        """Add reference and old log-probs to ``batch`` (from the calls in ``pending``, else
+        issued now); returns whether old log-probs were computed (:meth:`_need_old`).
+        ``time/reference`` and ``time/old_logprobs``: how long the step waited for them."""
+        pending = self._issue_experience(batch) if pending is None else pending
         t0 = time.perf_counter()
-        ref_fut = roles["reference"].logprobs(batch, temperature=c.temperature) if c.kl_beta > 0 else None
-        old_fut = roles["policy"].logprobs(batch, temperature=c.temperature) if need_old else None
-        if ref_fut is not None:
-            batch.add_token("ref_logprobs", ref_fut.result()["logprobs"].float())
-            self._times["reference"] = time.perf_counter() - t0
-        if old_fut is not None:
-            batch.add_token("old_logprobs", old_fut.result()["logprobs"].float())
-            self._times["old_logprobs"] = time.perf_counter() - t0
-        return need_old
+        for key, timer in (("ref_logprobs", "reference"), ("old_logprobs", "old_logprobs")):
+            if pending[key] is not None:
+                batch.add_token(key, pending[key].result()["logprobs"].float())
+                self._times[timer] = time.perf_counter() - t0
+        return self._need_old()
 
     def _kl_in_reward(self, batch: Batch, rewards: torch.Tensor, metrics: dict[str, float]) -> torch.Tensor:
         """``rewards`` minus beta x each sequence's KL when ``kl_in_reward`` (else unchanged)."""
@@ -229,9 +272,13 @@ class GRPO(Algorithm):
             if c.shuffle_mini_batches and c.mini_batches > 1:
                 rng.shuffle(order)
             for part in split(order, c.mini_batches):
-                mb = batch.select(part)
+                t1 = time.perf_counter()
+                mb = batch.shallow_copy() if part == list(range(len(batch))) else batch.select(part)
                 mb.add_token("token_weight", token_weights(mb, c.loss_agg))
-                train_metrics.append(self.ctx.roles["policy"].train(mb, loss_fn).result())
+                self._times["train/prepare"] += time.perf_counter() - t1
+                fut = self.ctx.roles["policy"].train(mb, loss_fn)
+                train_metrics.append(fut.result())
+                self._add_call_times("train", fut)
         self._times["train"] = time.perf_counter() - t0
         return train_metrics
 
