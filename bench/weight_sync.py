@@ -1,4 +1,5 @@
-"""Weight sync transports side by side: object store vs broadcast (gloo), on one Ray cluster.
+"""Weight sync transports side by side: object store, broadcast (gloo) and cuda_ipc (CPU shared
+memory), on one Ray cluster; ``--gpu``: the cuda_ipc protocol on one GPU, without Ray.
 
 A ``policy`` role of probe workers holds a state dict the size of a model's fp32 weights
 (``rlweave.testing.workers.ProbeWorker``, mixed fp32/bf16/fp16 tensors) and syncs it into a
@@ -9,6 +10,12 @@ time of the whole sync, in MiB/s (every destination rank has verified and loaded
 
     .venv/bin/python bench/weight_sync.py                     # 35M- and 200M-parameter-sized states
     .venv/bin/python bench/weight_sync.py --sizes-mb 210 --repeats 5
+    python bench/weight_sync.py --gpu                          # a GPU machine (no Ray needed)
+
+``--gpu`` (see :mod:`weight_sync_gpu`): one source process and ``--dst-ranks`` receiver processes
+(torch.multiprocessing) on GPU 0 run the cuda_ipc protocol (device buckets, CUDA IPC handles,
+device checksum, a device copy on each receiver) over its TCPStore channel; the reference, measured
+in the same run, is the GPU's device-to-device copy bandwidth (one ``copy_`` of the same bytes).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-TRANSPORTS = ("object_store", "broadcast")
+TRANSPORTS = ("object_store", "broadcast", "cuda_ipc")
 
 
 def cpu_name() -> str:
@@ -73,18 +80,26 @@ def main() -> None:
     ap.add_argument("--dst-ranks", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--bucket-mb", type=float, default=64.0)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--gpu", action="store_true", help="the cuda_ipc protocol on GPU 0 (no Ray); see above")
     a = ap.parse_args()
+    if a.gpu:
+        from weight_sync_gpu import main as gpu_main
+
+        gpu_main(a.sizes_mb, a.dst_ranks, a.bucket_mb, a.repeats)
+        return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     print(f"weight sync, {dt.date.today()}, {cpu_name()}, {os.cpu_count()} cores, bucket {a.bucket_mb:g} MiB, "
           f"median of {a.repeats}", flush=True)
-    print("| state | destination ranks | object store s (MiB/s) | broadcast s (MiB/s) | object store / broadcast |")
-    print("|---|---|---|---|---|")
+    print("| state | destination ranks | object store s (MiB/s) | broadcast s (MiB/s) | cuda_ipc (shared memory) s "
+          "(MiB/s) | object store / broadcast | object store / cuda_ipc |")
+    print("|---|---|---|---|---|---|---|")
     for size in a.sizes_mb:
         for dst in a.dst_ranks:
             r = measure(size, dst, a.bucket_mb, a.repeats)
-            o, b = r["object_store"], r["broadcast"]
+            o, b, c = r["object_store"], r["broadcast"], r["cuda_ipc"]
             print(f"| {o['mb']:.0f} MiB | {dst} | {o['seconds']:.3f} ({o['mb_s']:.0f}) | {b['seconds']:.3f} "
-                  f"({b['mb_s']:.0f}) | {o['seconds'] / b['seconds']:.2f}x |", flush=True)
+                  f"({b['mb_s']:.0f}) | {c['seconds']:.3f} ({c['mb_s']:.0f}) | {o['seconds'] / b['seconds']:.2f}x | "
+                  f"{o['seconds'] / c['seconds']:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -102,6 +102,9 @@ def test_config_section_and_transport_choice():
     assert make_transport("object_store").name == "object_store"
     bcast = make_transport("broadcast", timeout_s=12)
     assert bcast.name == "broadcast" and bcast.timeout_s == 12
+    ipc = make_transport("cuda_ipc", timeout_s=7)
+    assert ipc.name == "cuda_ipc" and ipc.timeout_s == 7
+    assert RunConfig.model_validate({"weight_sync": {"transport": "cuda_ipc"}}).weight_sync.transport == "cuda_ipc"
     cfg = RunConfig.model_validate({"weight_sync": {"bucket_mb": 16, "timeout_s": 30}})
     assert cfg.weight_sync.bucket_mb == 16 and cfg.weight_sync.transport == "auto"
     for bad in ({"transport": "carrier_pigeon"}, {"bucket_mb": 0}, {"timeout_s": -1}, {"bucket": 1}):

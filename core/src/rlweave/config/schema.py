@@ -47,7 +47,7 @@ class RaySection(Strict):
         True,
         description="Processes on CPU keep freed memory for reuse (glibc mmap/trim thresholds raised) instead of "
         "returning it to the OS and page-faulting it back: the controller and the whole local cluster on a GPU-less "
-        "machine, and the ranks of cpu pools. GRPO steps 1.17x faster on CPU (bench/RESULTS.md); a process keeps "
+        "machine, and the ranks of cpu pools. Faster CPU training steps (bench/RESULTS.md); a process keeps "
         "its peak heap until it exits. false: glibc's defaults.",
     )
 
@@ -170,9 +170,11 @@ class RewardsRuntime(Strict):
 
 
 class WeightSyncSection(Strict):
-    transport: Literal["auto", "object_store", "broadcast"] = Field(
+    transport: Literal["auto", "object_store", "broadcast", "cuda_ipc"] = Field(
         "auto", description="How weights move between roles: object_store (Ray's object store, works everywhere), "
-        "broadcast (a gloo group between the source's rank 0 and the destination ranks); auto: object_store.",
+        "broadcast (a group between the source's rank 0 and the destination ranks: NCCL on GPU, gloo otherwise), "
+        "cuda_ipc (memory handles between roles on one node: CUDA IPC on a shared GPU, shared memory on CPU); "
+        "auto: cuda_ipc for colocated GPU roles, broadcast for other GPU roles, object_store otherwise.",
     )
     bucket_mb: float = Field(64.0, gt=0, description="Size of a weight bucket in MiB (a larger tensor travels alone).")
     timeout_s: Optional[float] = Field(

@@ -3,8 +3,11 @@
 See :mod:`rlweave.weight_sync.interface` for the contract, :class:`WeightSync` for what
 algorithms call (``ctx.weight_sync.sync("policy", "rollout")``), :func:`sync_weights` for one
 sync between two role handles, :mod:`rlweave.weight_sync.object_store` for the transport that
-works everywhere Ray runs. Transports own both ends: their rank-side code reaches the ranks
-through the role handle's generic call; the scheduler knows nothing of weight sync.
+works everywhere Ray runs, :mod:`~rlweave.weight_sync.broadcast` (gloo/NCCL group) and
+:mod:`~rlweave.weight_sync.cuda_ipc` (memory handles between colocated roles) for the others,
+:mod:`~rlweave.weight_sync.auto` for what ``transport: auto`` picks. Transports own both ends:
+their rank-side code reaches the ranks through the role handle's generic call; the scheduler
+knows nothing of weight sync.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ _EXPORTS = {
     "unpack_bucket": "rlweave.weight_sync.buckets",
     "ObjectStoreTransport": "rlweave.weight_sync.object_store",
     "BroadcastTransport": "rlweave.weight_sync.broadcast",
+    "CudaIpcTransport": "rlweave.weight_sync.cuda_ipc",
+    "pick_transport": "rlweave.weight_sync.auto",
     "sync_weights": "rlweave.weight_sync.sync",
     "WeightSync": "rlweave.weight_sync.service",
 }

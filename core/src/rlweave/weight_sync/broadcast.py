@@ -1,5 +1,5 @@
 """Broadcast transport: buckets go from the source's rank 0 to every destination rank over a
-torch.distributed group of their own (gloo).
+torch.distributed group of their own (NCCL when every member is a CUDA rank, else gloo).
 
 :meth:`BroadcastTransport.setup` forms the group once per (source, destination) pair: source
 rank 0 (group rank 0, which also hosts the group's ``TCPStore``) and destination ranks
@@ -7,8 +7,8 @@ rank 0 (group rank 0, which also hosts the group's ``TCPStore``) and destination
 and lives in the rank processes until :meth:`~BroadcastTransport.close`.
 
 A sync runs both ends at once. Every source rank iterates ``named_weights()`` (it may run
-collectives; only rank 0 yields tensors). Source rank 0 packs the same checksummed buckets as
-the object store (:mod:`rlweave.weight_sync.buckets`) and broadcasts each as three messages:
+collectives; only rank 0 yields tensors). Source rank 0 packs checksummed buckets (with gloo
+the object store's, :mod:`rlweave.weight_sync.buckets`) and broadcasts each as three messages:
 the lengths ``[header bytes, payload bytes]``, the JSON header (names, shapes, dtypes, offsets,
 checksum), the payload; ``[-1, -1]`` ends the sync. Destination ranks verify each bucket and
 stream its tensors into ``load_weights``. Nothing goes through the controller or Ray's object
@@ -16,8 +16,11 @@ store, and the source holds one bucket at a time. A destination that finds a cor
 keeps receiving to the end marker (so the group stays in step) and then fails naming the
 bucket. The group's operations time out after the sync timeout given at ``setup``.
 
-Gloo moves CPU tensors; on GPU the payload makes a host round trip (an NCCL group is not
-implemented yet).
+Backend (chosen in ``setup`` from the members' ``ctx.device``, asked by
+:func:`~rlweave.weight_sync.auto.locate_end`): with gloo the buckets are packed on the host
+(:func:`~rlweave.weight_sync.buckets.iter_buckets`); with NCCL each bucket is packed on the source's GPU
+(:mod:`rlweave.weight_sync.device_buckets`, device checksum) and stays on the devices: the
+lengths and header travel as small device tensors, the receivers verify on their GPU.
 """
 
 from __future__ import annotations
@@ -37,21 +40,30 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from rlweave.scheduler.handle import RoleHandle
 
-#: rank-process registry: group key -> (store, process group)
-_GROUPS: dict[str, tuple[Any, Any]] = {}
+#: rank-process registry: group key -> (store, process group, device its tensors live on)
+_GROUPS: dict[str, tuple[Any, Any, Any]] = {}
 _END = (-1, -1)
 
 
 # ----------------------------------------------------------------- rank side
 def join_end(worker: Any, rank: int, key: str, host: str, port: int, group_rank: int, world: int,  # noqa: ARG001
-             timeout_s: float) -> int:
-    """Join group ``key`` as ``group_rank`` of ``world`` (group rank 0 hosts the store)."""
+             timeout_s: float, backend: str = "gloo") -> int:
+    """Join group ``key`` as ``group_rank`` of ``world`` (group rank 0 hosts the store) over
+    ``backend`` (``nccl``: on this process's current CUDA device)."""
+    import torch
     import torch.distributed as dist
 
     timeout = timedelta(seconds=timeout_s)
     store = dist.TCPStore(host, port, world, is_master=group_rank == 0, timeout=timeout,
                           wait_for_workers=False)
-    _GROUPS[key] = (store, dist.ProcessGroupGloo(dist.PrefixStore(key, store), group_rank, world, timeout))
+    prefixed = dist.PrefixStore(key, store)
+    if backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        device = torch.device("cuda", torch.cuda.current_device())
+        _GROUPS[key] = (store, dist.ProcessGroupNCCL(prefixed, group_rank, world, opts), device)
+    else:
+        _GROUPS[key] = (store, dist.ProcessGroupGloo(prefixed, group_rank, world, timeout), torch.device("cpu"))
     return group_rank
 
 
@@ -64,6 +76,26 @@ def _group(key: str) -> Any:
     if key not in _GROUPS:
         raise WeightSyncError(f"broadcast group {key} is not set up in this process (setup() not called, or closed)")
     return _GROUPS[key][1]
+
+
+def _group_device(key: str) -> Any:
+    return _GROUPS[key][2] if key in _GROUPS else None
+
+
+def _host_buckets(named: Any, bucket_bytes: int, device: Any) -> Iterator[tuple[BucketMeta, Any]]:  # noqa: ARG001
+    for meta, payload in iter_buckets(named, bucket_bytes):
+        yield meta, payload
+
+
+def _device_buckets(named: Any, bucket_bytes: int, device: Any) -> Iterator[tuple[BucketMeta, Any]]:
+    """Buckets packed on ``device`` (NCCL groups), a fresh payload tensor each."""
+    import torch
+
+    from rlweave.weight_sync import device_buckets as db
+
+    for i, items in enumerate(db.group(named, bucket_bytes)):
+        items = [(n, t.to(device)) for n, t in items]
+        yield db.pack(i, items, lambda n: torch.empty(n, dtype=torch.uint8, device=device))
 
 
 def _bcast(pg: Any, tensor: "torch.Tensor") -> "torch.Tensor":
@@ -86,21 +118,22 @@ def send_end(worker: Any, rank: int, key: str, bucket_bytes: int, dtype: str | N
         for _ in named:
             pass
         return {}
-    pg = _group(key)
+    pg, device = _group(key), _group_device(key)
+    on_device = device.type == "cuda"
     stats = {"buckets": 0, "bytes": 0, "tensors": 0}
-    for meta, payload in iter_buckets(named, bucket_bytes):
+    for meta, payload in (_device_buckets if on_device else _host_buckets)(named, bucket_bytes, device):
         header = json.dumps({"index": meta.index, "names": meta.names, "shapes": meta.shapes,
                              "dtypes": meta.dtypes, "offsets": meta.offsets, "nbytes": meta.nbytes,
                              "checksum": meta.checksum}).encode()
         if tamper is not None:
             payload = tamper(meta, payload)
-        _bcast(pg, torch.tensor([len(header), meta.nbytes], dtype=torch.int64))
-        _bcast(pg, torch.frombuffer(bytearray(header), dtype=torch.uint8))
-        _bcast(pg, torch.from_numpy(payload))
+        _bcast(pg, torch.tensor([len(header), meta.nbytes], dtype=torch.int64, device=device))
+        _bcast(pg, torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device))
+        _bcast(pg, payload if on_device else torch.from_numpy(payload))
         stats["buckets"] += 1
         stats["bytes"] += meta.nbytes
         stats["tensors"] += len(meta.names)
-    _bcast(pg, torch.tensor(_END, dtype=torch.int64))
+    _bcast(pg, torch.tensor(_END, dtype=torch.int64, device=device))
     return stats
 
 
@@ -110,16 +143,17 @@ def _meta(header: bytes) -> BucketMeta:
                       tuple(d["offsets"]), int(d["nbytes"]), str(d["checksum"]))
 
 
-def _buckets(pg: Any) -> Iterator[tuple[BucketMeta, Any]]:
+def _buckets(pg: Any, device: Any) -> Iterator[tuple[BucketMeta, Any]]:
+    """Received buckets: payload a numpy array (gloo) or a device tensor (NCCL)."""
     import torch
 
     while True:
-        lengths = _bcast(pg, torch.empty(2, dtype=torch.int64)).tolist()
+        lengths = _bcast(pg, torch.empty(2, dtype=torch.int64, device=device)).tolist()
         if tuple(lengths) == _END:
             return
-        header = _bcast(pg, torch.empty(lengths[0], dtype=torch.uint8))
-        payload = _bcast(pg, torch.empty(lengths[1], dtype=torch.uint8))
-        yield _meta(header.numpy().tobytes()), payload.numpy()
+        header = _bcast(pg, torch.empty(lengths[0], dtype=torch.uint8, device=device))
+        payload = _bcast(pg, torch.empty(lengths[1], dtype=torch.uint8, device=device))
+        yield _meta(header.cpu().numpy().tobytes()), payload if device.type == "cuda" else payload.numpy()
 
 
 def receive_end(worker: Any, rank: int, key: str) -> dict[str, int]:  # noqa: ARG001
@@ -128,13 +162,21 @@ def receive_end(worker: Any, rank: int, key: str) -> dict[str, int]:  # noqa: AR
     load = getattr(worker, "load_weights", None)
     if load is None:
         raise WeightSyncError(f"{type(worker).__name__} has no load_weights(); it cannot receive weights")
-    incoming = _buckets(_group(key))
+    import torch
+
+    from rlweave.weight_sync import device_buckets as db
+
+    incoming = _buckets(_group(key), _group_device(key))
     stats = {"buckets": 0, "bytes": 0, "tensors": 0}
     drained = 0
 
     def tensors() -> Iterator[tuple[str, Any]]:
         for meta, payload in incoming:
-            items = unpack_bucket(meta, payload, "receiver")
+            if isinstance(payload, torch.Tensor):
+                db.verify(meta, payload, "receiver")
+                items = db.views(meta, payload)  # a fresh device tensor per bucket: the receiver's own
+            else:
+                items = unpack_bucket(meta, payload, "receiver")
             stats["buckets"] += 1
             stats["bytes"] += meta.nbytes
             stats["tensors"] += len(items)
@@ -152,6 +194,12 @@ def receive_end(worker: Any, rank: int, key: str) -> dict[str, int]:  # noqa: AR
 
 
 # ------------------------------------------------------------- controller side
+def backend_for(members: list[dict[str, Any]]) -> str:
+    """``nccl`` when every member (a :func:`~rlweave.weight_sync.auto.locate_end` record) is a
+    CUDA rank, else ``gloo``."""
+    return "nccl" if members and all(m["device"] == "cuda" for m in members) else "gloo"
+
+
 def _both(sending: Any, receiving: Any, deadline: float, poll_s: float = 0.005) -> tuple[Any, Any]:
     """Results of the two ends of a sync: the first to fail raises at once (the other side
     may be blocked on it); past ``deadline`` the receivers' timeout is reported first (a
@@ -168,7 +216,7 @@ def _both(sending: Any, receiving: Any, deadline: float, poll_s: float = 0.005) 
 
 
 class BroadcastTransport(WeightTransport):
-    """Weights over a gloo group between the source's rank 0 and the destination ranks (see
+    """Weights over a gloo or NCCL group between the source's rank 0 and the destination ranks (see
     the module docstring and :mod:`rlweave.weight_sync.interface` for the contract).
     ``timeout_s``: how long the group's operations (forming it included) may wait.
     ``tamper``: for tests, see :func:`send_end`."""
@@ -178,23 +226,28 @@ class BroadcastTransport(WeightTransport):
     def __init__(self, timeout_s: float = 900.0, tamper: Callable[[BucketMeta, Any], Any] | None = None):
         super().__init__(timeout_s)
         self.tamper = tamper
+        self.backend: str | None = None  # set by setup()
         self.key: str | None = None
         self._members: list[tuple["RoleHandle", list[int]]] = []
 
     def setup(self, src: "RoleHandle", dst: "RoleHandle") -> None:
-        """Form the group: source rank 0 and every destination rank join at once."""
+        """Form the group: source rank 0 and every destination rank join at once, over NCCL
+        when all of them are CUDA ranks (:func:`backend_for`), else gloo."""
         from rlweave.scheduler.errors import WorkerError, WorkerTimeout
+        from rlweave.weight_sync.auto import locate
 
+        dst_ranks = list(range(dst.world_size))
+        self.backend = backend_for([*locate(src, [0], self.timeout_s), *locate(dst, dst_ranks, self.timeout_s)])
         host, port = src.submit_ranks("address", [0], [((), {})], lambda v: v[0], on_actor=True).result(
             timeout=self.timeout_s)
         key = f"rlweave-ws-{src.name}-{dst.name}-{uuid.uuid4().hex[:8]}"
         world = 1 + dst.world_size
         args = (key, host, port)
-        dst_ranks = list(range(dst.world_size))
-        futs = [src.submit_ranks("join_weight_group", [0], [((*args, 0, world, self.timeout_s), {})], list,
-                                 fn=join_end),
+        futs = [src.submit_ranks("join_weight_group", [0], [((*args, 0, world, self.timeout_s, self.backend), {})],
+                                 list, fn=join_end),
                 dst.submit_ranks("join_weight_group", dst_ranks,
-                                 [((*args, r + 1, world, self.timeout_s), {}) for r in dst_ranks], list, fn=join_end)]
+                                 [((*args, r + 1, world, self.timeout_s, self.backend), {}) for r in dst_ranks], list,
+                                 fn=join_end)]
         deadline = time.monotonic() + self.timeout_s
         try:
             for f in futs:

@@ -2,8 +2,8 @@
 
 A bucket is a :class:`BucketMeta` (index, names, shapes, dtypes, byte offsets, checksum)
 plus one flat ``numpy.uint8`` payload (numpy so Ray's object store hands it out without a
-copy). The checksum (XXH3, 128 bit: made to catch corruption, not forgery; ~15x faster than
-BLAKE2b, 4 ms for a 69 MB bucket) covers the header and the payload, so a wrong
+copy). The checksum (XXH3, 128 bit: made to catch corruption, not forgery, and much cheaper
+than a cryptographic hash: bench/RESULTS.md) covers the header and the payload, so a wrong
 name/shape as much as a flipped byte is caught by :func:`unpack_bucket`.
 """
 

@@ -5,11 +5,14 @@ says so). One interface, several transports:
 
 * :class:`~rlweave.weight_sync.object_store.ObjectStoreTransport` (implemented): buckets go
   through Ray's object store; works on any cluster, CPU or GPU.
-* :class:`~rlweave.weight_sync.broadcast.BroadcastTransport` (implemented, gloo): a group
-  between the source's rank 0 and the destination ranks, formed in
-  :meth:`WeightTransport.setup`, buckets broadcast in place of object-store puts.
-* CUDA IPC (later): colocated roles pass CUDA memory handles of the buckets instead of
-  bytes.
+* :class:`~rlweave.weight_sync.broadcast.BroadcastTransport` (implemented, NCCL between CUDA
+  ranks, gloo otherwise): a group between the source's rank 0 and the destination ranks,
+  formed in :meth:`WeightTransport.setup`, buckets broadcast in place of object-store puts.
+* :class:`~rlweave.weight_sync.cuda_ipc.CudaIpcTransport` (implemented): colocated roles
+  pass memory handles of the buckets (CUDA IPC; shared memory on CPU) instead of bytes.
+
+``weight_sync.transport: auto`` picks among them by where the roles run
+(:mod:`rlweave.weight_sync.auto`).
 
 Every transport honours the same rules, whatever moves the bytes:
 

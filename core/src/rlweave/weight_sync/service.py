@@ -3,10 +3,11 @@
 The runner makes one for the run (from the ``weight_sync`` config section) and hands it to
 the algorithm as :attr:`rlweave.interfaces.algorithm.RunContext.weight_sync`; algorithms call
 ``ctx.weight_sync.sync("policy", "rollout")``. Each pair's transport is built on its first
-sync and set up then (both roles are running by that time), reused by every later sync of
-that pair, and closed by :meth:`WeightSync.close` at the end of the run. When the runner
-rebuilds a role (``run.max_restarts``) it calls :meth:`WeightSync.forget` so the pairs of
-that role get a fresh transport.
+sync (``auto`` resolved then, from where the two roles' ranks run) and set up then (both
+roles are running by that time), reused by every later sync of that pair, and closed by
+:meth:`WeightSync.close` at the end of the run. When the runner rebuilds a role
+(``run.max_restarts``) it calls :meth:`WeightSync.forget` so the pairs of that role get a
+fresh transport.
 """
 
 from __future__ import annotations
@@ -23,14 +24,18 @@ if TYPE_CHECKING:  # pragma: no cover
 TRANSPORTS = {
     "object_store": "rlweave.weight_sync.object_store:ObjectStoreTransport",
     "broadcast": "rlweave.weight_sync.broadcast:BroadcastTransport",
+    "cuda_ipc": "rlweave.weight_sync.cuda_ipc:CudaIpcTransport",
 }
-#: what ``auto`` means: the object store, which works wherever Ray runs
+#: what ``auto`` means when the roles cannot be asked where they run (:func:`make_transport`
+#: without them): the object store, which works wherever Ray runs. With both roles running,
+#: :class:`WeightSync` resolves ``auto`` by :func:`rlweave.weight_sync.auto.resolve_auto`.
 AUTO = "object_store"
 
 
 def make_transport(name: str, timeout_s: float = 900.0) -> "WeightTransport":
-    """A new transport for ``weight_sync.transport`` = ``name``; ``timeout_s`` bounds the
-    operations of transports that hold a channel open (the broadcast group)."""
+    """A new transport for ``weight_sync.transport`` = ``name`` (``auto``: :data:`AUTO`);
+    ``timeout_s`` bounds the operations of transports that hold a channel open (the broadcast
+    group, the cuda_ipc channel)."""
     import importlib
 
     target = TRANSPORTS.get(AUTO if name == "auto" else name)
@@ -60,9 +65,19 @@ class WeightSync:
         self.bucket_bytes = int(section.bucket_mb * (1 << 20))
         self.timeout_s = section.timeout_s
         name = section.transport
-        self._factory = transport_factory or (
-            lambda _src, dst: make_transport(name, sync_timeout(self._handle(dst), self.timeout_s)))
+        self._factory = transport_factory or self._configured(name)
         self._transports: dict[tuple[str, str], "WeightTransport"] = {}
+
+    def _configured(self, name: str) -> Callable[[str, str], "WeightTransport"]:
+        def make(src: str, dst: str) -> "WeightTransport":
+            timeout_s = sync_timeout(self._handle(dst), self.timeout_s)
+            if name == "auto":
+                from rlweave.weight_sync.auto import resolve_auto
+
+                return make_transport(resolve_auto(self._handle(src), self._handle(dst), timeout_s), timeout_s)
+            return make_transport(name, timeout_s)
+
+        return make
 
     def transport(self, src: str, dst: str) -> "WeightTransport":
         """The pair's transport, built and set up on first use."""
