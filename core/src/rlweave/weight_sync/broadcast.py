@@ -32,8 +32,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rlweave.weight_sync.buckets import BucketMeta, cast_floating, iter_buckets, unpack_bucket
-from rlweave.weight_sync.interface import WeightSyncError, WeightSyncTimeout, WeightTransport, from_worker_error
+from rlweave.weight_sync.interface import WeightSyncError, WeightSyncTimeout, WeightTransport
 from rlweave.weight_sync.object_store import destination_dtype
+from rlweave.weight_sync.paired import leave_channel, run_both_ends
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -200,21 +201,6 @@ def backend_for(members: list[dict[str, Any]]) -> str:
     return "nccl" if members and all(m["device"] == "cuda" for m in members) else "gloo"
 
 
-def _both(sending: Any, receiving: Any, deadline: float, poll_s: float = 0.005) -> tuple[Any, Any]:
-    """Results of the two ends of a sync: the first to fail raises at once (the other side
-    may be blocked on it); past ``deadline`` the receivers' timeout is reported first (a
-    sender blocked in a broadcast waits on them)."""
-    pending = [sending, receiving]
-    while pending and time.monotonic() < deadline:
-        for f in [f for f in pending if f.done()]:
-            f.result(timeout=0)
-            pending.remove(f)
-        if pending:
-            time.sleep(poll_s)
-    received = receiving.result(timeout=max(0.0, deadline - time.monotonic()))
-    return sending.result(timeout=max(0.0, deadline - time.monotonic())), received
-
-
 class BroadcastTransport(WeightTransport):
     """Weights over a gloo or NCCL group between the source's rank 0 and the destination ranks (see
     the module docstring and :mod:`rlweave.weight_sync.interface` for the contract).
@@ -264,43 +250,15 @@ class BroadcastTransport(WeightTransport):
     def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float) -> dict[str, Any]:
         """See :meth:`WeightTransport.sync`; floating tensors travel in the destination's
         ``weight_dtype()`` when it names one."""
-        from rlweave.scheduler.errors import WorkerError, WorkerTimeout
-
         if self.key is None:
             raise WeightSyncError("broadcast transport: setup() was not called (or the transport is closed)")
         start = time.monotonic()
-        deadline = start + timeout_s
         dtype = destination_dtype(dst, timeout_s)
-        try:
-            src_ranks, dst_ranks = list(range(src.world_size)), list(range(dst.world_size))
-            sending = src.submit_ranks("send_weights", src_ranks,
-                                       [((self.key, bucket_bytes, dtype, self.tamper), {})] * len(src_ranks),
-                                       lambda v: v[0], fn=send_end)
-            receiving = dst.submit_ranks("receive_weights", dst_ranks, [((self.key,), {})] * len(dst_ranks), list,
-                                         fn=receive_end)
-            sent, received = _both(sending, receiving, deadline)
-        except WorkerTimeout as exc:
-            side = "from" if exc.role == src.name else "into"
-            raise WeightSyncTimeout(
-                f"weight sync {side} {exc.role!r} (broadcast): rank(s) {', '.join(map(str, exc.ranks))} did not "
-                f"finish within {timeout_s:g} s; the receiving worker may be stuck in load_weights()") from None
-        except WorkerError as exc:
-            side = "from" if exc.role == src.name else "into"
-            raise from_worker_error(exc, f"weight sync {side} {exc.role!r}", " (broadcast)") from exc
-        if any(r != sent for r in received):
-            raise WeightSyncError(f"weight sync into {dst.name!r} (broadcast): ranks received {received}, "
-                                  f"source sent {sent}")
-        seconds = time.monotonic() - start
-        return {**sent, "seconds": seconds, "bytes_per_s": sent["bytes"] / seconds if seconds > 0 else float("inf"),
-                "dtype": dtype}
+        return run_both_ends("broadcast", src, dst, send_end, (self.key, bucket_bytes, dtype, self.tamper),
+                             receive_end, (self.key,), start, timeout_s, dtype)
 
     def close(self) -> None:
         """Leave the group on every member (idempotent; members that are gone are skipped)."""
         key, members = self.key, self._members
         self.key, self._members = None, []
-        for handle, ranks in members:
-            try:
-                handle.submit_ranks("leave_weight_group", ranks, [((key,), {})] * len(ranks), list,
-                                    fn=leave_end).result(timeout=30)
-            except Exception:  # noqa: BLE001 - a role already shut down has nothing to leave
-                pass
+        leave_channel(members, key, leave_end)

@@ -37,7 +37,7 @@ import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from rlweave.weight_sync.interface import WeightSyncError, WeightSyncTimeout, WeightTransport, from_worker_error
+from rlweave.weight_sync.interface import WeightSyncError, WeightSyncTimeout, WeightTransport
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -257,48 +257,22 @@ class CudaIpcTransport(WeightTransport):
     def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float) -> dict[str, Any]:
         """See :meth:`WeightTransport.sync`; floating tensors travel in the destination's
         ``weight_dtype()`` when it names one."""
-        from rlweave.scheduler.errors import WorkerError, WorkerTimeout
-        from rlweave.weight_sync.broadcast import _both
         from rlweave.weight_sync.object_store import destination_dtype
+        from rlweave.weight_sync.paired import run_both_ends
 
         if self.key is None:
             raise WeightSyncError("cuda_ipc transport: setup() was not called (or the transport is closed)")
         start = time.monotonic()
-        deadline = start + timeout_s
         dtype = destination_dtype(dst, timeout_s)
         self.syncs += 1
-        n = self.syncs
-        src_ranks, dst_ranks = list(range(src.world_size)), list(range(dst.world_size))
-        try:
-            sending = src.submit_ranks(
-                "send_weights", src_ranks,
-                [((self.key, n, dst.world_size, bucket_bytes, dtype, self.tamper), {})] * len(src_ranks),
-                lambda v: v[0], fn=send_end)
-            receiving = dst.submit_ranks("receive_weights", dst_ranks, [((self.key, n), {})] * len(dst_ranks), list,
-                                         fn=receive_end)
-            sent, received = _both(sending, receiving, deadline)
-        except WorkerTimeout as exc:
-            side = "from" if exc.role == src.name else "into"
-            raise WeightSyncTimeout(
-                f"weight sync {side} {exc.role!r} (cuda_ipc): rank(s) {', '.join(map(str, exc.ranks))} did not "
-                f"finish within {timeout_s:g} s; the receiving worker may be stuck in load_weights()") from None
-        except WorkerError as exc:
-            side = "from" if exc.role == src.name else "into"
-            raise from_worker_error(exc, f"weight sync {side} {exc.role!r}", " (cuda_ipc)") from exc
-        if any(r != sent for r in received):
-            raise WeightSyncError(f"weight sync into {dst.name!r} (cuda_ipc): ranks received {received}, "
-                                  f"source sent {sent}")
-        seconds = time.monotonic() - start
-        return {**sent, "seconds": seconds, "bytes_per_s": sent["bytes"] / seconds if seconds > 0 else float("inf"),
-                "dtype": dtype}
+        return run_both_ends("cuda_ipc", src, dst, send_end,
+                             (self.key, self.syncs, dst.world_size, bucket_bytes, dtype, self.tamper),
+                             receive_end, (self.key, self.syncs), start, timeout_s, dtype)
 
     def close(self) -> None:
         """Leave the channel on every member (idempotent; members that are gone are skipped)."""
+        from rlweave.weight_sync.paired import leave_channel
+
         key, members = self.key, self._members
         self.key, self._members = None, []
-        for handle, ranks in members:
-            try:
-                handle.submit_ranks("leave_weight_group", ranks, [((key,), {})] * len(ranks), list,
-                                    fn=leave_end).result(timeout=30)
-            except Exception:  # noqa: BLE001 - a role already shut down has nothing to leave
-                pass
+        leave_channel(members, key, leave_end)
