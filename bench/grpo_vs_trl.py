@@ -153,10 +153,24 @@ def run_rlweave(a) -> dict:
 
 
 # --------------------------------------------------------------------------------- TRL
+def step_timer(times: list[float]):
+    """A transformers ``TrainerCallback`` appending each optimizer step's wall time to ``times``."""
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            times.append(time.perf_counter() - self.t)
+
+    return StepTimer()
+
+
 def run_trl(a) -> dict:
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, TrainerCallback
+    from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -178,15 +192,8 @@ def run_trl(a) -> dict:
     ds = Dataset.from_dict({"prompt": prompts * (a.steps + a.warmup + 1)})
     times: list[float] = []
 
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.t = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            times.append(time.perf_counter() - self.t)
-
     trainer = GRPOTrainer(model=model, reward_funcs=length_reward, args=cfg, train_dataset=ds,
-                          processing_class=tok, callbacks=[Timer()])
+                          processing_class=tok, callbacks=[step_timer(times)])
     trainer.train()
     timed = times[a.warmup:] or times
     lens = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]

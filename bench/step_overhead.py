@@ -165,7 +165,8 @@ def rank_times(workers: dict[str, str], since: float, steps: int) -> dict[str, f
 def run_trl(opts: dict, payload: dict) -> dict:
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from grpo_vs_trl import step_timer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from rlweave.rewards.rules import arith_exact
@@ -189,15 +190,8 @@ def run_trl(opts: dict, payload: dict) -> dict:
     ds = Dataset.from_dict({"prompt": [r["prompt"] for r in recs], "answer": [r["answer"] for r in recs]})
     times: list[float] = []
 
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.t = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            times.append(time.perf_counter() - self.t)
-
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=ds, processing_class=tok,
-                          callbacks=[Timer()])
+                          callbacks=[step_timer(times)])
     trainer.train()
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h][payload["warmup"]:]
     return {"step_s": times[payload["warmup"]:], "reward": statistics.mean(rewards) if rewards else float("nan")}
