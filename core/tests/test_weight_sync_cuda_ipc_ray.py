@@ -12,14 +12,10 @@ ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 
 from rlweave.config.schema import RaySection, RunConfig, WeightSyncSection  # noqa: E402
-from rlweave.plugins.types import BackendRecord, EngineRecord  # noqa: E402
 from rlweave.scheduler import build_roles, shutdown_ray, start_ray  # noqa: E402
-from rlweave.testing.workers import make_state_dict  # noqa: E402
+from rlweave.testing.workers import PROBE, PROBE_ENGINE as ENGINE, STUCK, make_state_dict  # noqa: E402
 from rlweave.weight_sync import CudaIpcTransport, WeightSync, WeightSyncError, WeightSyncTimeout  # noqa: E402
 
-PROBE = BackendRecord(name="probe", summary="test worker", target="rlweave.testing.workers:ProbeWorker")
-STUCK = BackendRecord(name="stuck", summary="never loads", target="rlweave.testing.workers:StuckReceiver")
-ENGINE = EngineRecord(name="probe-engine", summary="test engine", target="rlweave.testing.workers:ProbeEngine")
 MB, SEED, BUCKET = 4, 11, 256 << 10
 
 

@@ -5,6 +5,8 @@
   it also holds a seeded state dict for weight-sync round trips.
 * :class:`ProbeEngine` - an engine-shaped worker whose generations encode the prompt.
 * :class:`StuckReceiver` - a ProbeWorker whose ``load_weights`` never returns in time.
+* :data:`PROBE`, :data:`STUCK`, :data:`PROBE_ENGINE` - plugin records of the three, for
+  ``build_roles`` in tests and benches.
 
 ``ctx.options`` keys (a plain dict: these workers have no options model): ``weights_mb`` (size of
 the state dict, default 0), ``weights_seed``.
@@ -19,6 +21,11 @@ from typing import Any, Iterable, Iterator
 
 from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
 from rlweave.interfaces.worker import Worker
+from rlweave.plugins.types import BackendRecord, EngineRecord
+
+PROBE = BackendRecord(name="probe", summary="test worker", target="rlweave.testing.workers:ProbeWorker")
+STUCK = BackendRecord(name="stuck", summary="never loads", target="rlweave.testing.workers:StuckReceiver")
+PROBE_ENGINE = EngineRecord(name="probe-engine", summary="test engine", target="rlweave.testing.workers:ProbeEngine")
 
 
 def make_state_dict(megabytes: float, seed: int) -> dict[str, Any]:
