@@ -32,9 +32,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rlweave.weight_sync.buckets import BucketMeta, cast_floating, iter_buckets, unpack_bucket
-from rlweave.weight_sync.interface import WeightSyncError, WeightSyncTimeout, WeightTransport
+from rlweave.weight_sync.interface import WeightSyncError, WeightTransport
 from rlweave.weight_sync.object_store import destination_dtype
-from rlweave.weight_sync.paired import leave_channel, run_both_ends
+from rlweave.weight_sync.paired import channel_errors, join_channel, leave_channel, run_both_ends
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -219,31 +219,14 @@ class BroadcastTransport(WeightTransport):
     def setup(self, src: "RoleHandle", dst: "RoleHandle") -> None:
         """Form the group: source rank 0 and every destination rank join at once, over NCCL
         when all of them are CUDA ranks (:func:`backend_for`), else gloo."""
-        from rlweave.scheduler.errors import WorkerError, WorkerTimeout
         from rlweave.weight_sync.auto import locate
 
         dst_ranks = list(range(dst.world_size))
-        self.backend = backend_for([*locate(src, [0], self.timeout_s), *locate(dst, dst_ranks, self.timeout_s)])
-        host, port = src.submit_ranks("address", [0], [((), {})], lambda v: v[0], on_actor=True).result(
-            timeout=self.timeout_s)
+        where = f"broadcast group {src.name!r} -> {dst.name!r}"
         key = f"rlweave-ws-{src.name}-{dst.name}-{uuid.uuid4().hex[:8]}"
-        world = 1 + dst.world_size
-        args = (key, host, port)
-        futs = [src.submit_ranks("join_weight_group", [0], [((*args, 0, world, self.timeout_s, self.backend), {})],
-                                 list, fn=join_end),
-                dst.submit_ranks("join_weight_group", dst_ranks,
-                                 [((*args, r + 1, world, self.timeout_s, self.backend), {}) for r in dst_ranks], list,
-                                 fn=join_end)]
-        deadline = time.monotonic() + self.timeout_s
-        try:
-            for f in futs:
-                f.result(timeout=max(0.0, deadline - time.monotonic()))
-        except WorkerTimeout as exc:
-            raise WeightSyncTimeout(f"broadcast group {src.name!r} -> {dst.name!r}: {exc.role!r} rank(s) "
-                                    f"{', '.join(map(str, exc.ranks))} did not join within {self.timeout_s:g} s") from None
-        except WorkerError as exc:
-            raise WeightSyncError(f"broadcast group {src.name!r} -> {dst.name!r}: {exc.role!r} rank {exc.rank} could "
-                                  f"not join: {exc.summary}") from exc
+        with channel_errors(where, self.timeout_s):
+            self.backend = backend_for([*locate(src, [0], self.timeout_s), *locate(dst, dst_ranks, self.timeout_s)])
+        join_channel(where, key, src, dst, join_end, self.timeout_s, (self.backend,))
         self.key = key
         self._members = [(src, [0]), (dst, dst_ranks)]
 

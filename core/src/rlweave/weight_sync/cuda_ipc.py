@@ -62,9 +62,10 @@ def open_channel(key: str, host: str, port: int, is_source: bool, world: int, ti
     return _CHANNELS[key][0]
 
 
-def join_end(worker: Any, rank: int, key: str, host: str, port: int, is_source: bool, world: int,  # noqa: ARG001
+def join_end(worker: Any, rank: int, key: str, host: str, port: int, member: int, world: int,  # noqa: ARG001
              timeout_s: float) -> bool:
-    open_channel(key, host, port, is_source, world, timeout_s)
+    """Open channel ``key`` as ``member`` of ``world`` (member 0, the source, hosts it)."""
+    open_channel(key, host, port, member == 0, world, timeout_s)
     return True
 
 
@@ -224,33 +225,18 @@ class CudaIpcTransport(WeightTransport):
     def setup(self, src: "RoleHandle", dst: "RoleHandle") -> None:
         """Check the roles are colocated (else raise :class:`WeightSyncError` saying why) and
         open the channel."""
-        from rlweave.scheduler.errors import WorkerError, WorkerTimeout
         from rlweave.weight_sync.auto import colocation_problem, locate
+        from rlweave.weight_sync.paired import channel_errors, join_channel
 
         dst_ranks = list(range(dst.world_size))
         where = f"cuda_ipc {src.name!r} -> {dst.name!r}"
-        deadline = time.monotonic() + self.timeout_s
-        try:
+        with channel_errors(where, self.timeout_s):
             problem = colocation_problem(locate(src, [0], self.timeout_s)[0], locate(dst, dst_ranks, self.timeout_s),
                                          src.name, dst.name)
-            if problem:
-                raise WeightSyncError(f"{where}: {problem}; use weight_sync.transport broadcast or object_store")
-            host, port = src.submit_ranks("address", [0], [((), {})], lambda v: v[0], on_actor=True).result(
-                timeout=self.timeout_s)
-            key = f"rlweave-ipc-{src.name}-{dst.name}-{uuid.uuid4().hex[:8]}/"
-            args = (key, host, port)
-            world = 1 + dst.world_size
-            futs = [src.submit_ranks("join_weight_group", [0], [((*args, True, world, self.timeout_s), {})], list,
-                                     fn=join_end),
-                    dst.submit_ranks("join_weight_group", dst_ranks,
-                                     [((*args, False, world, self.timeout_s), {})] * len(dst_ranks), list, fn=join_end)]
-            for f in futs:
-                f.result(timeout=max(0.0, deadline - time.monotonic()))
-        except WorkerTimeout as exc:
-            raise WeightSyncTimeout(f"{where}: {exc.role!r} rank(s) {', '.join(map(str, exc.ranks))} did not answer "
-                                    f"within {self.timeout_s:g} s") from None
-        except WorkerError as exc:
-            raise WeightSyncError(f"{where}: {exc.role!r} rank {exc.rank} could not join: {exc.summary}") from exc
+        if problem:
+            raise WeightSyncError(f"{where}: {problem}; use weight_sync.transport broadcast or object_store")
+        key = f"rlweave-ipc-{src.name}-{dst.name}-{uuid.uuid4().hex[:8]}/"
+        join_channel(where, key, src, dst, join_end, self.timeout_s)
         self.key = key
         self._members = [(src, [0]), (dst, dst_ranks)]
 

@@ -5,13 +5,16 @@ their own (:mod:`~rlweave.weight_sync.broadcast`, :mod:`~rlweave.weight_sync.cud
 every destination rank, waits for both within the sync's deadline, maps timeouts and worker
 errors to the weight-sync errors of :mod:`rlweave.weight_sync.interface`, checks that every
 destination received what the source sent, and returns the sync's stats.
-:func:`leave_channel` closes such a channel on its members.
+:func:`join_channel` opens such a channel on source rank 0 and every destination rank (inside
+:func:`channel_errors`, which maps the ranks' failures while a channel is set up), and
+:func:`leave_channel` closes it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rlweave.weight_sync.interface import WeightSyncError, WeightSyncTimeout, from_worker_error
 
@@ -66,6 +69,43 @@ def run_both_ends(transport: str, src: "RoleHandle", dst: "RoleHandle", send_fn:
     seconds = time.monotonic() - start
     return {**sent, "seconds": seconds, "bytes_per_s": sent["bytes"] / seconds if seconds > 0 else float("inf"),
             "dtype": dtype}
+
+
+@contextmanager
+def channel_errors(where: str, timeout_s: float) -> Iterator[None]:
+    """Turn a rank's timeout into :class:`WeightSyncTimeout` and its error into
+    :class:`WeightSyncError`, both prefixed with ``where`` (the channel being set up)."""
+    from rlweave.scheduler.errors import WorkerError, WorkerTimeout
+
+    try:
+        yield
+    except WorkerTimeout as exc:
+        raise WeightSyncTimeout(f"{where}: {exc.role!r} rank(s) {', '.join(map(str, exc.ranks))} did not answer "
+                                f"within {timeout_s:g} s") from None
+    except WorkerError as exc:
+        raise WeightSyncError(f"{where}: {exc.role!r} rank {exc.rank} could not join: {exc.summary}") from exc
+
+
+def join_channel(where: str, key: str, src: "RoleHandle", dst: "RoleHandle", join_fn: Callable[..., Any],
+                 timeout_s: float, extra: tuple = ()) -> None:
+    """Open channel ``key`` on source rank 0 (member 0, which hosts it at its node's address and
+    a free port) and every destination rank ``r`` (member ``r + 1``), all at once:
+    ``join_fn(worker, rank, key, host, port, member, 1 + dst.world_size, timeout_s, *extra)``
+    (``join_weight_group``), within ``timeout_s``; failures as in :func:`channel_errors`."""
+    dst_ranks = list(range(dst.world_size))
+    world = 1 + dst.world_size
+    with channel_errors(where, timeout_s):
+        host, port = src.submit_ranks("address", [0], [((), {})], lambda v: v[0], on_actor=True).result(
+            timeout=timeout_s)
+        args = (key, host, port)
+        futs = [src.submit_ranks("join_weight_group", [0], [((*args, 0, world, timeout_s, *extra), {})], list,
+                                 fn=join_fn),
+                dst.submit_ranks("join_weight_group", dst_ranks,
+                                 [((*args, r + 1, world, timeout_s, *extra), {}) for r in dst_ranks], list,
+                                 fn=join_fn)]
+        deadline = time.monotonic() + timeout_s
+        for f in futs:
+            f.result(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def leave_channel(members: list[tuple["RoleHandle", list[int]]], key: str | None,
