@@ -15,11 +15,14 @@ it failed, see :mod:`rlweave.config.loader`), this
 * checks the roles the algorithm needs (``record.roles(algorithm_config)``) are present
   with a backend (trained/scoring roles) or an engine (``rollout``), and that their
   ``parallel`` sizes are ones the plugin understands;
+* runs each selected backend's ``check`` (``BackendRecord.check``: what only the backend knows to
+  refuse, such as a sequence-parallel size the model's heads do not split into);
 * checks ``required_plugins`` against installed distribution versions;
 * runs ``rlweave.config.placement.check_placement`` over the roles, with the ranks' device spans of the
   selected plugins (a vLLM replica spans ``tp`` devices).
 
-Every problem becomes a :class:`~rlweave.config.errors.ConfigIssue`; nothing heavy is imported.
+Every problem becomes a :class:`~rlweave.config.errors.ConfigIssue`; nothing heavy is imported
+(except what the module of an algorithm named by import path imports itself).
 """
 
 from __future__ import annotations
@@ -179,6 +182,14 @@ class _Pass:
                 if dim not in supported:
                     self.issue(f"{path}.parallel.{dim}", f"{kind} '{name}' does not support '{dim}' parallelism; "
                                                          f"it supports: {', '.join(supported) or 'none'}")
+            check = getattr(record, "check", None)
+            if check is not None and options is not None:
+                model = section.model if section.model is not None else self.cfg.model
+                try:
+                    for key, message in check(role, section, model):
+                        self.issue(key, message)
+                except Exception as exc:  # a plugin bug: say whose
+                    self.issue(path, f"{kind} '{name}' failed to check role '{role}': {type(exc).__name__}: {exc}")
 
     def rewards(self) -> None:
         for i, entry in enumerate(self.cfg.rewards):

@@ -86,6 +86,10 @@ class PluginRecord:
         return import_target(self.target)
 
 
+def _nothing_to_refuse(role: str, section: Any, model: Any) -> list[tuple[str, str]]:
+    return []
+
+
 @dataclass(frozen=True)
 class BackendRecord(PluginRecord):
     """A training backend: ``load()`` returns a :class:`rlweave.interfaces.TrainingWorker`
@@ -93,11 +97,18 @@ class BackendRecord(PluginRecord):
 
     ``model_types`` lists what it can build (``"causal_lm"``, ``"value"``, ``"reward"``);
     ``parallel`` lists the parallel sizes it understands (``"dp"``, ``"tp"``, ``"pp"``...).
+
+    ``check`` is a light function ``(role, role section, model section) -> [(key path,
+    message)]`` run by validation (``rlweave validate``, and before any worker starts) after
+    the role's options were validated: what only this backend knows to refuse, such as
+    parallel sizes the model's shape does not allow. It must not import torch; it may read
+    the model directory's ``config.json``. Default: nothing to refuse.
     """
 
     kind: ClassVar[str] = "backend"
     model_types: tuple[str, ...] = ("causal_lm", "value", "reward")
     parallel: tuple[str, ...] = ("dp",)
+    check: Callable[[str, Any, Any], list[tuple[str, str]]] = field(default=_nothing_to_refuse, kw_only=True)
 
 
 @dataclass(frozen=True)

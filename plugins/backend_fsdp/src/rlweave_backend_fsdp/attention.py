@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rlweave_backend_fsdp import sequence_parallel
 from rlweave_backend_fsdp.cpu import attention as cpu_attention
 
 NAME = "rlweave_varlen"
@@ -53,7 +54,13 @@ def _varlen_fused():
 @torch.compiler.disable
 def varlen_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention-interface signature; q/k/v are ``(B, H, T, D)``; returns
-    ``((B, T, H, D), None)``."""
+    ``((B, T, H, D), None)``. With ``rlweave_sp`` (an :class:`.sequence_parallel.SPGroup`),
+    the inputs are this rank's slice of the row and the plan or ``cu_seq_lens_q`` describe the
+    whole padded row (:func:`.sequence_parallel.attend`)."""
+    sp = kwargs.pop("rlweave_sp", None)
+    if sp is not None:
+        return sequence_parallel.attend(module, query, key, value, attention_mask, varlen_attention_forward, sp,
+                                        scaling=scaling, dropout=dropout, **kwargs)
     plan = kwargs.get("rlweave_plan")
     cu = kwargs.get("cu_seq_lens_q")
     if plan is None and cu is None:
@@ -149,6 +156,16 @@ def packed_plan(bounds: tuple[int, ...]) -> AttentionPlan:
     """Plan of a plain packed row (``cu_seqlens`` bounds: each sample causal on its own),
     computed once per micro-batch layout (all layers of a forward share it)."""
     return plan_segments([(s, e - s) for s, e in zip(bounds[:-1], bounds[1:])], [])
+
+
+def padded_plan(plan: AttentionPlan, total: int, pad: int) -> AttentionPlan:
+    """``plan`` of a ``total``-token row, extended by ``pad`` tokens at its end that form one
+    more causal segment (sequence-parallel padding; nobody reads their outputs)."""
+    if not pad:
+        return plan
+    bucket = Bucket(1, pad, pad, (total, total + pad), None, None)
+    inv = None if plan.inv is None else torch.cat([plan.inv, torch.arange(total, total + pad)])
+    return AttentionPlan(plan.buckets + (bucket,), inv)
 
 
 def _as_slice(idx: torch.Tensor) -> torch.Tensor | tuple[int, int]:

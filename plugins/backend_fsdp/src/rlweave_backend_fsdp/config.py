@@ -36,13 +36,17 @@ class FSDPConfig(BaseModel):
     )
     activation_checkpointing: bool = Field(False, description="Recompute decoder-layer activations in backward.")
     max_tokens_per_micro_batch: int = Field(
-        4096, ge=1, description="Token budget of one packed micro-batch (a longer sample gets its own)."
+        4096, ge=1, description="Token budget of one packed micro-batch (a longer sample gets its own). With "
+        "parallel.sp = N it is the budget of the whole sequence-parallel group: each of its N ranks holds about 1/N "
+        "of the micro-batch's tokens.",
     )
     max_tokens_per_forward: Optional[int] = Field(
-        None, description="Token budget of no-grad forwards (log-probs, values, scores); null: 2x the training budget."
+        None, description="Token budget of no-grad forwards (log-probs, values, scores), per sequence-parallel group "
+        "like max_tokens_per_micro_batch; null: 2x the training budget."
     )
     use_packing: bool = Field(
-        True, description="Pack micro-batch samples into one row with varlen attention (false: right-padded rows)."
+        True, description="Pack micro-batch samples into one row with varlen attention (false: right-padded rows; "
+        "not with parallel.sp)."
     )
     share_prompts: bool = Field(
         True, description="Packed rows carry a prompt once for all samples of a micro-batch that share it (GRPO groups, "

@@ -33,20 +33,25 @@ def plan(seqlens: Sequence[int], budget: int) -> list[list[int]]:
     return groups
 
 
+def positions(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Position ids of a packed row: ``0..len-1`` within each sample."""
+    lens = cu_seqlens[1:] - cu_seqlens[:-1]
+    return torch.arange(int(cu_seqlens[-1])) - torch.repeat_interleave(cu_seqlens[:-1], lens)
+
+
+def varlen_kwargs(cu_seqlens: torch.Tensor, device) -> dict:
+    """The ``cu_seq_lens_q/k`` and ``max_length_q/k`` keywords describing a packed row."""
+    cu32 = cu_seqlens.to(torch.int32).to(device)
+    mx = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    return {"cu_seq_lens_q": cu32, "cu_seq_lens_k": cu32, "max_length_q": mx, "max_length_k": mx}
+
+
 def packed_inputs(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, device) -> dict:
     """Keyword arguments for a packed forward of one micro-batch (one row)."""
-    lens = cu_seqlens[1:] - cu_seqlens[:-1]
-    starts = torch.repeat_interleave(cu_seqlens[:-1], lens)
-    pos = torch.arange(int(cu_seqlens[-1])) - starts
-    cu32 = cu_seqlens.to(torch.int32).to(device)
-    mx = int(lens.max())
     return {
         "input_ids": input_ids.view(1, -1).to(device),
-        "position_ids": pos.view(1, -1).to(device),
-        "cu_seq_lens_q": cu32,
-        "cu_seq_lens_k": cu32,
-        "max_length_q": mx,
-        "max_length_k": mx,
+        "position_ids": positions(cu_seqlens).view(1, -1).to(device),
+        **varlen_kwargs(cu_seqlens, device),
     }
 
 

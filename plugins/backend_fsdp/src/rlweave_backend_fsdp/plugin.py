@@ -5,6 +5,7 @@ from __future__ import annotations
 from rlweave.plugins.hookspecs import hookimpl
 from rlweave.plugins.types import BackendRecord
 
+from rlweave_backend_fsdp.checks import check_role
 from rlweave_backend_fsdp.config import FSDPConfig
 
 
@@ -17,6 +18,7 @@ def rlweave_training_backends():
             target="rlweave_backend_fsdp.worker:FSDPWorker",
             config_model=FSDPConfig,
             model_types=("causal_lm", "value", "reward"),
-            parallel=("dp",),
+            parallel=("dp", "sp"),
+            check=check_role,
         )
     ]

@@ -11,9 +11,13 @@ Micro-batches are formed by a token budget (``max_tokens_per_micro_batch``) and,
 (:mod:`.attention`). With ``share_prompts`` (and rlweave's varlen attention), samples of a
 micro-batch with the same prompt carry it once (:mod:`.prefix`), and micro-batches keep
 such groups together; per-token results are returned in the unshared layout.
+With ``parallel: {sp: N}`` (Ulysses sequence parallelism, :mod:`.sequence_parallel`), groups
+of ``N`` consecutive ranks receive the same data and split each packed row between them;
+every rank of a group returns the group's full results, and the token budgets count the
+tokens of the whole row (per group, not per rank).
 Gradients follow the token-weight convention: micro-batch losses are
-summed, and multiplied by the data-parallel size to undo FSDP's gradient averaging, so the
-gradient is that of the loss summed over all tokens of all ranks.
+summed, and multiplied by the number of ranks to undo FSDP's gradient averaging, so the
+gradient is that of the loss summed over all tokens of all data-parallel groups.
 
 Model kinds (``ctx.model['model_type']``): ``causal_lm`` (log-probs, entropy), ``value``
 (prediction-aligned per-token values: ``values[t]`` is read at ``t-1``, 0 at first tokens)
@@ -33,9 +37,10 @@ import torch.distributed as dist
 
 from rlweave.data.batch import Batch
 from rlweave.interfaces.backend import LossFn, TrainingWorker
-from rlweave_backend_fsdp import attention, checkpoint, cpu, finite, hf_export, micro, modeling, prefix
+from rlweave_backend_fsdp import attention, checkpoint, checks, cpu, finite, hf_export, micro, modeling, prefix
+from rlweave_backend_fsdp import sequence_parallel as seqpar
 from rlweave_backend_fsdp.config import FSDPConfig
-from rlweave_backend_fsdp.outputs import Outputs, last_token_scores, token_logprobs, token_values
+from rlweave_backend_fsdp.outputs import Outputs, Window, last_token_scores, token_logprobs, token_values
 from rlweave_backend_fsdp.schedule import WarmupSchedule
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,16 +70,23 @@ class FSDPWorker(TrainingWorker):
         else:
             self.device = torch.device("cpu")
         self.init_distributed(force=True)
+        sp = int((ctx.parallel or {}).get("sp", 1))
+        self._refuse(checks.sp_problems(sp, self.cfg.model_dump(), None))
+        self.sp = seqpar.new_group(self.world_size, self.rank, sp)
         seed = self.cfg.seed if self.cfg.seed is not None else ctx.seed
         dtype_name = ctx.model.get("dtype", "float32")
         if dtype_name not in _DTYPES:
             raise ValueError(f"fsdp backend: model.dtype {dtype_name!r} (role {ctx.role}); choose {sorted(_DTYPES)}")
         # bf16 mixed precision keeps fp32 master weights and computes in bf16.
         param_dtype = torch.float32 if self.cfg.mixed_precision == "bf16" else _DTYPES[dtype_name]
-        self.attn_impl = attention.choose(self.cfg.attn_implementation, ctx.device)
+        self.attn_impl = attention.choose("varlen" if sp > 1 else self.cfg.attn_implementation, ctx.device)
         self.packing = self.cfg.use_packing
         bf16 = self.cfg.mixed_precision == "bf16" or param_dtype == torch.bfloat16
         model = modeling.load_model(ctx.model, self.attn_impl, param_dtype, seed)
+        if sp > 1:
+            c = model.config
+            self._refuse(checks.sp_problems(sp, {}, (c.num_attention_heads,
+                                                     getattr(c, "num_key_value_heads", None) or c.num_attention_heads)))
         self.choices = cpu.prepare(model, self.cfg, self.device.type, bf16, self.world_size,
                                    dtype_name=dtype_name, role=ctx.role, rank=self.rank)
         if self.cfg.activation_checkpointing:
@@ -114,6 +126,11 @@ class FSDPWorker(TrainingWorker):
         sched = WarmupSchedule(o.warmup_steps, o.schedule, o.total_steps or self.ctx.optim_total_steps, o.min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, sched)
 
+    def _refuse(self, problems: list[tuple[str, str]]) -> None:
+        if problems:
+            raise ValueError(f"fsdp backend: role {self.ctx.role}: "
+                             + "; ".join(f"roles.{self.ctx.role}.{k}: {m}" for k, m in problems))
+
     # ---------------------------------------------------------------- helpers
     def _max_over_ranks(self, n: int) -> int:
         t = torch.tensor([n], dtype=torch.long, device=self.device)
@@ -147,9 +164,13 @@ class FSDPWorker(TrainingWorker):
             return None
         return prefix.share(mb.token["input_ids"].cpu(), mb.cu_seqlens, mb.sample["prompt_len"].tolist())
 
-    def _raw(self, ids: torch.Tensor, cu: torch.Tensor, shared: prefix.SharedRow | None = None) -> torch.Tensor:
+    def _raw(self, ids: torch.Tensor, cu: torch.Tensor,
+             shared: prefix.SharedRow | None = None) -> tuple[torch.Tensor, Window | None]:
         """Model output per packed token: logits ``(T, V)`` or head values ``(T,)``; with
-        ``shared``, per position of its row ``(T', ...)``."""
+        ``shared``, per position of its row ``(T', ...)``. With sequence parallelism, only the
+        positions of this rank's window (returned; None without)."""
+        if self.sp is not None:
+            return self._raw_sp(ids, cu, shared)
         flat = None  # padded rows: the flat index of each real token
         if shared is not None:
             kw = {"input_ids": shared.input_ids.view(1, -1).to(self.device),
@@ -164,22 +185,43 @@ class FSDPWorker(TrainingWorker):
         out = self.model(**kw, use_cache=False)
         raw = out if self.kind != "causal_lm" else out.logits
         # squeeze, not raw[0]: the backward of a select allocates and zero-fills a (1, T, V) gradient
-        return raw.squeeze(0) if flat is None else raw.reshape(-1, *raw.shape[2:])[flat]
+        return (raw.squeeze(0) if flat is None else raw.reshape(-1, *raw.shape[2:])[flat]), None
+
+    def _raw_sp(self, ids: torch.Tensor, cu: torch.Tensor,
+                shared: prefix.SharedRow | None) -> tuple[torch.Tensor, Window]:
+        """:meth:`_raw` on this rank's slice of the (padded) row, attention over the whole row."""
+        if shared is not None:
+            row_ids, row_pos = shared.input_ids, shared.position_ids
+        else:
+            row_ids, row_pos = ids.cpu(), micro.positions(cu)
+        part = seqpar.shard(row_ids, row_pos, self.sp)
+        total = int(row_ids.numel())
+        kw = {"input_ids": part.input_ids.view(1, -1).to(self.device),
+              "position_ids": part.position_ids.view(1, -1).to(self.device),
+              "attention_mask": dict(_NO_MASK), "rlweave_sp": self.sp}
+        if shared is not None:
+            kw["rlweave_plan"] = attention.padded_plan(shared.plan, total, part.pad)
+        else:
+            bounds = cu.tolist() + ([total + part.pad] if part.pad else [])
+            kw.update(micro.varlen_kwargs(torch.tensor(bounds), self.device))
+        out = self.model(**kw, use_cache=False)
+        raw = out if self.kind != "causal_lm" else out.logits
+        return raw.squeeze(0), Window(part.lo, part.n, lambda x: seqpar.combine(x, self.sp))
 
     def _outputs(self, mb: Batch, temperature: float = 1.0, with_entropy: bool = False) -> Outputs:
         ids = mb.token["input_ids"].to(self.device)
         shared = self._shared(mb)
-        raw = self._raw(ids, mb.cu_seqlens, shared)
+        raw, window = self._raw(ids, mb.cu_seqlens, shared)
         rows = shared.tok_row if shared is not None else None
         if self.kind == "causal_lm":
             lp, ent = token_logprobs(raw, ids, mb.cu_seqlens, temperature, with_entropy, rows,
-                                     compiled=self.choices.compiled_logprobs)
+                                     compiled=self.choices.compiled_logprobs, window=window)
             return Outputs(logprobs=lp, entropy=ent)
-        return Outputs(values=token_values(raw, mb.cu_seqlens, rows))
+        return Outputs(values=token_values(raw, mb.cu_seqlens, rows, window))
 
     def _dummy_loss(self) -> torch.Tensor:
         """An empty micro-batch: a 2-token forward whose loss is exactly zero."""
-        raw = self._raw(torch.zeros(2, dtype=torch.long, device=self.device), torch.tensor([0, 2]))
+        raw, _ = self._raw(torch.zeros(2, dtype=torch.long, device=self.device), torch.tensor([0, 2]))
         return raw.float().sum() * 0.0
 
     def _on_device(self, b: Batch) -> Batch:
@@ -245,7 +287,8 @@ class FSDPWorker(TrainingWorker):
             ids = mb.token["input_ids"].to(self.device)
             shared = self._shared(mb)
             rows = shared.tok_row if shared is not None else None
-            return last_token_scores(self._raw(ids, mb.cu_seqlens, shared), mb.cu_seqlens, rows).cpu()
+            raw, window = self._raw(ids, mb.cu_seqlens, shared)
+            return last_token_scores(raw, mb.cu_seqlens, rows, window).cpu()
 
         out = torch.zeros(len(batch), dtype=torch.float32)
         for group, scores in self._per_token(batch, fn):
@@ -293,6 +336,8 @@ class FSDPWorker(TrainingWorker):
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         local = {"loss": loss_sum, "tokens": float(batch.num_tokens), "samples": float(len(batch)), **metrics}
+        if self.sp is not None and self.sp.rank:  # the group's first rank reports the group's (equal) values
+            local = {}
         gathered = self._gather((local, time.perf_counter() - t0))
         out: dict[str, float] = {}
         for d, _ in gathered:
