@@ -6,8 +6,8 @@ Side by side, forward and backward time of one attention call per layer and micr
 * ``shared``: the same samples with their 32-token prompt shared: 43 responses of 128
   queries over 160 keys (the prompt, then causal over themselves), masked SDPA;
 
-each with bf16 inputs five ways: CPU SDPA in bf16, attended in fp32 (an earlier CPU path of
-``attention.planned_sdpa``), the forward in bf16 with the backward in fp32 (``attention._attend``,
+each with bf16 inputs five ways: CPU SDPA in bf16, SDPA on q, k and v upcast to fp32
+(forward and backward), the forward in bf16 with the backward in fp32 (``attention._attend``,
 ``cpu.attention_backward: fp32``), and the same forward with the compiled bf16 backward
 (``cpu.attention_backward: bf16``, the default with ``compile: true`` where bf16 is fast), and
 the flash kernel in fp32 forward and backward (``cpu.attention.Modes(forward="fp32")``,

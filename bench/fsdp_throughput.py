@@ -39,7 +39,7 @@ import tempfile
 import time
 
 PRESETS = {
-    # ~32M parameters: the issue's yardstick
+    # ~32M parameters: the CPU yardstick (also bench/grpo_vs_trl.py's, there untied)
     "yardstick": dict(vocab_size=4096, hidden=512, layers=8, heads=8, kv_heads=2, ffn=2048, tie_word_embeddings=True),
     # Qwen2.5-0.5B shape, random weights
     "qwen2.5-0.5b": dict(vocab_size=151936, hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864,
@@ -56,7 +56,8 @@ CEILING = {("cuda", "bf16"): 989e12, ("cuda", "fp32"): 67e12}
 def ceiling(device: str, prec: str) -> float:
     """FLOP/s the fraction column divides by. On CPU: the best of five 2048 x 2048 matmuls
     in this process with its thread count (``bench/cpu_matmul.py``; machines differ: 0.41
-    TFLOP/s bf16 on the AMD machine of rounds 1-3, 2.6 on the AMX one of round 4)."""
+    TFLOP/s bf16 on a 2-core AMD EPYC with AVX-512 (2026-11-22), 2.6 on a 2-core Intel Xeon with AMX
+    (2026-11-23))."""
     if device == "cuda":
         return CEILING[(device, prec)]
     import torch
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
               f"{100 * r['frac']:>11.1f}%{100 * r['pad_frac']:>8.1f}%{r['loss']:>9.3f}{r['mem_gib']:>9.1f}")
     print("ceiling: " + ", ".join(f"{prec} {ceiling(args.device, prec) / 1e12:.2f} TFLOP/s"
                                   for prec in args.precisions.split(","))
-          + (" (2048 x 2048 matmul, measured now)" if args.device == "cpu" else " (datasheet)"))
+          + (" (2048 x 2048 matmul, measured in this process)" if args.device == "cpu" else " (datasheet)"))
     fixed = [r["per_micro"] for r in rows if r["per_micro"]]
     if fixed:
         print(f"padded-fixed: {fixed[0]} samples per micro-batch")

