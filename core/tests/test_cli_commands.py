@@ -229,14 +229,15 @@ def test_validate_reports_both_passes_and_every_missing_path_together():
                                               "algorithm": {"name": "grpo", "group_sz": 4},
                                               "model": {"path": "models/sft"},
                                               "data": {"train": "data/train.jsonl", "eval": "data/test.jsonl"}}))
-    result = runner.invoke(cli.app, ["validate", "c.yaml"])
+    result = runner.invoke(cli.app, ["validate", "c.yaml"], env={"HF_HUB_CACHE": "hf-cache"})
     assert result.exit_code == 2
     assert result.output.splitlines() == [
         "invalid config (5 errors):",
         "  c.yaml: roles.policy.devices: Input should be greater than or equal to 1 (got 0)",
         "  c.yaml: algorithm.group_sz: unknown key. Did you mean 'group_size'?",
-        "  c.yaml: model.path: model directory 'models/sft' does not exist (a local Hugging Face model directory; "
-        "nothing is downloaded)",
+        "  c.yaml: model.path: 'models/sft' is neither a local directory nor a hub model in the Hugging Face cache "
+        "(hf-cache): for a hub model, download it first with `hf download models/sft` (older huggingface_hub: "
+        "`huggingface-cli download models/sft`); nothing is downloaded during a run",
         "  c.yaml: data.train: data file 'data/train.jsonl' does not exist",
         "  c.yaml: data.eval: data file 'data/test.jsonl' does not exist"]
     schema_only = runner.invoke(cli.app, ["validate", "c.yaml", "--schema-only"])

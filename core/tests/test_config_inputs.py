@@ -21,9 +21,17 @@ _spec.loader.exec_module(fakes)
 MISSING_MODEL = "does not exist (a local Hugging Face model directory; nothing is downloaded)"
 
 
+def not_cached(name: str) -> str:
+    """The message for a path that is neither a local directory nor a cached hub model."""
+    return (f"'{name}' is neither a local directory nor a hub model in the Hugging Face cache (hf-cache): for a hub "
+            f"model, download it first with `hf download {name}` (older huggingface_hub: `huggingface-cli download "
+            f"{name}`); nothing is downloaded during a run")
+
+
 @pytest.fixture(autouse=True)
 def in_tmp(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_CACHE", "hf-cache")  # an empty cache: nothing of the user's is read
 
 
 def jsonl(name: str, *rows) -> str:
@@ -62,9 +70,9 @@ def test_every_missing_path_is_reported_by_its_key_with_both_passes_errors():
     assert errors(data) == [
         "c.yaml: run.total_steps: Input should be greater than or equal to 1 (got 0)",
         "c.yaml: algorithm.group_sz: unknown key. Did you mean 'group_size'?",
-        f"c.yaml: model.path: model directory 'models/base' {MISSING_MODEL}",
+        f"c.yaml: model.path: {not_cached('models/base')}",
         f"c.yaml: model.tokenizer: model directory 'tok' {MISSING_MODEL}",
-        f"c.yaml: roles.policy.model.path: model directory 'models/policy' {MISSING_MODEL}",
+        f"c.yaml: roles.policy.model.path: {not_cached('models/policy')}",
         "c.yaml: roles.rollout.model.tokenizer: 'c.yaml' is not a directory (a local Hugging Face model directory "
         "is expected)",
         "c.yaml: data.train: data file 'train.jsonl' does not exist",
@@ -82,7 +90,8 @@ def test_data_files_must_start_with_json_objects():
         "c.yaml: data.eval: eval.jsonl line 1: expected a JSON object, got list"]
     assert errors(config(data={"train": "empty.jsonl", "eval": "."})) == [
         "c.yaml: data.train: empty.jsonl has no records",
-        "c.yaml: data.eval: '.' is not a file"]
+        "c.yaml: data.eval: . is a directory but not a dataset saved with datasets' save_to_disk (no state.json); "
+        "give a jsonl or parquet file, or such a directory"]
 
 
 def test_a_reward_missing_its_field_fails_on_the_first_record():
@@ -152,3 +161,36 @@ def test_inputs_of_entries_with_config_errors_are_not_checked_again():
         "c.yaml: rewards.0.args.patern: unknown key. Did you mean 'pattern'?",
         "c.yaml: rewards.1.name: unknown reward 'arith_exct'. Choose one of: arith_exact (rlweave 0.1.0), "
         "format (rlweave 0.1.0). Did you mean 'arith_exact'?"]
+
+
+def test_parquet_and_saved_datasets_are_checked_by_row():
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    good = {"messages": [{"role": "user", "content": "1+1="}], "answer": 2}
+    bad = {"messages": [{"role": "user", "content": None}], "answer": 3}
+    pq.write_table(pa.Table.from_pylist([good, good, bad]), "train.parquet")
+    datasets.Dataset.from_list([{"prompt": "1+1="}]).save_to_disk("eval_set")
+    Path("m").mkdir()
+    Path("m/tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    assert errors(config(model={"path": "m"}, data={"train": "train.parquet", "eval": "eval_set"})) == [
+        "c.yaml: data.train: train.parquet row 2: field 'messages': message 0 has no 'content'",
+        "c.yaml: rewards.0: reward 'arith_exact' fails on the first record of data.eval (eval_set row 0) with an "
+        "empty response: ValueError: arith_exact needs an 'answer' field in the data record"]
+
+
+def test_chat_records_need_a_chat_template():
+    jsonl("train.jsonl", {"prompt": "1+1=", "answer": 2}, {"messages": [{"role": "user", "content": "2+2="}],
+                                                          "answer": 4})
+    Path("m").mkdir()
+    Path("m/tokenizer_config.json").write_text("{}")
+    data = config(model={"path": "m"}, data={"train": "train.jsonl"})
+    assert errors(data) == [
+        "c.yaml: data.train: train.jsonl line 2: field 'messages': the tokenizer (m) has no chat template to render "
+        "chat messages with: set data.chat_template (a Jinja template, or a .jinja file) or use a tokenizer that has "
+        "one"]
+    cfg, _ = valid({**data, "data": {"train": "train.jsonl", "chat_template": "{{ messages[0]['content'] }}"}})
+    assert cfg.data.chat_template
+    Path("m/chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    assert valid(data)[0].data.train == "train.jsonl"

@@ -17,16 +17,16 @@ def test_ids_and_required(tmp_path):
     ds = JsonlDataset(p, required=["prompt"])
     assert [r["id"] for r in ds] == ["train:1", "7", "train:4"]
     assert len(ds) == 3 and ds[1]["prompt"] == "b" and ds.head(2) == ds.records[:2]
-    with pytest.raises(ValueError, match=r"train.jsonl:1: missing key\(s\) \['answer'\]"):
+    with pytest.raises(ValueError, match=r"train.jsonl line 1: missing field 'answer' \(has \['prompt'\]\)"):
         JsonlDataset(p, required=["prompt", "answer"])
 
 
 @pytest.mark.parametrize(
     "rows,match",
     [
-        ([{"a": 1}, '{"a": 2'], r"bad.jsonl:2: invalid JSON"),
-        ([{"a": 1}, "[1, 2]"], r"bad.jsonl:2: expected a JSON object"),
-        ([{"id": "x"}, {"id": "x"}], r"bad.jsonl:2: duplicate id 'x' \(first on line 1\)"),
+        ([{"a": 1}, '{"a": 2'], r"bad.jsonl line 2: invalid JSON"),
+        ([{"a": 1}, "[1, 2]"], r"bad.jsonl line 2: expected a JSON object"),
+        ([{"id": "x"}, {"id": "x"}], r"bad.jsonl line 2: duplicate id 'x' \(first at line 1\)"),
         ([""], r"no records"),
     ],
 )

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rlweave.config.schema import RunConfig
 from rlweave.interfaces.worker import WorkerContext
-from rlweave.scheduler.ray_impl.build import _context, _process_settings
+from rlweave.scheduler.ray_impl.build import worker_context, _process_settings
 from rlweave.scheduler.ray_impl.process import ProcessSettings
 
 
@@ -38,13 +38,13 @@ def _cfg(**role) -> RunConfig:
 
 def test_the_controller_hands_over_the_validated_options_model():
     cfg = _cfg(options={"budget": 64, "inner": {"kernels": "torch"}})
-    ctx = _context(cfg, "policy", 0, ("127.0.0.1", 1), record=Record())
+    ctx = worker_context(cfg, "policy", 0, ("127.0.0.1", 1), record=Record())
     assert isinstance(ctx.options, Opts) and ctx.options.budget == 64 and ctx.options.inner.kernels == "torch"
     assert ctx.options_as(Opts) is ctx.options  # not validated again by the worker
-    other = _context(cfg, "policy", 1, ("127.0.0.1", 1), record=Record())
+    other = worker_context(cfg, "policy", 1, ("127.0.0.1", 1), record=Record())
     assert other.options == ctx.options and other.options is not ctx.options  # one per rank
     # a plugin without an options model gets the section as a dict
-    assert _context(cfg, "policy", 0, ("127.0.0.1", 1), record=Record(None)).options == {
+    assert worker_context(cfg, "policy", 0, ("127.0.0.1", 1), record=Record(None)).options == {
         "budget": 64, "inner": {"kernels": "torch"}}
 
 

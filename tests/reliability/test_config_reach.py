@@ -66,6 +66,11 @@ EXEMPT = {
     Key("kernels"):
         "no valid non-default value here: no kernel plugin is installed, so any kernels.<name>: true fails "
         "validation (and resolution is its only reader: the run loop does not hand kernels to workers yet)",
+    Key("model.revision"): "read only for a hub name (org/name) in the Hugging Face cache; the runs here use local "
+        "directories (core/tests/test_config_hub.py pins revisions in a cache it writes)",
+    Key("roles.<role>.model.revision"): "as model.revision",
+    Key("logging.entity"): "read only by the wandb backend, which needs W&B's offline mode to run here "
+        "(core/tests/test_runner_loggers.py)",
 }
 
 #: misnamed reads that are known (the reader asks for a key its section lacks while a key of a

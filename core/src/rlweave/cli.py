@@ -18,8 +18,12 @@
   directory's ``config.resolved.yaml`` and ``plugins.json`` and calls
   ``rlweave.runner.loop.run(cfg, config_path=..., run_dir=..., resume=..., overwrite=...)``.
 
-Exit codes: 0 ok, 1 run failure / not implemented, 2 invalid config or usage, 128+N stopped by
-signal N (SIGTERM: 143, SIGINT: 130) after a clean shut-down.
+* ``rlweave generate``, ``rlweave export``, ``rlweave eval``: offline generation, checkpoint export
+  and evaluation of a trained model (:mod:`rlweave.commands`).
+Exit codes: 0 ok, 1 run failure / not implemented, 2 invalid config or usage, or a missing dependency
+(one line naming the package to install, :mod:`rlweave.deps`; ``train`` checks ray, torch and
+transformers before it writes anything), 128+N stopped by signal N (SIGTERM: 143, SIGINT: 130)
+after a clean shut-down.
 This module imports no torch or ray; the runner is imported only by ``train``.
 """
 
@@ -38,6 +42,7 @@ from rich.text import Text
 from typer.core import TyperCommand
 
 import rlweave
+from rlweave.deps import check_installed, missing_dependency
 from rlweave.rewards.failures import RewardFailureError
 from rlweave.runner.shared_fs import SharedFilesystemError
 from rlweave.scheduler.errors import WorkerError, WorkerTimeout
@@ -45,6 +50,8 @@ from rlweave.weight_sync.interface import WeightSyncError
 
 #: how a run can end because of its workers or rewards (printed as one error, exit code 1)
 _RUN_FAILURES = (WorkerError, WorkerTimeout, WeightSyncError, RewardFailureError, SharedFilesystemError)
+#: what every run imports (the plugins it selects may need more: :func:`main` names those)
+_RUN_NEEDS = ("ray", "torch", "transformers")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="rlweave: LLM post-training built from plugins.")
@@ -184,6 +191,7 @@ def train(config: Path = typer.Argument(..., help="Run config YAML."),
     if address is not None:
         cfg.ray.address = address
     target = run_dir if run_dir is not None else Path(cfg.run.output_dir) / cfg.run.name
+    check_installed(_RUN_NEEDS)  # before anything is written; main() prints what to install
     try:
         from rlweave.runner.loop import RunInterrupted, run
     except ImportError as exc:
@@ -220,15 +228,37 @@ def train(config: Path = typer.Argument(..., help="Run config YAML."),
                    "files named above, or start a fresh run (in another run directory, or with --overwrite)", err=True)
         raise typer.Exit(1) from None
     except _RUN_FAILURES as exc:  # a dead, hung or failing worker, or failing rewards; all is shut down already
+        missing = missing_dependency(exc)
+        if missing is not None:  # a worker could not import a package: main() names it
+            raise missing from None
         typer.echo(f"error: {exc}", err=True)
         typer.echo("the run stopped and every worker is shut down; the latest complete checkpoint is intact "
                    "(continue from it with --resume)", err=True)
         raise typer.Exit(1) from None
 
 
+# generate, export, eval: commands that use a trained model (rlweave.commands; light at import)
+from rlweave.commands import evaluate as _evaluate, export as _export, generate as _generate  # noqa: E402
+
+app.command("generate")(_generate.generate)
+app.command("export")(_export.export)
+app.command("eval")(_evaluate.evaluate)
+
+
 def main() -> None:
-    """Console-script entry point (``rlweave = rlweave.cli:main``)."""
-    app(prog_name="rlweave")
+    """Console-script entry point (``rlweave = rlweave.cli:main``).
+
+    A package missing anywhere in a command, here or on a worker
+    (:func:`rlweave.deps.missing_dependency`), ends it with one line naming what to install,
+    ``rlweave: this run needs 'vllm' (pip install ...)``, and exit code 2; no traceback."""
+    try:
+        app(prog_name="rlweave")
+    except Exception as exc:
+        missing = missing_dependency(exc)
+        if missing is None:
+            raise
+        typer.echo(f"rlweave: {missing}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,16 @@ so that a missing path fails ``rlweave validate`` instead of a worker minutes la
 
 * model directories: ``model.path`` and ``model.tokenizer``, and ``roles.<r>.model.path`` /
   ``.tokenizer`` of the roles the algorithm uses (every configured role when the algorithm is
-  unknown) must be existing local directories; nothing is downloaded from a hub;
-* data files: ``data.train`` and ``data.eval`` must exist, and their first :data:`HEAD`
-  non-blank lines must be JSON objects (a bad line is named by file and line; an empty file
-  is an error too);
+  unknown) must be existing local directories, or hub names (``org/name``) already in the
+  Hugging Face cache at ``model.revision`` (:mod:`rlweave.config.hub`); nothing is downloaded;
+  ``model.revision`` with a local directory is an error;
+* data files: ``data.train`` and ``data.eval`` must exist (jsonl, parquet, or a directory
+  written by ``datasets``' ``save_to_disk``), and their first :data:`HEAD` records must be
+  well-formed (:mod:`rlweave.runner.data`: a bad record is named by file and line or row, and
+  field; an empty file is an error too); records in chat form need a chat template
+  (``data.chat_template`` or the tokenizer's own);
+* metrics backends: each selected logger's package must be installed
+  (:func:`rlweave.runner.loggers.missing_packages`);
 * a user reward given as ``path/file.py:function`` must name an existing file;
 * rewards: each one is dry-run on the first record of the data it scores
   (:mod:`rlweave.config.reward_dryrun`).
@@ -27,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from rlweave.config.errors import ConfigIssue, related
+from rlweave.config.hub import HubModelError, is_hub_name, looks_like_repo_id, model_entries, section_targets
+from rlweave.config.hub import resolve as resolve_hub
 from rlweave.config.resolve import ResolvedPlugins
 from rlweave.config.schema import RunConfig
 
@@ -36,52 +44,117 @@ HEAD = 16
 
 @dataclass
 class DataHead:
-    """The first records of one data file: ``records`` holds ``(line number, record)``."""
+    """The first records of one data file: ``records`` holds ``(line or row number, record)``."""
 
     key: str
     path: str
     records: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    unit: str = "line"  # "line" (jsonl, 1-based) or "row" (parquet, saved datasets; 0-based)
+
+    def where(self, i: int) -> str:
+        """``"<path> line 3"`` / ``"<path> row 0"`` of the ``i``-th record read."""
+        return f"{self.path} {self.unit} {self.records[i][0]}"
 
 
 def read_head(path: str, n: int = HEAD) -> tuple[list[tuple[int, dict[str, Any]]], str | None]:
-    """Up to ``n`` records from the top of a jsonl file, or the first problem found."""
+    """Up to ``n`` checked records from the top of a data file (any format of
+    :mod:`rlweave.runner.data_formats`) as ``(line or row number, record)``, or the first
+    problem found."""
+    from rlweave.runner.data import DataError, iter_records
+
     records: list[tuple[int, dict[str, Any]]] = []
     try:
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, start=1):
-                if len(records) >= n:
-                    break
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    return records, f"{path} line {lineno}: invalid JSON: {exc.msg} (column {exc.colno})"
-                if not isinstance(rec, dict):
-                    return records, f"{path} line {lineno}: expected a JSON object, got {type(rec).__name__}"
-                records.append((lineno, rec))
-    except UnicodeDecodeError as exc:
-        return records, f"{path} is not UTF-8 text: {exc.reason} at byte {exc.start}"
+        for location, rec in iter_records(path, limit=n):
+            records.append((int(location.split()[-1]), rec))
+    except (DataError, FileNotFoundError) as exc:
+        return records, str(exc)
     except OSError as exc:
         return records, f"cannot read {path}: {exc.strerror or exc}"
     return records, None if records else f"{path} has no records"
 
 
-def _model_keys(cfg: RunConfig, resolved: ResolvedPlugins) -> list[tuple[str, str]]:
-    """``(dotted key, path)`` of every model directory the run reads."""
+def _model_targets(cfg: RunConfig, resolved: ResolvedPlugins) -> list[tuple[str, str, str | None]]:
+    """``(dotted key, path, revision)`` of every model or tokenizer path the run reads."""
     roles = [r for r in resolved.role_names if r in cfg.roles] if resolved.algorithm else list(cfg.roles)
-    sections = [("model", cfg.model)] + [(f"roles.{r}.model", cfg.roles[r].model) for r in roles]
-    return [(f"{key}.{name}", value) for key, sec in sections if sec is not None
-            for name in ("path", "tokenizer") if (value := getattr(sec, name))]
+    return [(f"{key}.{name}", value, rev) for key, sec in model_entries(cfg, roles)
+            for name, value, rev in section_targets(sec)]
 
 
-def _check_model_dir(path: str) -> str | None:
+def _check_model_dir(path: str, revision: str | None = None, kind: str = "path") -> str | None:
     p = Path(path)
     if not p.exists():
+        if looks_like_repo_id(path):
+            try:
+                resolve_hub(path, revision, kind=kind)
+            except HubModelError as exc:
+                return str(exc)
+            return None
         return f"model directory '{path}' does not exist (a local Hugging Face model directory; nothing is downloaded)"
     if not p.is_dir():
         return f"'{path}' is not a directory (a local Hugging Face model directory is expected)"
     return None
+
+
+def _revision_issues(cfg: RunConfig, resolved: ResolvedPlugins) -> list[tuple[str, str]]:
+    """``model.revision`` set where ``model.path`` is not a hub name."""
+    roles = [r for r in resolved.role_names if r in cfg.roles] if resolved.algorithm else list(cfg.roles)
+    out = []
+    for key, sec in model_entries(cfg, roles):
+        if sec.revision and sec.path and Path(sec.path).exists():
+            out.append((f"{key}.revision", f"applies to hub names only; {key}.path '{sec.path}' is a local directory"))
+        elif sec.revision and not sec.path:
+            out.append((f"{key}.revision", f"needs {key}.path set to a hub name (org/name)"))
+    return out
+
+
+def _tokenizer_dir(cfg: RunConfig) -> str | None:
+    """The local directory the run's tokenizer is read from (the policy's model, else ``model``)."""
+    role = cfg.roles.get("policy")
+    sec = role.model if role is not None and role.model is not None else cfg.model
+    value = sec.tokenizer or sec.path
+    if not value:
+        return None
+    if is_hub_name(value):
+        try:
+            return resolve_hub(value, sec.revision if value == sec.path else None, kind="tokenizer").path
+        except HubModelError:
+            return None
+    return value
+
+
+def has_chat_template(tokenizer_dir: str) -> bool:
+    """Whether a tokenizer directory ships a chat template (read from its files; no transformers)."""
+    d = Path(tokenizer_dir)
+    if (d / "chat_template.jinja").is_file() or (d / "chat_template.json").is_file():
+        return True
+    if (d / "additional_chat_templates").is_dir():
+        return True
+    try:
+        conf = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(isinstance(conf, dict) and conf.get("chat_template"))
+
+
+def _is_jsonl(path: str) -> bool:
+    from rlweave.runner.data_formats import detect_format
+
+    return detect_format(path) == "jsonl"
+
+
+def _chat_problem(cfg: RunConfig, head: DataHead) -> str | None:
+    """A chat record among the first ones while no chat template is there to render it."""
+    from rlweave.runner.data import chat_field
+
+    first = next(((i, f) for i, (_, rec) in enumerate(head.records) if (f := chat_field(rec))), None)
+    if first is None or cfg.data.chat_template:
+        return None
+    tok = _tokenizer_dir(cfg)
+    if tok is None or not Path(tok).is_dir() or has_chat_template(tok):
+        return None  # no tokenizer to check: the model checks report it
+    i, field_name = first
+    return (f"{head.where(i)}: field '{field_name}': the tokenizer ({tok}) has no chat template to render chat "
+            "messages with: set data.chat_template (a Jinja template, or a .jinja file) or use a tokenizer that has one")
 
 
 def _reward_files(cfg: RunConfig) -> list[tuple[str, str]]:
@@ -101,10 +174,18 @@ def collect_input_issues(cfg: RunConfig, resolved: ResolvedPlugins, source: str,
     def issue(key: str, message: str) -> None:
         issues.append(ConfigIssue(source, key, message))
 
-    for key, path in _model_keys(cfg, resolved):
-        problem = None if skip(key) else _check_model_dir(path)
+    for key, path, revision in _model_targets(cfg, resolved):
+        problem = None if skip(key) else _check_model_dir(path, revision, kind=key.rsplit(".", 1)[-1])
         if problem:
             issue(key, problem)
+    for key, message in _revision_issues(cfg, resolved):
+        if not skip(key):
+            issue(key, message)
+    if not skip("logging.backends"):
+        from rlweave.runner.loggers import missing_packages
+
+        for hint in missing_packages(list(cfg.logging.backends)).values():
+            issue("logging.backends", hint)
     for key, path in _reward_files(cfg):
         if not skip(key) and not Path(path).is_file():
             issue(key, f"reward file '{path}' does not exist")
@@ -113,14 +194,18 @@ def collect_input_issues(cfg: RunConfig, resolved: ResolvedPlugins, source: str,
         key, path = f"data.{split}", getattr(cfg.data, split)
         if not path or skip(key):
             continue
-        if not Path(path).is_file():
-            issue(key, f"data file '{path}' does not exist" if not Path(path).exists() else f"'{path}' is not a file")
+        if not Path(path).exists():
+            issue(key, f"data file '{path}' does not exist")
             continue
         records, problem = read_head(path)
         if problem:
             issue(key, problem)
-        else:
-            heads[split] = DataHead(key, path, records)
+            continue
+        head = DataHead(key, path, records, unit="line" if _is_jsonl(path) else "row")
+        heads[split] = head
+        chat = _chat_problem(cfg, head)
+        if chat:
+            issue(key, chat)
     if cfg.rewards and heads:
         from rlweave.config.reward_dryrun import dry_run_rewards
 

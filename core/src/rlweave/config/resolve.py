@@ -3,7 +3,8 @@
 Given a :class:`~rlweave.config.schema.RunConfig` that passed pass one (or was repaired after
 it failed, see :mod:`rlweave.config.loader`), this
 
-* resolves ``algorithm.name``, every ``roles.<r>.backend`` / ``.engine``, every
+* resolves ``algorithm.name`` (a plugin's name, or ``module:Class`` of a local Algorithm subclass:
+  :mod:`rlweave.plugins.user_algorithm`), every ``roles.<r>.backend`` / ``.engine``, every
   ``rewards[].name`` and every enabled ``kernels.<name>`` through the plugin manager
   (unknown names get the choices, their distributions and a "did you mean"; a record whose
   ``probe()`` says it cannot run here is refused with that reason);
@@ -43,6 +44,7 @@ from rlweave.config.strict import split_unknown
 from rlweave.plugins.errors import PluginError
 from rlweave.plugins.manager import PluginManager
 from rlweave.plugins.types import AlgorithmRecord, KernelRecord, PluginRecord, RewardRecord
+from rlweave.plugins.user_algorithm import is_import_path, search_dirs, user_algorithm_record
 
 ROLLOUT_ROLE = "rollout"
 #: roles no algorithm trains, and why (an ``optim`` there is ignored, with a warning)
@@ -118,7 +120,8 @@ class _Pass:
     # ------------------------------------------------------------------ parts
     def algorithm(self) -> None:
         section = self.cfg.algorithm
-        record = self.get("algorithm", section.name, "algorithm.name")
+        record = self.user_algorithm(section.name) if is_import_path(section.name) else \
+            self.get("algorithm", section.name, "algorithm.name")
         if record is None:
             return
         self.out.algorithm = record
@@ -137,6 +140,16 @@ class _Pass:
             self.out.role_names = tuple(record.roles(parsed if parsed is not None else section))
         except Exception as exc:  # a plugin bug: say whose
             self.issue("algorithm", f"algorithm '{record.name}' failed to list its roles: {type(exc).__name__}: {exc}")
+
+    def user_algorithm(self, name: str) -> AlgorithmRecord | None:
+        """The record of an algorithm named by import path (``module:Class``), or None with an issue."""
+        if self.skip("algorithm.name"):
+            return None
+        try:
+            return user_algorithm_record(name, search_dirs(self.source))
+        except PluginError as exc:
+            self.issue("algorithm.name", str(exc))
+            return None
 
     def roles(self) -> None:
         needed = self.out.role_names

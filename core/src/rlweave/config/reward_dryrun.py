@@ -141,8 +141,7 @@ def dry_run_rewards(cfg: RunConfig, resolved: ResolvedPlugins, heads: dict[str, 
                                                                    f"worker: {payload}"))
             continue
         what = {"error": "fails", "timeout": "times out", "crash": "crashes its worker"}.get(status, status)
-        lineno = head.records[0][0]
         issues.append(ConfigIssue(source, f"rewards.{i}", f"reward '{name}' {what} on the first record of {head.key} "
-                                                           f"({head.path} line {lineno}) with an empty response: "
+                                                           f"({head.where(0)}) with an empty response: "
                                                            f"{_first_line(payload)}"))
     return issues

@@ -6,7 +6,10 @@
   (loading it again gives the same run);
 * ``plugins.json``: ``{"rlweave": version, "plugin_api_version": n, "python": ...,
   "plugins": [{entry_point, distribution, version, status, error, records: [{kind, name}]}],
-  "selected": {...}}`` for every installed plugin (``selected`` only when ``resolved`` is given).
+  "selected": {...}, "models": {...}}`` for every installed plugin (``selected`` only when
+  ``resolved`` is given; ``models`` only when the config names hub models: per dotted key the
+  hub name, the configured revision and the commit hash of the cached snapshot used,
+  :func:`rlweave.config.hub.resolved_models`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import yaml
 
 import rlweave
+from rlweave.config.hub import resolved_models
 from rlweave.config.resolve import ResolvedPlugins
 from rlweave.config.schema import RunConfig
 from rlweave.plugins.manager import PluginManager
@@ -55,5 +59,9 @@ def write_run_dir(run_dir: str | os.PathLike[str], cfg: RunConfig, pm: PluginMan
     path.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
     (path / "config.resolved.yaml").write_text(text, encoding="utf-8")
-    (path / "plugins.json").write_text(json.dumps(plugins_report(pm, resolved), indent=2) + "\n", encoding="utf-8")
+    report = plugins_report(pm, resolved)
+    models = resolved_models(cfg)
+    if models:
+        report["models"] = models
+    (path / "plugins.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return path

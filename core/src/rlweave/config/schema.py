@@ -10,9 +10,10 @@ Plugin-owned parts are validated in pass two against the selected plugin's own m
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Strict(BaseModel):
@@ -73,8 +74,15 @@ class ResourcesSection(Strict):
 
 
 class ModelSection(Strict):
-    path: Optional[str] = Field(None, description="Local Hugging Face model directory (no hub downloads).")
-    tokenizer: Optional[str] = Field(None, description="Tokenizer directory (default: model path).")
+    path: Optional[str] = Field(
+        None, description="Local Hugging Face model directory, or a hub name (org/name) already in the Hugging Face "
+        "cache (nothing is downloaded: `hf download org/name` first).",
+    )
+    revision: Optional[str] = Field(
+        None, description="Hub revision of a hub-name path (branch, tag or commit hash) in the cache (null: main); "
+        "the commit used is recorded in plugins.json.",
+    )
+    tokenizer: Optional[str] = Field(None, description="Tokenizer directory or cached hub name (default: model path).")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
     model_type: Literal["causal_lm", "value", "reward"] = Field("causal_lm", description="Head on the model.")
     trust_remote_code: bool = Field(False, description="Allow model code from the model directory.")
@@ -183,18 +191,56 @@ class WeightSyncSection(Strict):
 
 
 class DataSection(Strict):
-    train: Optional[str] = Field(None, description="Training jsonl file.")
-    eval: Optional[str] = Field(None, description="Held-out jsonl file (never trained on).")
+    train: Optional[str] = Field(
+        None, description="Training data: a jsonl or parquet file, or a directory written by datasets' save_to_disk.",
+    )
+    eval: Optional[str] = Field(None, description="Held-out data, same formats as train (never trained on).")
+    chat_template: Optional[str] = Field(
+        None, description="Jinja chat template for records in chat form ('messages'), used instead of the "
+        "tokenizer's own: the template text, or a path to a .jinja file.",
+    )
     batch_size: int = Field(8, ge=1, description="Records per step.")
     eval_size: Optional[int] = Field(None, description="Evaluate on the first k eval records (null: all).")
     shuffle: bool = Field(True, description="Shuffle each epoch with the run seed.")
+
+
+class LoggingSection(Strict):
+    backends: list[str] = Field(
+        default_factory=lambda: ["jsonl", "tensorboard"],
+        description="Where per-step metrics go: jsonl (always written), tensorboard, wandb, mlflow.",
+    )
+    project: str = Field("rlweave", description="W&B project / MLflow experiment name.")
+    run_name: Optional[str] = Field(None, description="Run name shown by W&B and MLflow (null: run.name).")
+    entity: Optional[str] = Field(None, description="W&B entity (team or user; null: W&B's default).")
+    tracking_uri: Optional[str] = Field(
+        None, description="MLflow tracking URI (null: MLFLOW_TRACKING_URI, else file:<run dir>/mlruns).",
+    )
+
+    @field_validator("backends")
+    @classmethod
+    def _known_backends(cls, names: list[str]) -> list[str]:
+        from rlweave.runner.loggers import BACKENDS
+
+        unknown = []
+        for name in names:
+            if name not in BACKENDS:
+                close = difflib.get_close_matches(str(name), list(BACKENDS), n=1, cutoff=0.6)
+                unknown.append(f"'{name}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+        if unknown:
+            raise ValueError(f"unknown logger{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                             f"known loggers: {', '.join(BACKENDS)}")
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"logger(s) listed twice: {', '.join(dup)}")
+        return names
 
 
 class AlgorithmSection(BaseModel):
     """``name`` plus the algorithm's own keys (validated in pass two)."""
 
     model_config = ConfigDict(extra="allow")
-    name: str = Field("grpo", description="Algorithm plugin name.")
+    name: str = Field("grpo", description="Algorithm plugin name, or 'module:Class' / 'path/file.py:Class' for a "
+                      "local Algorithm subclass (docs/custom_algorithm.md).")
 
 
 class RunConfig(Strict):
@@ -210,6 +256,7 @@ class RunConfig(Strict):
     rewards: list[RewardEntry] = Field(default_factory=list, description="Rewards, summed with weights.")
     reward_runtime: RewardsRuntime = Field(default_factory=RewardsRuntime, description="How rewards run.")
     data: DataSection = Field(default_factory=DataSection, description="Data files and batch size.")
+    logging: LoggingSection = Field(default_factory=LoggingSection, description="Metrics backends.")
     weight_sync: WeightSyncSection = Field(
         default_factory=WeightSyncSection, description="Weight sync between roles (policy -> rollout).",
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 if TYPE_CHECKING:  # pragma: no cover
     from rlweave.weight_sync.service import WeightSync
@@ -55,7 +55,21 @@ class RunContext:
 
 class Algorithm(ABC):
     """One post-training algorithm. ``records`` are the raw data records (dicts read
-    from jsonl, each with a stable ``id``) of one step's batch."""
+    from jsonl, each with a stable ``id``) of one step's batch.
+
+    An algorithm named by import path (``algorithm.name: my_module:MyAlgorithm``, no plugin:
+    :mod:`rlweave.plugins.user_algorithm`) says itself what a plugin's record would:
+    ``config_model`` and :meth:`required_roles`; plugin algorithms leave both to their record."""
+
+    #: pydantic model of the keys beside ``algorithm.name`` (an algorithm named by import path);
+    #: ``None``: it takes none and ``__init__`` receives the ``algorithm`` section itself
+    config_model: ClassVar[Any] = None
+
+    @classmethod
+    def required_roles(cls, config: Any) -> tuple[str, ...]:
+        """Roles an algorithm named by import path needs, given its validated config (checked,
+        with their placement, before any worker starts). Default: ``("policy", "rollout")``."""
+        return ("policy", "rollout")
 
     def __init__(self, config: Any, ctx: RunContext):
         self.config = config

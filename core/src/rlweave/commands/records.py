@@ -1,0 +1,56 @@
+"""Prompt records for ``generate`` and ``eval``: the project's data loader, errors as one line.
+
+Records come from :func:`rlweave.runner.data.load_records`, as a run reads them: jsonl,
+parquet or a saved ``datasets`` directory; a stable ``id`` (the record's own, else ``<file
+stem>:<line or row number>``); chat records (``messages``, or a ``prompt`` given as a message
+list) rendered into ``prompt`` with the tokenizer's chat template. Each record needs one of
+:data:`PROMPT_FIELDS`; its prompt text is
+:func:`rlweave.algo_helpers.evaluate.record_prompt`'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlweave.commands.errors import CommandError
+
+#: a record holds its prompt in one of these
+PROMPT_FIELDS = ("prompt", "query", "messages")
+
+
+def load_records(path: Path, tokenizer: Any = None, chat_template: str | None = None,
+                 option: str = "--data") -> list[dict[str, Any]]:
+    """Every record of ``path``, each with a string ``id``; chat prompts rendered when
+    ``tokenizer`` is given (without it, a cheap check of the file before any model loads).
+
+    Raises :class:`CommandError` naming the file (and line, row or record) when the file is
+    missing, a record is malformed or has no prompt field, an id repeats, or it is empty."""
+    from rlweave.runner import data
+
+    try:
+        return data.load_records(path, require_any=PROMPT_FIELDS, tokenizer=tokenizer, chat_template=chat_template)
+    except FileNotFoundError as exc:
+        raise CommandError(f"{option}: {exc}") from None
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def prompt_texts(records: list[dict[str, Any]], tokenizer: Any) -> list[str]:
+    """The prompt text of each record (as a run's evaluation reads it)."""
+    from rlweave.algo_helpers.evaluate import record_prompt
+
+    return [record_prompt(r, tokenizer) for r in records]
+
+
+def encode_records(tokenizer: Any, texts: list[str], records: list[dict[str, Any]], data: Path) -> list[list[int]]:
+    """Token ids of each prompt; :class:`CommandError` naming the record of one that encodes to nothing."""
+    from rlweave.algo_helpers.rollout import encode_prompts
+
+    out = []
+    for text, rec in zip(texts, records):
+        try:
+            out.extend(encode_prompts(tokenizer, [text]))
+        except ValueError:
+            raise CommandError(f"{data}: record {rec['id']}: the prompt {text[:40]!r} encodes to no tokens") from None
+    return out
