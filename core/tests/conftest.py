@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 
 
@@ -16,3 +19,21 @@ def cluster():
     start_ray(RaySection(num_cpus=2, virtual_gpus=4))
     yield
     shutdown_ray()
+
+
+@pytest.fixture
+def use_plugins(monkeypatch):
+    """``use_plugins(pm)``: the command line resolves plugins with ``pm`` (e.g. the in-process
+    test plugins of ``plugin_dists/fakes.py``) and every placement passes; returns ``pm``."""
+
+    def install(pm):
+        from rlweave import cli
+
+        monkeypatch.setattr(cli, "plugin_manager", lambda: pm)
+        fake = types.ModuleType("rlweave.config.placement")
+        fake.check_placement = lambda cfg, roles, supported=None, rank_spans=None: []
+        fake.spans_of = lambda record: ()
+        monkeypatch.setitem(sys.modules, "rlweave.config.placement", fake)
+        return pm
+
+    return install

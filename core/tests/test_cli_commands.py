@@ -29,14 +29,9 @@ runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
-def setup(monkeypatch, tmp_path):
+def setup(monkeypatch, tmp_path, use_plugins):
     monkeypatch.chdir(tmp_path)
-    pm = fakes.make_pm()
-    monkeypatch.setattr(cli, "plugin_manager", lambda: pm)
-    fake = types.ModuleType("rlweave.config.placement")
-    fake.check_placement = lambda cfg, roles, supported=None, rank_spans=None: []
-    fake.spans_of = lambda record: ()
-    monkeypatch.setitem(sys.modules, "rlweave.config.placement", fake)
+    pm = use_plugins(fakes.make_pm())
     Path("c.yaml").write_text(yaml.safe_dump(CONFIG))
     return pm
 

@@ -76,16 +76,11 @@ def test_missing_dependency_finds_the_import_error_behind_others():
 
 
 @pytest.fixture
-def cli_run(monkeypatch, tmp_path, capsys):
+def cli_run(monkeypatch, tmp_path, capsys, use_plugins):
     """``rlweave ARGS`` through ``cli.main`` (the console script) over the fake plugins;
     returns ``(exit code, stdout, stderr)``."""
     monkeypatch.chdir(tmp_path)
-    pm = fakes.make_pm()
-    monkeypatch.setattr(cli, "plugin_manager", lambda: pm)
-    fake = types.ModuleType("rlweave.config.placement")
-    fake.check_placement = lambda cfg, roles, supported=None, rank_spans=None: []
-    fake.spans_of = lambda record: ()
-    monkeypatch.setitem(sys.modules, "rlweave.config.placement", fake)
+    use_plugins(fakes.make_pm())
     Path("c.yaml").write_text(yaml.safe_dump(CONFIG))
 
     def run(*args: str) -> tuple[int, str, str]:

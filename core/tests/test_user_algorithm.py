@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 import textwrap
-import types
 from pathlib import Path
 
 import pytest
@@ -56,7 +55,7 @@ runner = CliRunner()
 
 
 @pytest.fixture
-def setup(monkeypatch, tmp_path):
+def setup(monkeypatch, tmp_path, use_plugins):
     """The config folder ``tmp_path/cfg`` holds ``ualgo_mod.py``; the commands run in
     ``tmp_path/elsewhere``; sys.path and the imported test modules are restored afterwards."""
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -68,12 +67,7 @@ def setup(monkeypatch, tmp_path):
     (tmp_path / "cfg" / "ualgo_broken.py").write_text("x = 1 / 0\n")
     (tmp_path / "cfg" / "ualgo_needs.py").write_text("import rlw_not_installed_anywhere\n")
     monkeypatch.chdir(tmp_path / "elsewhere")
-    pm = fakes.make_pm()
-    monkeypatch.setattr(cli, "plugin_manager", lambda: pm)
-    fake = types.ModuleType("rlweave.config.placement")
-    fake.check_placement = lambda cfg, roles, supported=None, rank_spans=None: []
-    fake.spans_of = lambda record: ()
-    monkeypatch.setitem(sys.modules, "rlweave.config.placement", fake)
+    use_plugins(fakes.make_pm())
     yield tmp_path
     for name in set(sys.modules) - before:
         if name.startswith(("ualgo_", FILE_MODULE_PREFIX)):

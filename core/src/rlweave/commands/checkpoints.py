@@ -12,21 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlweave.commands.errors import CommandError
-from rlweave.runner.checkpoint import MARKER, CheckpointManager
+from rlweave.runner.checkpoint import MARKER, CheckpointManager, complete_checkpoints
 
 
 def complete_steps(run_dir: Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every complete checkpoint of ``run_dir`` (unverified), oldest first."""
-    root = Path(run_dir) / "checkpoints"
-    out = []
-    for p in root.iterdir() if root.is_dir() else []:
-        try:
-            step = CheckpointManager.step_of(p)
-        except ValueError:
-            continue
-        if p.is_dir() and CheckpointManager.is_complete(p):
-            out.append((step, p))
-    return sorted(out)
+    return complete_checkpoints(Path(run_dir) / "checkpoints")
 
 
 def _choices(found: list[tuple[int, Path]], run_dir: Path) -> str:

@@ -119,6 +119,18 @@ def read_state_json(path: str | Path) -> Any:
         raise CheckpointError(f"checkpoint file {path} is {kind}; refusing to load it") from None
 
 
+def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every complete checkpoint (``step_XXXXXX`` with its marker) under
+    ``root``, oldest first, unverified; reads only (none when ``root`` does not exist)."""
+    root = Path(root)
+    out = []
+    for p in root.iterdir() if root.is_dir() else []:
+        m = _STEP_DIR.match(p.name)
+        if m and p.is_dir() and (p / MARKER).is_file():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
 def refuse_pickle(path: str | Path, holds: str) -> CheckpointError:
     """The error for a checkpoint whose ``holds`` state is only in the pickle ``path`` (a
     file format of rlweave before checkpoints were pickle-free, or a foreign file)."""
@@ -165,12 +177,7 @@ class CheckpointManager:
 
     def complete(self) -> list[tuple[int, Path]]:
         """``(step, path)`` of every complete checkpoint, oldest first."""
-        out = []
-        for p in self.root.iterdir() if self.root.is_dir() else []:
-            m = _STEP_DIR.match(p.name)
-            if m and p.is_dir() and self.is_complete(p):
-                out.append((int(m.group(1)), p))
-        return sorted(out)
+        return complete_checkpoints(self.root)
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint, or ``None`` (unverified: resume with :meth:`resumable`)."""

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from rlweave.runner.checkpoint import CheckpointManager
+from rlweave.runner.checkpoint import complete_checkpoints
 from rlweave.runner.metrics import read_metrics
 
 #: where :func:`claim_run_dir` puts what a start that trained no step left behind
@@ -128,15 +128,7 @@ def inspect_run_dir(run_dir: str | os.PathLike[str]) -> PreviousRun:
         return PreviousRun(path, exists=False)
     if not path.is_dir():
         raise RunDirError(f"run directory {path} exists and is not a directory; nothing was changed")
-    steps = []
-    ckpt_root = path / "checkpoints"
-    for p in ckpt_root.iterdir() if ckpt_root.is_dir() else []:
-        try:
-            step = CheckpointManager.step_of(p)
-        except ValueError:
-            continue
-        if p.is_dir() and CheckpointManager.is_complete(p):
-            steps.append(step)
+    steps = [step for step, _ in complete_checkpoints(path / "checkpoints")]
     metric_steps = [r["step"] for r in read_metrics(path / "metrics.jsonl") if isinstance(r.get("step"), int)]
     hf = path / "hf"
     return PreviousRun(
