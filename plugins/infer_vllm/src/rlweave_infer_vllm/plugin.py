@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 from rlweave.plugins import EngineRecord, hookimpl
 
 from rlweave_infer_vllm.config import VLLMEngineConfig
+
+
+def _probe() -> str | None:
+    """Unavailable where vLLM is not installed (looked up, not imported)."""
+    if importlib.util.find_spec("vllm") is None:
+        return ("vLLM is not installed: pip install 'rlweave-infer-vllm[cpu]' (CPU) or 'rlweave-infer-vllm[gpu]' "
+                "(GPU); or select engine: hf")
+    return None
 
 
 @hookimpl
@@ -17,5 +27,6 @@ def rlweave_inference_engines():
             config_model=VLLMEngineConfig,
             parallel=("dp", "tp"),
             rank_spans=("tp",),  # one rank is one replica: its process drives vLLM's tp workers on tp devices
+            probe=_probe,
         )
     ]
