@@ -84,3 +84,17 @@ def test_reward_scores_equal_without_sp(results):
     one, two = results["reward_head"]
     assert float((one["scores"] - two["scores"]).abs().max()) < TOL
     assert float(two["scores"].abs().max()) > 0
+
+
+@pytest.mark.slow
+def test_two_data_parallel_groups_of_two_ranks_equal_plain_data_parallel(tmp_path):
+    """``{dp: 2, sp: 2}`` on 4 ranks: each group's log-probs, and the gradient summed over both
+    groups, equal ``{dp: 2}`` on 2 ranks with the same shards; the step's metrics count each
+    group once."""
+    model = str(build_tiny_qwen2(tmp_path / "model", seed=1, heads=4, kv_heads=2))
+    plain = run_ranks(testing_sp.dp_sp_scenario, 2, 1, model, timeout_s=600)
+    split = run_ranks(testing_sp.dp_sp_scenario, 4, 2, model, timeout_s=600)
+    assert _maxdiff(plain["logprobs"], split["logprobs"]) < TOL
+    assert _maxdiff(plain["grads"], split["grads"]) < TOL
+    for key in ("loss", "tokens", "samples"):
+        assert split["metrics"][key] == pytest.approx(plain["metrics"][key], rel=1e-6), key

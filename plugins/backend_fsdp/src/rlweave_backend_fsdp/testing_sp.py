@@ -191,3 +191,38 @@ def bench_case(ctx_kw: dict, sp: int, model_dir: str, tokens: int, steps: int,
     dist.all_gather_object(peaks, (peak, saved.peak / 2**20))
     return {"step_s": statistics.median(times), "peak_mib": max(p for p, _ in peaks),
             "saved_mib": max(s for _, s in peaks)}
+
+
+def dp_sp_scenario(ctx_kw: dict, sp: int, model_dir: str) -> dict:
+    """Two data-parallel groups of ``sp`` ranks each (``parallel: {dp: 2, sp: sp}``, ``2 * sp``
+    ranks): group 0 gets samples 0, 2, 4 of the fixed batch, group 1 samples 1, 3, 5, as the
+    dispatcher would hand out blocks. Returns log-probs by sample index (all groups) and one
+    train step's full gradients."""
+    import torch.distributed as dist
+
+    from rlweave.interfaces.worker import WorkerContext
+    from rlweave_backend_fsdp.worker import FSDPWorker
+
+    parallel = {"dp": 2, "sp": sp} if sp > 1 else {"dp": 2}
+    ctx = WorkerContext(role="policy", options={"max_tokens_per_micro_batch": 32},
+                        model={"path": model_dir, "dtype": "float32"}, seed=3, parallel=parallel,
+                        extra={"optim": {"lr": 1e-3, "grad_clip": 0.0}}, **ctx_kw)
+    w = FSDPWorker(ctx)
+    w.init_model()
+    full = batch_named("fixed")
+    idx = [0, 2, 4] if ctx.rank // sp == 0 else [1, 3, 5]
+    shard = full.select(idx)
+    lp = _per_sample(shard, w.compute_logprobs(shard)["logprobs"])
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {i: lp[j] for j, i in enumerate(idx)})
+    grads: dict = {}
+    step = w.optimizer.step
+
+    def capture(*a, **k):
+        grads.update(_full_grads(w.model))
+        return step(*a, **k)
+
+    w.optimizer.step = capture
+    metrics = w.train_step(shard, sc.nll_loss)
+    merged = {i: v for d in gathered for i, v in d.items()}
+    return {"logprobs": merged, "grads": grads, "metrics": metrics}
