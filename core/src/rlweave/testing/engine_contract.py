@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -301,6 +302,7 @@ class EngineContractSuite:
         params = SamplingParams(temperature=0.0, max_new_tokens=4, ignore_eos=True)
         with ray_session(cfg.ray):
             handle = build_roles(cfg, {"rollout": record}, ["rollout"])["rollout"]
+            health: dict = {}
             try:
                 gens = handle.generate([self.prompts[0]], params).result(timeout=300)
                 assert len(gens[0][0].token_ids) == 4
@@ -324,3 +326,5 @@ class EngineContractSuite:
                 assert "rollout" in str(err.value) and "rank 0" in str(err.value)
             finally:
                 handle.shutdown()
+                if health.get("scratch_dir"):  # what the killed process could not remove itself
+                    shutil.rmtree(health["scratch_dir"], ignore_errors=True)

