@@ -69,9 +69,13 @@ def test_a_killed_vllm_rollout_worker_is_reported_within_60_s(grpo_workspace, gu
             return
         pid = workers(run_dir)["rollout"][0]["pid"]
         os.kill(pid, signal.SIGKILL)
-        killed["at"] = time.monotonic()
+        killed["at"], killed["pid"] = time.monotonic(), pid
 
     rc, out, pids = run_cli(["train", str(cfg)], cli_env(), cwd=REPO, timeout=400, on_poll=strike)
+    from rlweave_infer_vllm import scratch
+
+    for folder in scratch.folders_of(killed["pid"]):  # what the killed engine could not remove itself
+        scratch.remove(folder)
     took = time.monotonic() - killed["at"]
     assert rc == 1, out[-3000:]
     assert "role 'rollout' rank 0" in out and "died" in out, out[-3000:]
