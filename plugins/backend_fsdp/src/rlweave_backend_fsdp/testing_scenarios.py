@@ -83,11 +83,14 @@ def shard_indices(world: int, rank: int, n: int) -> list[int]:
     return rest[rank - 1 :: world - 1]
 
 
-def _worker(ctx_kw: dict, model: dict, optim: dict | None, **cfg):
+def _worker(ctx_kw: dict, model: dict, optim: dict | None, parallel: dict | None = None, **cfg):
+    """A built :class:`FSDPWorker` of role ``policy`` (seed 3): backend options ``cfg``,
+    ``roles.policy.parallel`` sizes ``parallel``."""
     from rlweave.interfaces.worker import WorkerContext
     from rlweave_backend_fsdp.worker import FSDPWorker
 
-    ctx = WorkerContext(role="policy", options=cfg, model=model, seed=3, extra={"optim": optim} if optim else {}, **ctx_kw)
+    ctx = WorkerContext(role="policy", options=cfg, model=model, seed=3, parallel=dict(parallel or {}),
+                        extra={"optim": optim} if optim else {}, **ctx_kw)
     w = FSDPWorker(ctx)
     w.init_model()
     return w

@@ -49,21 +49,31 @@ def _full_grads(model) -> dict[str, torch.Tensor]:
     return out
 
 
+def _train_step_with_grads(w, batch, loss) -> tuple[dict, dict[str, torch.Tensor]]:
+    """``(metrics, full gradients)`` of one ``train_step``, the gradients read just before the
+    optimizer applies them."""
+    grads: dict = {}
+    step = w.optimizer.step
+
+    def capture(*a, **k):
+        grads.update(_full_grads(w.model))
+        return step(*a, **k)
+
+    w.optimizer.step = capture
+    try:
+        return w.train_step(batch, loss), grads
+    finally:
+        w.optimizer.step = step
+
+
 def sp_case(ctx_kw: dict, sp: int, model_dir: str, kind: str = "causal_lm", batch: str = "fixed",
             budget: int = 4096, share_prompts: bool = True, activation_checkpointing: bool = False) -> dict:
     """Outputs and one train step's gradients (before the optimizer applies them) of a
     ``kind`` model at ``parallel.sp = sp``; every rank gets the whole batch ``batch``."""
-    from rlweave.interfaces.worker import WorkerContext
-    from rlweave_backend_fsdp.worker import FSDPWorker
-
     model = {"path": model_dir, "dtype": "float32", "model_type": kind}
-    optim = {"lr": 1e-3, "grad_clip": 0.0}
     options = {"max_tokens_per_micro_batch": budget, "max_tokens_per_forward": budget,
                "share_prompts": share_prompts, "activation_checkpointing": activation_checkpointing}
-    ctx = WorkerContext(role="policy", options=options, model=model, seed=3, parallel={"sp": sp} if sp > 1 else {},
-                        extra={"optim": optim}, **ctx_kw)
-    w = FSDPWorker(ctx)
-    w.init_model()
+    w = sc._worker(ctx_kw, model, {"lr": 1e-3, "grad_clip": 0.0}, {"sp": sp} if sp > 1 else {}, **options)
     b = batch_named(batch)
     res: dict = {}
     if kind == "causal_lm":
@@ -77,16 +87,7 @@ def sp_case(ctx_kw: dict, sp: int, model_dir: str, kind: str = "causal_lm", batc
     else:
         res["scores"] = w.compute_scores(b)
         return res
-    grads: dict = {}
-    step = w.optimizer.step
-
-    def capture(*a, **k):
-        grads.update(_full_grads(w.model))
-        return step(*a, **k)
-
-    w.optimizer.step = capture
-    res["metrics"] = w.train_step(b, loss)
-    res["grads"] = grads
+    res["metrics"], res["grads"] = _train_step_with_grads(w, b, loss)
     return res
 
 
@@ -152,8 +153,6 @@ def bench_case(ctx_kw: dict, sp: int, model_dir: str, tokens: int, steps: int,
     import torch.distributed as dist
 
     from rlweave.data.batch import Batch
-    from rlweave.interfaces.worker import WorkerContext
-    from rlweave_backend_fsdp.worker import FSDPWorker
 
     def sample(n: int, seed: int) -> Batch:
         g = torch.Generator().manual_seed(seed)
@@ -162,10 +161,8 @@ def bench_case(ctx_kw: dict, sp: int, model_dir: str, tokens: int, steps: int,
         return b
 
     options = {"max_tokens_per_micro_batch": tokens, "activation_checkpointing": activation_checkpointing}
-    ctx = WorkerContext(role="policy", options=options, model={"path": model_dir, "dtype": "float32"}, seed=3,
-                        parallel={"sp": sp} if sp > 1 else {}, extra={"optim": {"lr": 1e-5}}, **ctx_kw)
-    w = FSDPWorker(ctx)
-    w.init_model()
+    w = sc._worker(ctx_kw, {"path": model_dir, "dtype": "float32"}, {"lr": 1e-5}, {"sp": sp} if sp > 1 else {},
+                   **options)
     w.train_step(sample(256, 0), sc.nll_loss)
     cuda = w.device.type == "cuda"
     if cuda:
@@ -200,29 +197,15 @@ def dp_sp_scenario(ctx_kw: dict, sp: int, model_dir: str) -> dict:
     train step's full gradients."""
     import torch.distributed as dist
 
-    from rlweave.interfaces.worker import WorkerContext
-    from rlweave_backend_fsdp.worker import FSDPWorker
-
     parallel = {"dp": 2, "sp": sp} if sp > 1 else {"dp": 2}
-    ctx = WorkerContext(role="policy", options={"max_tokens_per_micro_batch": 32},
-                        model={"path": model_dir, "dtype": "float32"}, seed=3, parallel=parallel,
-                        extra={"optim": {"lr": 1e-3, "grad_clip": 0.0}}, **ctx_kw)
-    w = FSDPWorker(ctx)
-    w.init_model()
+    w = sc._worker(ctx_kw, {"path": model_dir, "dtype": "float32"}, {"lr": 1e-3, "grad_clip": 0.0}, parallel,
+                   max_tokens_per_micro_batch=32)
     full = batch_named("fixed")
-    idx = [0, 2, 4] if ctx.rank // sp == 0 else [1, 3, 5]
+    idx = [0, 2, 4] if ctx_kw["rank"] // sp == 0 else [1, 3, 5]
     shard = full.select(idx)
     lp = _per_sample(shard, w.compute_logprobs(shard)["logprobs"])
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, {i: lp[j] for j, i in enumerate(idx)})
-    grads: dict = {}
-    step = w.optimizer.step
-
-    def capture(*a, **k):
-        grads.update(_full_grads(w.model))
-        return step(*a, **k)
-
-    w.optimizer.step = capture
-    metrics = w.train_step(shard, sc.nll_loss)
+    metrics, grads = _train_step_with_grads(w, shard, sc.nll_loss)
     merged = {i: v for d in gathered for i, v in d.items()}
     return {"logprobs": merged, "grads": grads, "metrics": metrics}

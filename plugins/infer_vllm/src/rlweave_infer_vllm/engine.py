@@ -101,6 +101,7 @@ class VLLMEngine(RolloutEngine):
         self._dead: str | None = None
         self._procs: list[Any] = []  # vLLM's handles of the processes it started (set by init_engine)
         self.in_process = False  # vLLM's engine core runs in this process (set by init_engine)
+        self._scratch: str | None = None  # folder of vLLM's sockets and rendezvous files (:mod:`.scratch`)
 
     @property
     def where(self) -> str:
@@ -197,7 +198,7 @@ class VLLMEngine(RolloutEngine):
         self.in_process = self.engine_in_process()
         # read by vllm.LLM when it builds its engine: 0 = the engine core runs in this process
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
-        self._scratch = scratch.new_folder()  # vLLM's sockets and rendezvous files; removed by shutdown()
+        self._scratch = scratch.new_folder()  # removed by shutdown()
         try:
             with scratch.private_tmp(self._scratch):
                 self.llm = LLM(**kw)
@@ -390,7 +391,7 @@ class VLLMEngine(RolloutEngine):
         info = self.ping()
         info.update(engine=self.engine_name, ready=self.llm is not None, tp=self.tp,
                     engine_core="in_process" if self.in_process else "subprocess",
-                    asleep=bool(self._asleep), scratch_dir=getattr(self, "_scratch", None))
+                    asleep=bool(self._asleep), scratch_dir=self._scratch)
         if self.llm is not None:
             if not self._engine_alive():
                 self._dead = "engine core reported dead"
@@ -416,7 +417,7 @@ class VLLMEngine(RolloutEngine):
                 pass  # a descendant vanishes mid-kill; the processes are reaped below either way
             del llm
             left = reap(procs, self.cfg.shutdown_timeout_s)
-        scratch.remove(getattr(self, "_scratch", None))
+        scratch.remove(self._scratch)
         self._scratch = None
         super().shutdown()
         if left:
