@@ -14,4 +14,4 @@ test: setup
 	$(PY) -m pytest
 
 clean:
-	rm -rf runs examples/arith/artifacts
+	rm -rf runs examples/arith/artifacts examples/moe/artifacts

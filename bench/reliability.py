@@ -22,24 +22,11 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_name  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 SUITE = REPO / "tests" / "reliability"
-
-
-def cpu_name() -> str:
-    """CPU model with its bf16-relevant extensions, e.g. 'AMD EPYC (AVX2 only)'."""
-    model, flags = "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and model == "unknown CPU":
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    ext = [f for f in ("amx_bf16", "avx512_bf16", "avx512f") if f in flags]
-    return f"{model} ({', '.join(ext) if ext else 'AVX2 only' if 'avx2' in flags else 'no AVX2'}), {os.cpu_count()} cores"
 
 
 def outcomes(junit: Path) -> dict[str, str]:

@@ -28,15 +28,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_name  # noqa: E402
 
 TRANSPORTS = ("object_store", "broadcast", "cuda_ipc")
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def measure(size_mb: float, dst_ranks: int, bucket_mb: float, repeats: int) -> dict[str, dict[str, float]]:

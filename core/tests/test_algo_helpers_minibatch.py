@@ -32,3 +32,13 @@ def test_step_metrics_helpers():
     assert reward_breakdown(breakdown) == {"reward/a": 0.5, "reward/b": 2.0, "reward/failed": 1.0}
     assert truncated_frac([{"finish_reason": "length"}, {"finish_reason": "stop"}]) == 0.5
     assert truncated_frac([]) == 0.0
+
+
+def test_prefixed_means_pass_on_a_backends_own_metrics():
+    from rlweave.algo_helpers.step_metrics import MOE_PREFIX, prefixed_means
+
+    rows = [{"moe_aux_loss": 1.0, "moe_load_max_over_mean": 2.0, "loss": 5.0}, {"moe_aux_loss": 3.0}]
+    assert prefixed_means(rows, MOE_PREFIX) == {"moe_aux_loss": 2.0, "moe_load_max_over_mean": 2.0}
+    assert prefixed_means(rows, MOE_PREFIX, "critic/") == {"critic/moe_aux_loss": 2.0,
+                                                           "critic/moe_load_max_over_mean": 2.0}
+    assert prefixed_means([{"loss": 1.0}], MOE_PREFIX) == {}

@@ -57,8 +57,7 @@ def train_tokenizer(data_dir: Path):
 def build(out: str | Path, data_dir: str | Path = HERE / "data", seed: int = 0, hidden: int = 128,
           layers: int = 4, heads: int = 4, kv_heads: int = 2, ffn: int = 512, max_positions: int = 256) -> Path:
     """Write tokenizer + random Qwen2 into ``out``; returns ``out``. Same arguments -> same files."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out)
     tokenizer = train_tokenizer(Path(data_dir))
@@ -72,18 +71,28 @@ def build(out: str | Path, data_dir: str | Path = HERE / "data", seed: int = 0, 
         max_position_embeddings=max_positions,
         tie_word_embeddings=False,
         rope_theta=10000.0,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
         use_cache=True,
+        **special_ids(tokenizer),
     )
+    return save_random(Qwen2ForCausalLM, cfg, tokenizer, out, seed)
+
+
+def special_ids(tokenizer) -> dict:
+    """The model config's ``bos/eos/pad_token_id`` from ``tokenizer``."""
+    return {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id}
+
+
+def save_random(model_cls, cfg, tokenizer, out: Path, seed: int) -> Path:
+    """A random fp32 ``model_cls(cfg)`` drawn with ``seed`` (the caller's RNG untouched), with
+    greedy generation defaults, saved with ``tokenizer`` under ``out``; returns ``out``."""
+    import torch
+    from transformers import GenerationConfig
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(cfg).to(torch.float32)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, do_sample=False,
-    )
+        model = model_cls(cfg).to(torch.float32)
+    model.generation_config = GenerationConfig(**special_ids(tokenizer), do_sample=False)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

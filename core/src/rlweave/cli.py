@@ -128,7 +128,8 @@ def _summary(cfg: Any, resolved: Any) -> str:
     for entry, rec in zip(cfg.rewards, resolved.rewards):
         lines.append(f"reward {entry.name} (weight {entry.weight})" + ("" if rec else " [user function]"))
     for name in resolved.kernels:
-        lines.append(f"kernel {name}")
+        roles = [r for r, names in resolved.role_kernels.items() if name in names]
+        lines.append(f"kernel {name} ({', '.join(roles)})")
     return "\n".join(lines)
 
 

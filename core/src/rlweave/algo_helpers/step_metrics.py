@@ -1,9 +1,13 @@
 """Metric rows shared by the RL algorithms' steps (GRPO, PPO): means over a step's updates,
-the per-reward breakdown and the share of truncated responses."""
+the per-reward breakdown and the share of truncated responses. Mixture-of-experts backends
+report ``moe_*`` metrics (:data:`MOE_PREFIX`), which the steps pass on."""
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
+
+#: prefix of the expert-load and router-loss metrics an MoE model's backend reports
+MOE_PREFIX = "moe_"
 
 
 def mean(xs: Sequence[float]) -> float:
@@ -22,6 +26,14 @@ def key_means(rows: Iterable[Mapping[str, Any]], keys: Iterable[str | tuple[str,
         if vals:
             out[name] = mean(vals)
     return out
+
+
+def prefixed_means(rows: Iterable[Mapping[str, Any]], prefix: str, out_prefix: str = "") -> dict[str, float]:
+    """The means over ``rows`` of every key starting with ``prefix`` (a backend's own metrics that
+    no algorithm names, e.g. the ``moe_`` expert-load metrics), named ``out_prefix + key``."""
+    rows = list(rows)
+    keys = sorted({k for r in rows for k in r if k.startswith(prefix)})
+    return key_means(rows, [(k, out_prefix + k) for k in keys])
 
 
 def reward_breakdown(breakdown: Sequence[Mapping[str, Any]]) -> dict[str, float]:

@@ -5,7 +5,7 @@ it failed, see :mod:`rlweave.config.loader`), this
 
 * resolves ``algorithm.name`` (a plugin's name, or ``module:Class`` of a local Algorithm subclass:
   :mod:`rlweave.plugins.user_algorithm`), every ``roles.<r>.backend`` / ``.engine``, every
-  ``rewards[].name`` and every enabled ``kernels.<name>`` through the plugin manager
+  ``rewards[].name`` and every enabled ``kernels.<name>`` / ``roles.<r>.kernels.<name>`` through the plugin manager
   (unknown names get the choices, their distributions and a "did you mean"; a record whose
   ``probe()`` says it cannot run here is refused with that reason);
 * validates the algorithm's own keys, each ``roles.<r>.options`` and each reward's
@@ -18,6 +18,7 @@ it failed, see :mod:`rlweave.config.loader`), this
   ``parallel`` sizes are ones the plugin understands;
 * runs each selected backend's ``check`` (``BackendRecord.check``: what only the backend knows to
   refuse, such as a sequence-parallel size the model's heads do not split into);
+* checks that every kernel switched on reaches a role whose backend uses it (:mod:`rlweave.config.kernels`);
 * checks ``required_plugins`` against installed distribution versions;
 * runs ``rlweave.config.placement.check_placement`` over the roles, with the ranks' device spans of the
   selected plugins (a vLLM replica spans ``tp`` devices).
@@ -64,6 +65,7 @@ class ResolvedPlugins:
         rewards: per ``rewards[]`` entry, the record (``None`` for a ``module:function``).
         reward_args: per entry, the validated args model (``None``: no model).
         kernels: enabled kernel name -> record.
+        role_kernels: configured role -> names of the kernels its ranks receive.
         warnings: things that are allowed but probably unintended (printed by the CLI).
     """
 
@@ -75,6 +77,7 @@ class ResolvedPlugins:
     rewards: list[RewardRecord | None] = field(default_factory=list)
     reward_args: list[BaseModel | None] = field(default_factory=list)
     kernels: dict[str, KernelRecord] = field(default_factory=dict)
+    role_kernels: dict[str, list[str]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -228,10 +231,21 @@ class _Pass:
             self.out.reward_args.append(args)
 
     def kernels(self) -> None:
-        for name, enabled in self.cfg.kernels.items():
-            record = self.get("kernel", name, f"kernels.{name}") if enabled else None
-            if record is not None:
-                self.out.kernels[name] = record
+        from rlweave.config.kernels import kernel_problems, role_kernels
+
+        named = {name: f"kernels.{name}" for name, on in self.cfg.kernels.items() if on}  # where each is switched on
+        for role, section in self.cfg.roles.items():
+            for name, on in section.kernels.items():
+                if on:
+                    named.setdefault(name, f"roles.{role}.kernels.{name}")
+        found = {name: self.get("kernel", name, path) for name, path in named.items()}
+        known = {name for name, record in found.items() if record is not None}
+        for role, record in self.out.roles.items():
+            self.out.role_kernels[role] = [n for n in role_kernels(self.cfg, role, record) if n in known]
+        for name in sorted({n for names in self.out.role_kernels.values() for n in names}):
+            self.out.kernels[name] = found[name]
+        for path, message in kernel_problems(self.cfg, self.out.roles, known):
+            self.issue(path, message)
 
     def required(self) -> None:
         for i, text in enumerate(self.cfg.required_plugins):

@@ -130,6 +130,11 @@ class RoleSection(Strict):
     optim: Optional[OptimSection] = Field(None, description="Optimizer, for roles that train.")
     options: dict[str, Any] = Field(default_factory=dict, description="The selected plugin's own settings.")
     timeouts: CallTimeouts = Field(default_factory=CallTimeouts, description="Per-method call timeouts (seconds).")
+    kernels: dict[str, bool] = Field(
+        default_factory=dict,
+        description="Kernels for this role by name, over the top-level kernels: true turns one on for this role "
+        "(its backend must use it), false turns a top-level one off.",
+    )
 
 
 class RewardEntry(Strict):
@@ -260,7 +265,11 @@ class RunConfig(Strict):
     weight_sync: WeightSyncSection = Field(
         default_factory=WeightSyncSection, description="Weight sync between roles (policy -> rollout).",
     )
-    kernels: dict[str, bool] = Field(default_factory=dict, description="Optional kernels to turn on by name.")
+    kernels: dict[str, bool] = Field(
+        default_factory=dict,
+        description="Optional kernels (plugins, see list-plugins) to turn on by name, e.g. {moe_groupgemm: true}: "
+        "handed to every role whose backend uses them; roles.<role>.kernels overrides per role.",
+    )
 
 
 ROLE_NAMES = ("policy", "rollout", "reference", "critic", "reward")

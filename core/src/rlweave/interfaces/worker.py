@@ -47,6 +47,9 @@ class WorkerContext:
             as ``extra["optim"]`` (tests, embedders) is validated into one.
         optim_total_steps: optimizer steps of the whole run, for a schedule whose
             ``optim.total_steps`` is null (``extra["total_steps"]`` is read the same way).
+        kernels: the kernels selected for this role that its backend uses (``kernels.<name>`` /
+            ``roles.<role>.kernels.<name>``): name -> ``"module:attribute"`` of the kernel object;
+            read them with :meth:`kernel`.
         extra: anything else a plugin passes to its workers.
     """
 
@@ -63,6 +66,7 @@ class WorkerContext:
     extra: dict[str, Any] = field(default_factory=dict)
     optim: Any = None
     optim_total_steps: int | None = None
+    kernels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         extra = self.extra if isinstance(self.extra, dict) else {}
@@ -76,6 +80,20 @@ class WorkerContext:
             self.optim_total_steps = int(extra["total_steps"])
         if "optim" in extra or "total_steps" in extra:  # now in the typed fields; the caller's dict stays as it is
             self.extra = {k: v for k, v in extra.items() if k not in ("optim", "total_steps")}
+
+    def kernel(self, name: str) -> Any:
+        """The kernel object named ``name`` (what its plugin's record points at, imported on
+        the first call), or None when the run did not select it for this role."""
+        target = self.kernels.get(name)
+        if target is None:
+            return None
+        from rlweave.plugins.types import import_target
+
+        try:
+            return import_target(target)
+        except Exception as exc:
+            raise RuntimeError(f"role {self.role} rank {self.rank}: kernel '{name}' ({target}) could not be loaded: "
+                               f"{type(exc).__name__}: {exc}") from exc
 
     def options_as(self, model_cls: type[M]) -> M:
         """The ``options`` section as an instance of ``model_cls`` (the worker's plugin schema).

@@ -103,11 +103,15 @@ class BackendRecord(PluginRecord):
     the role's options were validated: what only this backend knows to refuse, such as
     parallel sizes the model's shape does not allow. It must not import torch; it may read
     the model directory's ``config.json``. Default: nothing to refuse.
+
+    ``kernels`` names the kernels (``kernels.<name>``) its workers use when a run selects them: a
+    selected one reaches each rank as ``WorkerContext.kernel(name)``.
     """
 
     kind: ClassVar[str] = "backend"
     model_types: tuple[str, ...] = ("causal_lm", "value", "reward")
     parallel: tuple[str, ...] = ("dp",)
+    kernels: tuple[str, ...] = ()
     check: Callable[[str, Any, Any], list[tuple[str, str]]] = field(default=_nothing_to_refuse, kw_only=True)
 
 
@@ -168,7 +172,10 @@ class RewardRecord(PluginRecord):
 @dataclass(frozen=True)
 class KernelRecord(PluginRecord):
     """An optional fast path. Its ``probe()`` (see :class:`PluginRecord`) says whether it is
-    usable on this machine (no GPU, missing Triton...)."""
+    usable on this machine (no GPU, missing Triton...). ``target`` points at the kernel object
+    itself (not a class): backends that use the kernel (``BackendRecord.kernels``) receive it on
+    their ranks as ``WorkerContext.kernel(name)``; what the object offers is between the kernel
+    and the backends that use it."""
 
     kind: ClassVar[str] = "kernel"
 

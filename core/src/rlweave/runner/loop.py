@@ -329,7 +329,7 @@ class _Run:
         totals = {r: cfg.run.total_steps * self.algo_cls.optimizer_steps_per_step(self.algo_cfg, r)
                   for r in self.role_names if cfg.roles[r].optim is not None}
         self.builder = RoleBuilder(cfg, {r: resolved.roles[r] for r in self.role_names}, self.role_names,
-                                   optimizer_total_steps=totals)
+                                   optimizer_total_steps=totals, kernel_records=resolved.kernels)
         self.roles.update(self.builder.build())
         self._write_workers()
         check_shared_run_dir(self.run_dir, self.roles)

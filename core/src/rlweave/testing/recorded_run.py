@@ -219,9 +219,9 @@ def recorded_run(recorder: Recorder, option_models: Mapping[str, str] = {}) -> I
             out.algorithm_config = ModelView(out.algorithm_config, "algorithm", recorder)
         return out
 
-    def worker_context(cfg, role, rank, addr, total_steps=None, record=None):
+    def worker_context(cfg, role, rank, addr, total_steps=None, record=None, kernel_records=None):
         with recorder.paused():
-            ctx = real_context(cfg, role, rank, addr, total_steps, record)
+            ctx = real_context(cfg, role, rank, addr, total_steps, record, kernel_records)
         return recorded_context(ctx, role, recorder)
 
     def _process_settings(cfg, role):

@@ -25,7 +25,7 @@ import torch
 
 from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.algo_helpers.minibatch import split
-from rlweave.algo_helpers.step_metrics import key_means, reward_breakdown, truncated_frac
+from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
 from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, sampling_params
 from rlweave.algo_helpers.weights import token_weights
 from rlweave.data.batch import Batch
@@ -306,6 +306,7 @@ class GRPO(Algorithm):
             metrics["logprob_gap"] = float(gap.mean()) if gap.numel() else 0.0
         metrics.update(key_means(train_metrics, ("loss", "grad_norm", "lr", "pg_loss", "clip_frac", "kl", "entropy",
                                                  "ratio")))
+        metrics.update(prefixed_means(train_metrics, MOE_PREFIX))
         # the policy ranks' own train_step time (time/train minus this is dispatch and transfer)
         metrics["time/train_compute"] = float(sum(m.get("time_s", 0.0) for m in train_metrics))
         if not need_old and train_metrics and "logprob_gap" in train_metrics[0]:

@@ -28,7 +28,7 @@ import torch
 from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.algo_helpers.kl import kl_penalty
 from rlweave.algo_helpers.minibatch import split
-from rlweave.algo_helpers.step_metrics import key_means, reward_breakdown, truncated_frac
+from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
 from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, sampling_params
 from rlweave.algo_helpers.weights import token_weights
 from rlweave.data.batch import Batch
@@ -329,6 +329,8 @@ class PPO(Algorithm):
                                              "ptx_loss")))
         metrics.update(key_means(v_metrics, ("value_loss", "value_clipfrac", ("grad_norm", "critic/grad_norm"),
                                              ("lr", "critic/lr"))))
+        metrics.update(prefixed_means(p_metrics, MOE_PREFIX))
+        metrics.update(prefixed_means(v_metrics, MOE_PREFIX, "critic/"))
         return metrics
 
     # ---------------------------------------------------------------- evaluation

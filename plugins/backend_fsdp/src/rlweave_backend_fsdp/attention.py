@@ -3,8 +3,9 @@ implementation named ``rlweave_varlen``.
 
 A packed micro-batch is one row holding several samples; the model is called with
 ``cu_seq_lens_q/k`` and ``max_length_q/k`` keyword arguments (the same ones transformers'
-flash-attention path reads) and with the mask mapping pre-set to ``None`` so no T x T mask
-is ever built. Each sample then attends causally to itself only:
+flash-attention path reads) and without a mask: the mask builder registered with it
+(:func:`padding_mask`) builds none for such rows, so no T x T mask is ever built. Each
+sample then attends causally to itself only:
 
 * CUDA, bf16/fp16, and ``torch.nn.attention.varlen.varlen_attn`` present: one fused call.
 * otherwise: causal attention per group of equal-length samples (stacked on the batch
@@ -228,15 +229,27 @@ def planned_sdpa(query, key, value, plan: AttentionPlan, scaling, drop: float, g
     return out.unsqueeze(0).to(dtype)
 
 
+def padding_mask(*args, attention_mask=None, **kwargs):
+    """``rlweave_varlen``'s mask builder: SDPA's mask for right-padded rows (a 2-D padding
+    ``attention_mask``), none otherwise -- packed and shared rows carry their layout in
+    ``cu_seq_lens_q`` or ``rlweave_plan``, so a model that builds its mask itself (one not
+    taking a pre-set mask mapping, e.g. Qwen3-MoE) builds no T x T mask."""
+    if attention_mask is None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
 def register() -> str:
     """Register ``rlweave_varlen`` with transformers (idempotent); returns its name."""
     global _registered
     if not _registered:
         from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.masking_utils import AttentionMaskInterface
 
         AttentionInterface.register(NAME, varlen_attention_forward)
-        AttentionMaskInterface.register(NAME, sdpa_mask)
+        AttentionMaskInterface.register(NAME, padding_mask)
         _registered = True
     return NAME
 

@@ -25,18 +25,41 @@ def kv_repeat(n_heads: int, n_kv: int, sp: int) -> int:
     return sp // n_kv
 
 
-def _heads(model: Any) -> tuple[int, int] | None:
-    """``(attention heads, key/value heads)`` from a local model directory's config.json."""
+def _text_config(model: Any) -> dict[str, Any] | None:
+    """A local model directory's config.json (its ``text_config`` where it has one), or None."""
     path = getattr(model, "path", None)
     cfg = Path(path) / "config.json" if path else None
     if cfg is None or not cfg.is_file():
         return None
     data = json.loads(cfg.read_text())
-    data = data.get("text_config", data)
+    return data.get("text_config", data)
+
+
+def _heads(model: Any) -> tuple[int, int] | None:
+    """``(attention heads, key/value heads)`` from a local model directory's config.json."""
+    data = _text_config(model) or {}
     heads = data.get("num_attention_heads")
     if not heads:
         return None
     return int(heads), int(data.get("num_key_value_heads") or heads)
+
+
+def moe_experts(model: Any) -> int | None:
+    """Routed experts per MoE layer from a local model directory's config.json
+    (``num_experts`` or ``num_local_experts``); None for a dense model or no readable config."""
+    data = _text_config(model) or {}
+    n = data.get("num_experts") or data.get("num_local_experts")
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def moe_problems(sp: int, experts: int | None) -> list[tuple[str, str]]:
+    """``("parallel.sp", message)`` when an MoE model (``experts`` routed experts) is asked to
+    run with sequence parallelism, which the backend does not support for MoE yet."""
+    if sp <= 1 or not experts:
+        return []
+    msg = (f"mixture-of-experts models ({experts} experts) with parallel.sp={sp} are not supported yet; "
+           "set parallel.sp: 1")
+    return [("parallel.sp", msg)]
 
 
 def sp_problems(sp: int, options: dict[str, Any], heads: tuple[int, int] | None) -> list[tuple[str, str]]:
@@ -62,9 +85,12 @@ def sp_problems(sp: int, options: dict[str, Any], heads: tuple[int, int] | None)
 
 def check_role(role: str, section: Any, model: Any) -> list[tuple[str, str]]:
     """Sequence parallelism (``parallel.sp``) needs packed rows, rlweave's varlen attention and
-    heads that split over the group (key/value heads repeated when fewer than ``sp``)."""
+    heads that split over the group (key/value heads repeated when fewer than ``sp``), and a
+    dense model (MoE models with ``sp > 1`` are not supported yet)."""
     sp = int(section.parallel.get("sp", 1))
     heads = _heads(model) if sp > 1 else None
-    src = f" (model {model.path})" if heads is not None else ""
+    experts = moe_experts(model) if sp > 1 else None
+    src = f" (model {model.path})" if heads is not None or experts else ""
+    problems = sp_problems(sp, section.options or {}, heads) + moe_problems(sp, experts)
     return [(f"roles.{role}.{key}", f"role {role!r}: {msg}{src if key == 'parallel.sp' else ''}")
-            for key, msg in sp_problems(sp, section.options or {}, heads)]
+            for key, msg in problems]

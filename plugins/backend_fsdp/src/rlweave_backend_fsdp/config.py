@@ -74,4 +74,9 @@ class FSDPConfig(BaseModel):
         None, description="FSDP2: free gathered parameters after each forward (ZeRO-3); null: only with 2+ ranks."
     )
     seed: Optional[int] = Field(None, description="Seed of head initialisation and dropout (null: the run seed).")
+    moe_aux_loss_coef: Optional[float] = Field(
+        None, ge=0, description="Mixture-of-experts models: coefficient of the router load-balancing loss (Switch "
+        "Transformer, as transformers computes it) added to each micro-batch's loss, weighted by its share of the "
+        "step's tokens; null: the model config's router_aux_loss_coef; 0 turns it off. Dense models ignore it.",
+    )
     hf_shard_bytes: int = Field(2 << 30, ge=1 << 20, description="Max bytes per safetensors file in save_hf.")

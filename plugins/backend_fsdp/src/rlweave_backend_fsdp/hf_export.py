@@ -2,7 +2,8 @@
 
 Streaming gathers one parameter at a time (``DTensor.full_tensor()``, a collective every
 rank joins) and only rank 0 keeps it, so no rank ever holds more than one full tensor
-beyond its shard. Names are the HF names (the FSDP2 module keeps the original names).
+beyond its shard. Names are the HF checkpoint names: the FSDP2 module keeps the original
+names, and stacked MoE experts are split per expert (:mod:`.moe_layout`).
 
 Export layout:
 
@@ -26,6 +27,8 @@ from typing import Iterator
 
 import torch
 
+from rlweave_backend_fsdp.moe_layout import CheckpointLayout
+
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
     "added_tokens.json", "tokenizer.model", "chat_template.jinja", "chat_template.json", "generation_config.json",
@@ -33,18 +36,28 @@ TOKENIZER_FILES = (
 
 
 def stream_full(model: torch.nn.Module, rank: int, skip: set[str], dtype=None, device="cpu") -> Iterator[tuple[str, torch.Tensor]]:
-    """All ranks iterate; rank 0 yields ``(name, full tensor)`` parameter by parameter."""
+    """All ranks iterate; rank 0 yields ``(name, full tensor)`` parameter by parameter, in
+    checkpoint names: stacked MoE experts come out one matrix per expert, each its own copy
+    (:mod:`.moe_layout`; raises ValueError for an MoE layout it does not know)."""
     from torch.distributed.tensor import DTensor
 
+    layout = CheckpointLayout(model)
     for name, t in model.state_dict().items():
         if name in skip:
             continue
         full = t.full_tensor() if isinstance(t, DTensor) else t
         if rank == 0:
-            out = full.detach()
-            if dtype is not None and out.is_floating_point():
-                out = out.to(dtype)
-            yield name, out.to(device).contiguous()
+            src = full.detach()
+            local = (t.to_local() if isinstance(t, DTensor) else t).untyped_storage().data_ptr()
+            for out_name, part in layout.split(name, src):
+                to = dtype if dtype is not None and part.is_floating_point() else part.dtype
+                if part is src:
+                    out = part.to(to).to(device).contiguous()
+                    # one rank: the "full" tensor may be the parameter itself; yield a snapshot
+                    yield out_name, (out.clone() if out.untyped_storage().data_ptr() == local else out)
+                else:  # a per-expert slice is copied: a consumer keeping it must not pin the stacked tensor
+                    yield out_name, part.to(device=device, dtype=to, copy=True).contiguous()
+            del src
         del full
 
 

@@ -19,6 +19,7 @@ def rlweave_training_backends():
             config_model=FSDPConfig,
             model_types=("causal_lm", "value", "reward"),
             parallel=("dp", "sp"),
+            kernels=("moe_groupgemm",),
             check=check_role,
         )
     ]

@@ -19,6 +19,12 @@ Gradients follow the token-weight convention: micro-batch losses are
 summed, and multiplied by the number of ranks to undo FSDP's gradient averaging, so the
 gradient is that of the loss summed over all tokens of all data-parallel groups.
 
+Mixture-of-experts models (:mod:`.moe`): when the role selected the ``moe_groupgemm`` kernel,
+it replaces the experts' forward before sharding (transformers' experts otherwise);
+``train_step`` adds the router load-balancing loss (``moe_aux_loss_coef``) to each
+micro-batch's loss under the same token weighting and reports ``moe_aux_loss`` and the
+expert-load metrics; weights leave in checkpoint names (:mod:`.moe_layout`).
+
 Model kinds (``ctx.model['model_type']``): ``causal_lm`` (log-probs, entropy), ``value``
 (prediction-aligned per-token values: ``values[t]`` is read at ``t-1``, 0 at first tokens)
 and ``reward`` (score at each sample's last token). See :mod:`.modeling` and
@@ -27,6 +33,7 @@ and ``reward`` (score at each sample's last token). See :mod:`.modeling` and
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -37,14 +44,13 @@ import torch.distributed as dist
 
 from rlweave.data.batch import Batch
 from rlweave.interfaces.backend import LossFn, TrainingWorker
-from rlweave_backend_fsdp import attention, checkpoint, checks, cpu, finite, hf_export, micro, modeling, prefix
+from rlweave_backend_fsdp import attention, checkpoint, checks, cpu, finite, hf_export, micro, modeling, moe, prefix
 from rlweave_backend_fsdp import sequence_parallel as seqpar
 from rlweave_backend_fsdp.config import FSDPConfig
 from rlweave_backend_fsdp.outputs import Outputs, Window, last_token_scores, token_logprobs, token_values
 from rlweave_backend_fsdp.schedule import WarmupSchedule
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_NO_MASK = {"full_attention": None, "sliding_attention": None}
 
 
 class FSDPWorker(TrainingWorker):
@@ -53,6 +59,8 @@ class FSDPWorker(TrainingWorker):
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer | None = None
     scheduler: Any = None
+    moe_state: moe.MoETraining | None = None  # set for a mixture-of-experts model
+    moe_kernel: dict[str, Any] | None = None  # the moe_groupgemm kernel's report when it replaced experts
 
     # ------------------------------------------------------------------ build
     def init_model(self) -> None:
@@ -83,6 +91,11 @@ class FSDPWorker(TrainingWorker):
         self.packing = self.cfg.use_packing
         bf16 = self.cfg.mixed_precision == "bf16" or param_dtype == torch.bfloat16
         model = modeling.load_model(ctx.model, self.attn_impl, param_dtype, seed)
+        blocks = moe.find_blocks(model)
+        self._refuse(checks.moe_problems(sp, blocks[0].num_experts if blocks else None))
+        # before sharding: the kernel swaps the experts' forward in place (same parameters)
+        self.moe_kernel = moe.apply_kernel(model, ctx.kernel(moe.KERNEL_NAME), self.device.type, blocks,
+                                           role=ctx.role, rank=self.rank)
         if sp > 1:
             c = model.config
             self._refuse(checks.sp_problems(sp, {}, (c.num_attention_heads,
@@ -108,6 +121,10 @@ class FSDPWorker(TrainingWorker):
             fully_shard(layer, **kw)
         fully_shard(model, **kw)
         self.model = model
+        coef = self.cfg.moe_aux_loss_coef
+        if coef is None:
+            coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
+        self.moe_state = moe.MoETraining(blocks, coef) if blocks else None
         self.skip_names = {"lm_head.weight"} if modeling.tied_lm_head(model) else set()
         self.step = 0
         self.offloaded = False
@@ -175,14 +192,15 @@ class FSDPWorker(TrainingWorker):
         if shared is not None:
             kw = {"input_ids": shared.input_ids.view(1, -1).to(self.device),
                   "position_ids": shared.position_ids.view(1, -1).to(self.device),
-                  "rlweave_plan": shared.plan, "attention_mask": dict(_NO_MASK)}
+                  "rlweave_plan": shared.plan, "attention_mask": None}
         elif self.packing:
+            # no mask: varlen kernels build none (attention.padding_mask, FA2's); sdpa builds a block mask
             kw = micro.packed_inputs(ids, cu, self.device)
-            if self.attn_impl != "sdpa":  # varlen kernels need no mask; sdpa builds a block mask
-                kw["attention_mask"] = dict(_NO_MASK)
         else:
             kw, flat = micro.padded_inputs(ids, cu, self.device)
         out = self.model(**kw, use_cache=False)
+        if self.moe_state is not None:
+            self.moe_state.tap.keep_rows(flat)
         raw = out if self.kind != "causal_lm" else out.logits
         # squeeze, not raw[0]: the backward of a select allocates and zero-fills a (1, T, V) gradient
         return (raw.squeeze(0) if flat is None else raw.reshape(-1, *raw.shape[2:])[flat]), None
@@ -198,7 +216,7 @@ class FSDPWorker(TrainingWorker):
         total = int(row_ids.numel())
         kw = {"input_ids": part.input_ids.view(1, -1).to(self.device),
               "position_ids": part.position_ids.view(1, -1).to(self.device),
-              "attention_mask": dict(_NO_MASK), "rlweave_sp": self.sp}
+              "attention_mask": None, "rlweave_sp": self.sp}
         if shared is not None:
             kw["rlweave_plan"] = attention.padded_plan(shared.plan, total, part.pad)
         else:
@@ -302,7 +320,12 @@ class FSDPWorker(TrainingWorker):
         loss of any rank is NaN or inf: the gradients are dropped, parameters, optimizer state
         and the LR schedule stay as they were (the schedule counts applied updates, as DeepSpeed
         and Megatron-LM do on an overflow step), and the next step trains normally. ``self.step``
-        counts calls, skipped ones included."""
+        counts calls, skipped ones included.
+
+        For a mixture-of-experts model ``loss`` includes the weighted router load-balancing
+        loss, whose token-weighted mean is ``moe_aux_loss``; ``moe_load_max_over_mean``,
+        ``moe_load_min_over_mean`` and ``moe_tokens_per_expert_max`` describe the tokens each
+        expert received over all ranks (:func:`.moe.load_metrics`)."""
         if self.optimizer is None:
             raise RuntimeError(f"fsdp backend: role {self.ctx.role} has no optimizer (roles.{self.ctx.role}.optim unset)")
         self._check_ready("train_step")
@@ -316,14 +339,22 @@ class FSDPWorker(TrainingWorker):
             raise ValueError(f"fsdp backend: loss function {type(loss_fn).__name__} has temperature {temperature}; "
                              "it must be > 0")
         loss_sum, metrics = 0.0, {}
+        if self.moe_state is not None:
+            self.moe_state.begin_step(batch.num_tokens, self.device)
         for i in range(n_micro):
-            if i < len(groups):
-                mb = self._on_device(batch.select(groups[i]))
-                loss, m = loss_fn(self._outputs(mb, temperature, with_entropy=entropy), mb)
-                for k, v in m.items():
-                    metrics[k] = metrics.get(k, 0.0) + float(v)
-            else:
-                loss = self._dummy_loss()
+            tokens = 0
+            with self.moe_state.tap.capture() if self.moe_state is not None else contextlib.nullcontext():
+                if i < len(groups):
+                    mb = self._on_device(batch.select(groups[i]))
+                    tokens = mb.num_tokens
+                    loss, m = loss_fn(self._outputs(mb, temperature, with_entropy=entropy), mb)
+                    for k, v in m.items():
+                        metrics[k] = metrics.get(k, 0.0) + float(v)
+                else:
+                    loss = self._dummy_loss()
+            aux = self.moe_state.micro_loss(tokens) if self.moe_state is not None else None
+            if aux is not None:  # the router load-balancing loss, token-weighted (see .moe)
+                loss = loss + aux
             (loss * self.world_size).backward()
             loss_sum += float(loss.detach())
         grad_norm = self._clip()
@@ -335,7 +366,9 @@ class FSDPWorker(TrainingWorker):
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        local = {"loss": loss_sum, "tokens": float(batch.num_tokens), "samples": float(len(batch)), **metrics}
+        moe_sum, moe_global = self.moe_state.step_metrics(self.device) if self.moe_state is not None else ({}, {})
+        local = {"loss": loss_sum, "tokens": float(batch.num_tokens), "samples": float(len(batch)), **metrics,
+                 **moe_sum}
         if self.sp is not None and self.sp.rank:  # the group's first rank reports the group's (equal) values
             local = {}
         gathered = self._gather((local, time.perf_counter() - t0))
@@ -344,7 +377,7 @@ class FSDPWorker(TrainingWorker):
             for k, v in d.items():
                 out[k] = out.get(k, 0.0) + v
         out.update(grad_norm=grad_norm, lr=lr, time_s=max(t for _, t in gathered), num_micro_batches=float(n_micro),
-                   skipped=float(skipped))
+                   skipped=float(skipped), **moe_global)
         return out
 
     def _clip(self) -> float:

@@ -174,17 +174,27 @@ class HFEngine(RolloutEngine):
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> dict[str, Any]:
         """Copy tensors into the parameters of the same (HF) name, in place.
 
-        Tied weights are reachable under both names. Unknown names or shape mismatches
-        raise ``ValueError`` naming the tensor before anything is copied from later
-        tensors; tensors copied before the failing one stay copied."""
+        Tied weights are reachable under both names. MoE experts may come in checkpoint
+        names, one matrix per expert (``...experts.3.up_proj.weight``): each fills its part of
+        the model's stacked expert parameter (:mod:`rlweave_infer_hf.expert_names`). Unknown
+        names or shape mismatches raise ``ValueError`` naming the tensor before anything is
+        copied from later tensors; tensors copied before the failing one stay copied."""
         import torch
+
+        from rlweave_infer_hf.expert_names import expert_slot, renamed
 
         model = self._require_model()
         targets = model.state_dict(keep_vars=True)
         count, nbytes = 0, 0
         with torch.no_grad():
             for name, tensor in named_tensors:
-                dst = targets.get(name)
+                dst = next((targets[n] for n in renamed(name) if n in targets), None)
+                if dst is None:
+                    try:
+                        slot = expert_slot(model, targets, name)
+                    except ValueError as exc:
+                        raise ValueError(f"{self.where}: load_weights: {exc}") from None
+                    dst = slot[1] if slot is not None else None
                 if dst is None:
                     raise ValueError(f"{self.where}: load_weights got unknown tensor {name!r}")
                 if tuple(dst.shape) != tuple(tensor.shape):
@@ -192,7 +202,7 @@ class HFEngine(RolloutEngine):
                         f"{self.where}: load_weights {name!r} has shape {tuple(tensor.shape)}, "
                         f"model expects {tuple(dst.shape)}"
                     )
-                dst.data.copy_(tensor.to(device=dst.device, dtype=dst.dtype))
+                dst.data.copy_(tensor.to(device=dst.device, dtype=dst.dtype))  # a view writes through
                 count += 1
                 nbytes += tensor.numel() * tensor.element_size()
         return {"tensors": count, "bytes": nbytes}

