@@ -98,29 +98,27 @@ def load_balancing_loss(logits: Sequence[torch.Tensor], num_experts: int, top_k:
     ``(tokens, num_experts)``): ``num_experts * sum_e f_e * P_e`` (see the module docstring);
     differentiable through ``P``. Equals transformers' ``load_balancing_loss_func`` without
     an attention mask."""
-    counts, probs, rows = _sums(logits, num_experts, top_k)
-    if rows == 0:
-        return probs.sum() * 0.0
-    return num_experts * torch.sum((counts / rows) * (probs / rows))
-
-
-def _sums(logits: Sequence[torch.Tensor], num_experts: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    dev = logits[0].device
-    counts = torch.zeros(num_experts, dtype=torch.float32, device=dev)
-    prob_sum = torch.zeros(num_experts, dtype=torch.float32, device=dev)
-    rows = 0
-    for layer in logits:
-        p, idx = router_topk(layer, top_k)
-        counts = counts + torch.bincount(idx.reshape(-1), minlength=num_experts).float()
-        prob_sum = prob_sum + p.sum(0)
-        rows += int(p.shape[0])
-    return counts, prob_sum, rows
+    return _aux_loss([router_topk(x, top_k) for x in logits], num_experts)
 
 
 def expert_counts(logits: Sequence[torch.Tensor], num_experts: int, top_k: int) -> torch.Tensor:
     """Tokens routed to each expert, per layer: ``(layers, num_experts)`` float64, on the
     logits' device."""
-    rows = [torch.bincount(router_topk(x.detach(), top_k)[1].reshape(-1), minlength=num_experts) for x in logits]
+    return _counts([router_topk(x.detach(), top_k) for x in logits], num_experts)
+
+
+def _aux_loss(routed: Sequence[tuple[torch.Tensor, torch.Tensor]], num_experts: int) -> torch.Tensor:
+    """:func:`load_balancing_loss` of the layers' ``(probabilities, top-k indices)``."""
+    counts = _counts(routed, num_experts).sum(0).float()
+    probs = sum(p.sum(0) for p, _ in routed)
+    rows = sum(int(p.shape[0]) for p, _ in routed)
+    if rows == 0:
+        return probs.sum() * 0.0
+    return num_experts * torch.sum((counts / rows) * (probs / rows))
+
+
+def _counts(routed: Sequence[tuple[torch.Tensor, torch.Tensor]], num_experts: int) -> torch.Tensor:
+    rows = [torch.bincount(idx.reshape(-1), minlength=num_experts) for _, idx in routed]
     return torch.stack(rows).to(torch.float64)
 
 
@@ -193,7 +191,7 @@ class MoETraining:
         self.coef = float(coef)
         self.tap = RouterTap(self.blocks)
         self._tokens = 0
-        self._aux = 0.0
+        self._aux: torch.Tensor | float = 0.0
         self._counts: torch.Tensor | None = None
 
     def begin_step(self, local_tokens: int, device: torch.device) -> None:
@@ -213,11 +211,12 @@ class MoETraining:
         logits = self.tap.logits
         if not logits:
             return None
-        aux = load_balancing_loss(logits, self.num_experts, self.top_k)
+        routed = [router_topk(x, self.top_k) for x in logits]  # once for the loss and the counts
+        aux = _aux_loss(routed, self.num_experts)
         weight = tokens / self._tokens if self._tokens and tokens else 0.0
-        if weight:
-            self._aux += weight * float(aux.detach())
-            self._counts += expert_counts(logits, self.num_experts, self.top_k)
+        if weight:  # kept on the device: no host sync per micro-batch
+            self._aux = self._aux + weight * aux.detach()
+            self._counts += _counts(routed, self.num_experts)
         return aux * (self.coef * weight)
 
     def step_metrics(self, device: torch.device) -> tuple[dict[str, float], dict[str, float]]:
@@ -231,4 +230,4 @@ class MoETraining:
         counts = self._counts.clone()
         if dist.is_initialized():
             dist.all_reduce(counts)
-        return {"moe_aux_loss": self._aux}, load_metrics(counts.cpu())
+        return {"moe_aux_loss": float(self._aux)}, load_metrics(counts.cpu())
