@@ -54,35 +54,12 @@ def _worker(ctx_kw: dict, path: str, kernel: str | None = None, parallel: dict |
     return sc._worker(kw, _model(path), OPTIM, parallel, **cfg)
 
 
-def full_grads(model) -> dict[str, torch.Tensor]:
-    from torch.distributed.tensor import DTensor
-
-    return {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone().cpu()
-            for n, p in model.named_parameters() if p.grad is not None}
-
-
 def full_state(model) -> dict[str, torch.Tensor]:
     """The module's own (stacked) names and full tensors; collective."""
     from torch.distributed.tensor import DTensor
 
     return {n: (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone().cpu()
             for n, t in model.state_dict().items()}
-
-
-def step_with_grads(w, batch) -> tuple[dict, dict[str, torch.Tensor]]:
-    """``(metrics, full gradients read just before the optimizer applies them)``."""
-    grads: dict = {}
-    step = w.optimizer.step
-
-    def capture(*a, **k):
-        grads.update(full_grads(w.model))
-        return step(*a, **k)
-
-    w.optimizer.step = capture
-    try:
-        return w.train_step(batch, sc.nll_loss), grads
-    finally:
-        w.optimizer.step = step
 
 
 def _logprobs(w, shard, idx) -> dict[int, torch.Tensor]:
@@ -112,7 +89,7 @@ def ranks_scenario(ctx_kw: dict, models: dict[str, str], work: str, coef: float 
         if n == 0:
             res["streamed0"] = dict(w.named_weights())
         out = {"logprobs": _logprobs(w, shard, idx)}
-        out["metrics"], out["grads"] = step_with_grads(w, shard)
+        out["metrics"], out["grads"] = sc.train_step_with_grads(w, shard, sc.nll_loss)
         out["state"] = full_state(w.model)
         if n == 0:
             res["streamed1"] = dict(w.named_weights())
@@ -181,7 +158,7 @@ def variants_scenario(ctx_kw: dict, path: str, kernels: dict[str, str], dense: s
         logged.clear()
         w = _worker(ctx_kw, path, **cfg)
         out = {"logprobs": w.compute_logprobs(batch)["logprobs"], "kernel": w.moe_kernel}
-        out["metrics"], out["grads"] = step_with_grads(w, batch)
+        out["metrics"], out["grads"] = sc.train_step_with_grads(w, batch, sc.nll_loss)
         res[label] = {**out, "logged": list(logged)}
     if dense and "kernel_auto" in kernels:
         logged.clear()

@@ -96,6 +96,31 @@ def _worker(ctx_kw: dict, model: dict, optim: dict | None, parallel: dict | None
     return w
 
 
+def full_grads(model) -> dict[str, torch.Tensor]:
+    """Every parameter's full gradient (gathered from its shards), on CPU; collective."""
+    from torch.distributed.tensor import DTensor
+
+    return {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone().cpu()
+            for n, p in model.named_parameters() if p.grad is not None}
+
+
+def train_step_with_grads(w, batch, loss) -> tuple[dict, dict[str, torch.Tensor]]:
+    """``(metrics, full gradients)`` of one ``train_step`` of worker ``w``, the gradients read
+    just before the optimizer applies them."""
+    grads: dict = {}
+    step = w.optimizer.step
+
+    def capture(*a, **k):
+        grads.update(full_grads(w.model))
+        return step(*a, **k)
+
+    w.optimizer.step = capture
+    try:
+        return w.train_step(batch, loss), grads
+    finally:
+        w.optimizer.step = step
+
+
 def _gather_by_sample(local: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
     import torch.distributed as dist
 

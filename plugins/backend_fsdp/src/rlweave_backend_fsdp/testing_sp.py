@@ -37,35 +37,6 @@ def _per_sample(batch, flat: torch.Tensor) -> dict[int, torch.Tensor]:
     return {i: flat[cu[i] : cu[i + 1]].clone() for i in range(len(batch))}
 
 
-def _full_grads(model) -> dict[str, torch.Tensor]:
-    from torch.distributed.tensor import DTensor
-
-    out = {}
-    for name, p in model.named_parameters():
-        g = p.grad
-        if g is None:
-            continue
-        out[name] = (g.full_tensor() if isinstance(g, DTensor) else g).detach().clone().cpu()
-    return out
-
-
-def _train_step_with_grads(w, batch, loss) -> tuple[dict, dict[str, torch.Tensor]]:
-    """``(metrics, full gradients)`` of one ``train_step``, the gradients read just before the
-    optimizer applies them."""
-    grads: dict = {}
-    step = w.optimizer.step
-
-    def capture(*a, **k):
-        grads.update(_full_grads(w.model))
-        return step(*a, **k)
-
-    w.optimizer.step = capture
-    try:
-        return w.train_step(batch, loss), grads
-    finally:
-        w.optimizer.step = step
-
-
 def sp_case(ctx_kw: dict, sp: int, model_dir: str, kind: str = "causal_lm", batch: str = "fixed",
             budget: int = 4096, share_prompts: bool = True, activation_checkpointing: bool = False) -> dict:
     """Outputs and one train step's gradients (before the optimizer applies them) of a
@@ -87,7 +58,7 @@ def sp_case(ctx_kw: dict, sp: int, model_dir: str, kind: str = "causal_lm", batc
     else:
         res["scores"] = w.compute_scores(b)
         return res
-    res["metrics"], res["grads"] = _train_step_with_grads(w, b, loss)
+    res["metrics"], res["grads"] = sc.train_step_with_grads(w, b, loss)
     return res
 
 
@@ -206,6 +177,6 @@ def dp_sp_scenario(ctx_kw: dict, sp: int, model_dir: str) -> dict:
     lp = _per_sample(shard, w.compute_logprobs(shard)["logprobs"])
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, {i: lp[j] for j, i in enumerate(idx)})
-    metrics, grads = _train_step_with_grads(w, shard, sc.nll_loss)
+    metrics, grads = sc.train_step_with_grads(w, shard, sc.nll_loss)
     merged = {i: v for d in gathered for i, v in d.items()}
     return {"logprobs": merged, "grads": grads, "metrics": metrics}
