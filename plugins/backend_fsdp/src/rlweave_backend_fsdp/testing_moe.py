@@ -26,6 +26,11 @@ OPTIM = {"lr": 1e-3, "grad_clip": 1.0, "eps": 1e-5}
 ROUTERS = ("model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight")
 
 
+#: where the real kernel object lives (a plugin of its own: reached by name, as the worker
+#: context reaches it, not imported by this package)
+KERNEL_TARGET = "rlweave_kernel_moe.kernel:KERNEL"
+
+
 class ForcedKernel:
     """The real ``moe_groupgemm`` kernel with its implementation chosen (``impl``) instead of
     picked by device; a kernel object a worker context can point at."""
@@ -34,9 +39,9 @@ class ForcedKernel:
         self.impl = impl
 
     def apply(self, model, device: str) -> dict:
-        from rlweave_kernel_moe.kernel import KERNEL
+        from rlweave.plugins.types import import_target
 
-        return KERNEL.apply(model, device, impl=self.impl)
+        return import_target(KERNEL_TARGET).apply(model, device, impl=self.impl)
 
 
 REFERENCE_KERNEL = ForcedKernel("reference")
