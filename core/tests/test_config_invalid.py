@@ -6,7 +6,6 @@ file is ``c.yaml`` in the working directory, so messages read ``c.yaml: <path>: 
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import sys
 import types
@@ -54,14 +53,7 @@ def errors(data=None, overrides=(), text=None, pm=None) -> list[str]:
 
 
 def base(**changes):
-    data = copy.deepcopy(BASE)
-    for dotted, value in changes.items():
-        node = data
-        *parents, last = dotted.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return data
+    return fakes.changed(BASE, **changes)
 
 
 # ---------------------------------------------------------------- pass one: core sections

@@ -7,7 +7,6 @@ file is ``c.yaml`` in the working directory, so messages read ``c.yaml: <path>: 
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import sys
 import types
@@ -56,14 +55,7 @@ def _pm():
 
 
 def _write(**changes):
-    data = copy.deepcopy(BASE)
-    for dotted, value in changes.items():
-        node = data
-        *parents, last = dotted.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    Path("c.yaml").write_text(yaml.safe_dump(data))
+    Path("c.yaml").write_text(yaml.safe_dump(fakes.changed(BASE, **changes)))
 
 
 def _load(**changes):

@@ -2,13 +2,14 @@
 
 :func:`make_pm` returns a :class:`PluginManager` without entry points, with records
 registered through the normal hook path (:meth:`PluginManager.register`) under the
-distribution names the real plugins use, so messages look like a real installation.
-Targets point nowhere (validation never imports them), except the rewards': the input
+distribution names the real plugins use, so messages look like a real installation;
+:func:`changed` writes a test's config variants. Targets point nowhere (validation never imports them), except the rewards': the input
 checks dry-run a reward in a worker process when the config names data files.
 """
 
 from __future__ import annotations
 
+import copy
 import types
 from typing import Any, Callable
 
@@ -75,3 +76,16 @@ def make_pm() -> PluginManager:
                                                              probe=lambda: "needs CUDA")]),
                 name="builtin-rewards", distribution="rlweave", version="0.1.0")
     return pm
+
+
+def changed(base: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A deep copy of the config ``base`` with each ``a__b__c=value`` set at ``a.b.c``
+    (missing parents created)."""
+    data = copy.deepcopy(base)
+    for dotted, value in changes.items():
+        node = data
+        *parents, last = dotted.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return data

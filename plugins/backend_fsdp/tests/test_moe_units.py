@@ -91,17 +91,13 @@ def test_mixtral_export_uses_its_checkpoint_names(tmp_path):
     plus ``block_sparse_moe.gate`` -- the names ``save_pretrained`` writes -- and the export
     reloads in transformers with identical logits."""
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    cfg = MixtralConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                        num_key_value_heads=1, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)
-    torch.manual_seed(0)
-    model = MixtralForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.08)
-    model.save_pretrained(tmp_path / "ref")
-    ref = load_file(str(tmp_path / "ref" / "model.safetensors"))
+    from rlweave.testing.tiny_model import build_tiny_mixtral
+
+    ref_dir = build_tiny_mixtral(tmp_path / "ref")
+    model = AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32).eval()
+    ref = load_file(str(ref_dir / "model.safetensors"))
     streamed = dict(hf_export.stream_full(model, 0, set()))
     assert set(streamed) == set(ref) and "model.layers.1.block_sparse_moe.experts.3.w3.weight" in ref
     for k, v in ref.items():

@@ -6,7 +6,6 @@ parameters, so greedy output then equals transformers loading those weights from
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,25 +18,6 @@ NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True)
 
 
-def _tiny_mixtral(path: Path) -> Path:
-    import torch
-    from transformers import MixtralConfig, MixtralForCausalLM
-
-    cfg = MixtralConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                        num_key_value_heads=1, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
-                        tie_word_embeddings=False, max_position_embeddings=256, bos_token_id=0, eos_token_id=1,
-                        pad_token_id=1)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = MixtralForCausalLM(cfg)
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.dim() >= 2:
-                    p.normal_(0.0, 0.08)
-    model.save_pretrained(path)
-    return path
-
-
 def _build(kind: str, path: Path) -> Path:
     from rlweave.testing import tiny_model
 
@@ -45,23 +25,15 @@ def _build(kind: str, path: Path) -> Path:
         return tiny_model.build_tiny_qwen3_moe(path, seed=3)
     if kind == "qwen2_moe":
         return tiny_model.build_tiny_qwen2_moe(path, seed=3)
-    return _tiny_mixtral(path)
+    return tiny_model.build_tiny_mixtral(path)
 
 
 def _perturbed_copy(model_dir: Path, out: Path) -> dict:
     """``model_dir`` copied to ``out`` with every MoE tensor (experts, routers, shared expert)
     changed, in checkpoint names; returns the new weights."""
-    import torch
-    from safetensors.torch import load_file, save_file
+    from rlweave.testing.tiny_model import perturbed_copy
 
-    weights = load_file(str(model_dir / "model.safetensors"))
-    gen = torch.Generator().manual_seed(5)
-    moe = (".experts.", ".mlp.gate.", ".block_sparse_moe.gate.", ".shared_expert")
-    new = {n: (w + 0.05 * torch.randn(w.shape, generator=gen)).contiguous() if any(k in n for k in moe) else w
-           for n, w in weights.items()}
-    shutil.copytree(model_dir, out)
-    save_file(new, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return new
+    return perturbed_copy(model_dir, out, (".experts.", ".mlp.gate.", ".block_sparse_moe.gate.", ".shared_expert"))
 
 
 def _reference(model_dir: Path) -> list[list[int]]:

@@ -12,7 +12,6 @@ half of every expert). One engine per case (~5-15 s each on 2 cores).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -28,23 +27,6 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=T
 LAYERS = 2
 
 
-def perturbed_copy(model_dir: Path, out: Path, seed: int = 5, scale: float = 0.05) -> dict:
-    """Copy ``model_dir`` to ``out`` with every expert matrix and router changed (checkpoint
-    names, as saved); returns the new weights (name -> tensor)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    weights = load_file(str(model_dir / "model.safetensors"))
-    gen = torch.Generator().manual_seed(seed)
-    new = {}
-    for name, w in weights.items():
-        moe = ".mlp.experts." in name or name.endswith(".mlp.gate.weight")
-        new[name] = (w + scale * torch.randn(w.shape, generator=gen)).contiguous() if moe else w
-    shutil.copytree(model_dir, out)
-    save_file(new, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return new
-
-
 def greedy_reference(model_dir: Path) -> list[list[int]]:
     from rlweave.testing.reference import load_reference_model, reference_greedy
 
@@ -55,14 +37,14 @@ def greedy_reference(model_dir: Path) -> list[list[int]]:
 @pytest.fixture(scope="module", params=[(32, 1), (48, 1), (48, 2)], ids=["moe_ffn32", "moe_ffn48_padded", "tp2"])
 def moe_run(request, tmp_path_factory):
     """Start vLLM on a tiny Qwen3-MoE, generate, stream perturbed weights, generate again."""
-    from rlweave.testing.tiny_model import build_tiny_qwen3_moe
+    from rlweave.testing.tiny_model import build_tiny_qwen3_moe, perturbed_copy
     from rlweave_infer_vllm.engine import VLLMEngine
 
     moe_ffn, tp = request.param
     root = tmp_path_factory.mktemp(f"vllm_moe_{moe_ffn}_tp{tp}")
     model_dir = build_tiny_qwen3_moe(root / "base", vocab_size=128, hidden=64, layers=LAYERS, heads=2, kv_heads=1,
                                      moe_ffn=moe_ffn, num_experts=8, top_k=2, seed=3)
-    new = perturbed_copy(model_dir, root / "perturbed")
+    new = perturbed_copy(model_dir, root / "perturbed", (".mlp.experts.", ".mlp.gate.weight"))  # experts, routers
     engine = VLLMEngine(WorkerContext(role="rollout", parallel={"tp": tp},
                                       options={"max_model_len": 64, "kv_cache_gib": 0.25},
                                       model={"path": str(model_dir), "dtype": "float32"}, seed=1))

@@ -2,9 +2,10 @@
 
 :func:`build_tiny_qwen2` writes a Hugging Face directory (``config.json`` +
 ``model.safetensors``) that transformers, vLLM and every rlweave backend load like a real
-checkpoint; :func:`build_tiny_qwen3_moe` and :func:`build_tiny_qwen2_moe` do the same for
-mixture-of-experts models (per-expert checkpoint names). Same arguments and seed ->
-identical weights. No tokenizer is written.
+checkpoint; :func:`build_tiny_qwen3_moe`, :func:`build_tiny_qwen2_moe` and
+:func:`build_tiny_mixtral` do the same for mixture-of-experts models (per-expert checkpoint
+names). Same arguments and seed -> identical weights. No tokenizer is written.
+:func:`perturbed_copy` writes a copy with some tensors changed (weight-update tests).
 """
 
 from __future__ import annotations
@@ -138,3 +139,58 @@ def build_tiny_qwen2_moe(path: str | Path, *args, shared_ffn: int = 64, norm_top
     ``shared_ffn``; biased q/k/v projections. Saved in the checkpoint layout; returns the path."""
     return _build_moe("Qwen2Moe", {"shared_expert_intermediate_size": shared_ffn}, path, *args,
                       norm_topk_prob=norm_topk_prob, **kwargs)
+
+
+def build_tiny_mixtral(
+    path: str | Path,
+    vocab_size: int = 128,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 2,
+    kv_heads: int = 1,
+    ffn: int = 32,
+    seed: int = 0,
+    *,
+    num_experts: int = 4,
+    top_k: int = 2,
+    max_positions: int = 256,
+    tie_word_embeddings: bool = False,
+    dtype: str = "float32",
+    init_std: float = 0.08,
+) -> Path:
+    """Build a random ``MixtralForCausalLM`` (``num_experts`` experts of width ``ffn``, ``top_k``
+    per token, every layer sparse) and save it under ``path`` in the checkpoint layout
+    (``block_sparse_moe.experts.<e>.{w1,w2,w3}.weight``); returns the path. No tokenizer is
+    written. Same arguments and seed -> identical weights."""
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    _check_heads("build_tiny_mixtral", hidden, heads, kv_heads)
+    cfg = MixtralConfig(
+        vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, intermediate_size=ffn, num_local_experts=num_experts,
+        num_experts_per_tok=top_k, max_position_embeddings=max_positions, tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1,
+    )
+    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG untouched
+        torch.manual_seed(seed)
+        return _save_random(MixtralForCausalLM(cfg), path, dtype, init_std)
+
+
+def perturbed_copy(model_dir: str | Path, out: str | Path, parts: tuple[str, ...], seed: int = 5,
+                   scale: float = 0.05) -> dict:
+    """Copy the HF directory ``model_dir`` (one ``model.safetensors``) to ``out`` with every
+    tensor whose name contains one of ``parts`` changed by ``scale`` times normal noise drawn
+    with ``seed``, in the file's own (checkpoint) names; returns the new weights, name -> tensor."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(Path(model_dir) / "model.safetensors"))
+    gen = torch.Generator().manual_seed(seed)
+    new = {n: (w + scale * torch.randn(w.shape, generator=gen)).contiguous() if any(p in n for p in parts) else w
+           for n, w in weights.items()}
+    shutil.copytree(model_dir, out)
+    save_file(new, str(Path(out) / "model.safetensors"), metadata={"format": "pt"})
+    return new

@@ -61,13 +61,7 @@ class MoEGroupGemm:
         ``"cpu"``...): ``"torch"`` where torch's ``grouped_mm`` works on that device (on an H200
         it ran faster than the Triton kernels, ``bench/moe_experts.py``), else ``"triton"`` on
         CUDA sm80+ when triton imports, else ``"reference"``."""
-        device_type = self._device_type(device)
-        dtype = torch.bfloat16 if device_type == "cuda" else torch.float32
-        if torch_grouped.device_problem(device_type, dtype) is None:
-            return "torch"
-        if device_type == "cuda" and _triton_problem() is None:
-            return "triton"
-        return "reference"
+        return next(impl for impl in ("torch", "triton", "reference") if self.why_not(impl, device) is None)
 
     def why_not(self, impl: str, device: str) -> str | None:
         """Why ``impl`` cannot run on ``device``, or None."""

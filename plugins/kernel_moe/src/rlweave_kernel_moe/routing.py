@@ -44,11 +44,6 @@ class Routing:
     num_tokens: int
     top_k: int
 
-    @property
-    def starts(self) -> torch.Tensor:
-        """``(E,)`` int64, first row of each expert's group."""
-        return self.offsets.long() - self.counts
-
 
 def route(top_k_index: torch.Tensor, num_experts: int) -> Routing:
     """Sort the pairs of ``top_k_index`` (``(T, k)`` integer) by expert; see :class:`Routing`."""
