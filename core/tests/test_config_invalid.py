@@ -60,7 +60,7 @@ def base(**changes):
 def test_unknown_top_level_key_lists_the_sections():
     assert errors(base(trainer={"lr": 1})) == [
         "c.yaml: trainer: unknown key (allowed: required_plugins, run, ray, resources, model, roles, algorithm, "
-        "rewards, reward_runtime, data, logging, weight_sync, kernels)"]
+        "rewards, reward_runtime, data, logging, weight_sync, rollout, kernels)"]
 
 
 def test_unknown_nested_key_suggests_the_close_one():

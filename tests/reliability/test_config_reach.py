@@ -9,7 +9,8 @@ read it and got the mutated value (:mod:`rlweave.testing.config_keys`).
 
 The runs (tiny fp32 model, 1-2 steps, no Ray: :mod:`rlweave.testing.recorded_run`):
 
-* ``grpo``, ``ppo``, ``dpo``, ``online_dpo``, ``sft`` (with a vLLM rollout), ``rm``: the real
+* ``grpo``, ``grpo_async`` (run modes, partial rollout, off-policy correction), ``ppo``, ``dpo``,
+  ``online_dpo``, ``sft`` (with a vLLM rollout), ``rm``: the real
   ``rlweave.runner.loop.run`` (controller, role builder, workers, algorithm with its steps,
   evaluations and checkpoints, rewards) with every rank in this process;
 * ``fsdp_init``: an fsdp role built with settings whose cost is paid at the first forward
@@ -204,6 +205,7 @@ def _ray_start(user: dict, rec: Recorder) -> tuple[RunConfig, list[dict]]:
 
 RUNS = {
     "grpo": _loop_run,
+    "grpo_async": _loop_run,
     "ppo": _loop_run,
     "dpo": _loop_run,
     "online_dpo": _loop_run,

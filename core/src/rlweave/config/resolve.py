@@ -139,10 +139,39 @@ class _Pass:
         if parsed is not None:
             dumped = {k: v for k, v in parsed.model_dump(mode="json", by_alias=True).items() if k != "name"}
             self.cfg.algorithm = AlgorithmSection(name=section.name, **dumped)
+        self.run_mode(record, parsed if parsed is not None else section)
         try:
             self.out.role_names = tuple(record.roles(parsed if parsed is not None else section))
         except Exception as exc:  # a plugin bug: say whose
             self.issue("algorithm", f"algorithm '{record.name}' failed to list its roles: {type(exc).__name__}: {exc}")
+
+    def run_mode(self, record: AlgorithmRecord, algo_config: Any) -> None:
+        """``run.mode`` and ``rollout.partial`` must be ones the algorithm implements (as
+        configured), and the modes that overlap generation with training need the rollout role
+        on devices of its own, never put away (``resources.offload: always``)."""
+        mode = self.cfg.run.mode
+        modes, partial = getattr(record, "run_modes", ("sync",)), getattr(record, "partial_rollout", False)
+        try:
+            modes = tuple(modes(algo_config) if callable(modes) else modes)
+            partial = bool(partial(algo_config) if callable(partial) else partial)
+        except Exception as exc:  # a plugin bug: say whose
+            self.issue("algorithm", f"algorithm '{record.name}' failed to list its run modes: {type(exc).__name__}: {exc}")
+            return
+        if mode not in modes:
+            self.issue("run.mode", f"algorithm '{record.name}' as configured runs in mode(s) {', '.join(modes)}, "
+                       f"not {mode!r}")
+        if self.cfg.rollout.partial is not None and not partial:
+            self.issue("rollout.partial", f"algorithm '{record.name}' as configured does not implement partial "
+                       "rollout; remove rollout.partial")
+        if mode != "sync" and self.cfg.resources.offload == "always":
+            self.issue("resources.offload", f"run.mode {mode!r} keeps the rollout engine generating while the "
+                       "policy trains, so it cannot be put away between phases; use offload: auto or never")
+        if mode != "sync":
+            for group in self.cfg.resources.colocate:
+                if "rollout" in group and len(group) > 1:
+                    others = ", ".join(r for r in group if r != "rollout")
+                    self.issue("resources.colocate", f"run.mode {mode!r} generates while the policy trains, so the "
+                               f"rollout role needs devices of its own; it is colocated with {others}")
 
     def user_algorithm(self, name: str) -> AlgorithmRecord | None:
         """The record of an algorithm named by import path (``module:Class``), or None with an issue."""

@@ -30,6 +30,16 @@ class RunSection(Strict):
     keep_last: int = Field(2, ge=1, description="Complete checkpoints to keep.")
     log_every: int = Field(1, ge=1, description="Print a status line every k steps.")
     save_hf: bool = Field(True, description="Write a Hugging Face checkpoint of the policy at the end.")
+    mode: Literal["sync", "one_step_off", "async"] = Field(
+        "sync", description="How generation and training take turns. sync: generate, then train, then sync weights. "
+        "one_step_off: the next step's batch is generated while this one trains (samples one version old). async: "
+        "samples stream through a bounded queue, generated up to run.max_staleness versions ahead of training. The "
+        "last two need the rollout role on devices of its own and an algorithm that supports them.",
+    )
+    max_staleness: int = Field(
+        1, ge=0, description="one_step_off and async: no trained token was generated more than this many policy "
+        "versions before the update that uses it (older samples are generated again).",
+    )
     max_restarts: int = Field(
         0, ge=0, description="Times a run recovers from a dead or hung worker: the lost roles are rebuilt, every "
         "trained role reloads the newest complete checkpoint (one is written at step 0 when there is none) and the run "
@@ -195,6 +205,27 @@ class WeightSyncSection(Strict):
     )
 
 
+class PartialRolloutSection(Strict):
+    token_budget_per_step: int = Field(
+        ..., ge=1, description="New tokens a sample gets at most in one generation round; a longer response is kept "
+        "and continued in the next round (its group is trained when every sample of it has finished).",
+    )
+    max_rounds: int = Field(
+        4, ge=1, description="Rounds a sample may take: in its last it is generated to the end (max_new_tokens).",
+    )
+
+
+class RolloutSection(Strict):
+    partial: Optional[PartialRolloutSection] = Field(
+        None, description="Partial rollout: over-long generations are cut at a token budget and continued in the "
+        "next round instead of holding up the step (null: off).",
+    )
+    request_groups: Optional[int] = Field(
+        None, ge=1, description="async: prompts (groups) per generate request; weight updates reach the engine "
+        "between requests (null: a quarter of data.batch_size, at least 1).",
+    )
+
+
 class DataSection(Strict):
     train: Optional[str] = Field(
         None, description="Training data: a jsonl or parquet file, or a directory written by datasets' save_to_disk.",
@@ -264,6 +295,9 @@ class RunConfig(Strict):
     logging: LoggingSection = Field(default_factory=LoggingSection, description="Metrics backends.")
     weight_sync: WeightSyncSection = Field(
         default_factory=WeightSyncSection, description="Weight sync between roles (policy -> rollout).",
+    )
+    rollout: RolloutSection = Field(
+        default_factory=RolloutSection, description="How rollouts are generated (partial rollout, async requests).",
     )
     kernels: dict[str, bool] = Field(
         default_factory=dict,

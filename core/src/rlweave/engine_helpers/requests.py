@@ -9,8 +9,16 @@ per prompt) and applies the same rules, so engines agree with each other:
   call are generated normally and the engine keeps running. Policy ``"truncate"``: the prompt
   keeps its last ``max_model_len - min(max_new_tokens, max_model_len // 2)`` tokens (left
   truncation) and its samples carry ``truncated=True``. An empty prompt is always an error.
-* **Response budget.** A sample gets ``min(max_new_tokens, max_model_len - len(prompt))``
-  new tokens at most (``finish_reason="length"`` when it hits that).
+* **Response limit.** A sample gets ``min(max_new_tokens, token_budget, max_model_len -
+  len(prompt))`` new tokens at most in one call (``token_budget`` when set). Reaching it is
+  ``finish_reason="length"``, unless the limit was the ``token_budget`` (smaller than both
+  ``max_new_tokens`` and the room left): then the sample is unfinished, ``"aborted"``, and a
+  later call continues it with prompt + its tokens as prompt (:func:`finish_generation`).
+* **Abort.** :class:`CallRegistry` keeps one stop flag per ``generate`` call in progress;
+  ``RolloutEngine.abort()`` sets them, the engine checks its flag at each decoding step, and
+  every sample it stops before it finished comes back ``"aborted"`` with its tokens so far.
+* **Versions.** Every generated token is stamped with the engine's ``weight_version``
+  (``Generation.versions``); error samples have none.
 * **Stops.** Generation stops after any of ``stop_token_ids`` or the model's EOS ids (the
   latter unless ``ignore_eos``); the stop token is the last token of the response
   (``finish_reason="stop"``).
@@ -21,9 +29,11 @@ per prompt) and applies the same rules, so engines agree with each other:
 from __future__ import annotations
 
 import json
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from rlweave.interfaces.engine import Generation, SamplingParams
@@ -33,8 +43,10 @@ LONG_PROMPT_POLICIES = ("error", "truncate")
 
 @dataclass
 class SampleRequest:
-    """One sample to generate: ``prompt_ids`` after the long-prompt policy, its token budget,
-    its seed, and ``error`` when it must not be generated at all."""
+    """One sample to generate: ``prompt_ids`` after the long-prompt policy, ``max_new_tokens``
+    (the most new tokens this call generates for it), its seed, and ``error`` when it must not
+    be generated at all. ``budget_limited``: that limit is the call's ``token_budget``, so a
+    sample reaching it is unfinished (``"aborted"``), not ``"length"``."""
 
     prompt_index: int
     sample_index: int
@@ -43,6 +55,7 @@ class SampleRequest:
     seed: int | None
     truncated: bool = False
     error: str | None = None
+    budget_limited: bool = False
 
 
 def validate_params(params: "SamplingParams") -> None:
@@ -58,6 +71,9 @@ def validate_params(params: "SamplingParams") -> None:
         problems.append(f"top_k={params.top_k} (must be -1 or >= 1)")
     if params.max_new_tokens < 1:
         problems.append(f"max_new_tokens={params.max_new_tokens} (must be >= 1)")
+    budget = getattr(params, "token_budget", None)
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        problems.append(f"token_budget={budget!r} (must be None or an integer >= 1)")
     if problems:
         raise ValueError("invalid SamplingParams: " + "; ".join(problems))
 
@@ -67,6 +83,17 @@ def sample_seed(seed: int | None, prompt_index: int, sample_index: int, n: int) 
     if seed is None:
         return None
     return (int(seed) * 1_000_003 + prompt_index * n + sample_index) % (2**31 - 1)
+
+
+def response_limit(params: "SamplingParams", room: int) -> tuple[int, bool]:
+    """``(limit, budget_limited)`` of one sample with ``room`` tokens left before
+    ``max_model_len``: the limit is ``min(max_new_tokens, token_budget, room)``;
+    ``budget_limited`` when ``token_budget`` is strictly smaller than the other two."""
+    natural = min(params.max_new_tokens, room)
+    budget = getattr(params, "token_budget", None)
+    if budget is not None and budget < natural:
+        return int(budget), True
+    return natural, False
 
 
 def plan_requests(
@@ -100,17 +127,18 @@ def plan_requests(
                     f"prompt {i} has {len(ids)} tokens; {where} accepts at most max_model_len={max_model_len} "
                     f"tokens of prompt + response (set long_prompt: truncate to cut prompts from the left)"
                 )
-        budget = 0 if error else min(params.max_new_tokens, max_model_len - len(ids))
+        limit, budget_limited = response_limit(params, max_model_len - len(ids)) if not error else (0, False)
         for k in range(params.n):
             out.append(
                 SampleRequest(
                     prompt_index=i,
                     sample_index=k,
                     prompt_ids=ids,
-                    max_new_tokens=budget,
+                    max_new_tokens=limit,
                     seed=sample_seed(params.seed, i, k, params.n),
                     truncated=truncated,
                     error=error,
+                    budget_limited=budget_limited,
                 )
             )
     return out
@@ -136,6 +164,75 @@ def cut_at_stop(
         if t in stop_set:
             return ids[: j + 1], [float(x) for x in logprobs[: j + 1]], "stop"
     return ids, [float(x) for x in logprobs[: len(ids)]], "length"
+
+
+def finish_generation(
+    req: SampleRequest,
+    token_ids: Sequence[int],
+    logprobs: Sequence[float],
+    stops: Sequence[int],
+    version: int,
+    aborted: bool = False,
+) -> "Generation":
+    """The :class:`Generation` of one sample from its raw continuation.
+
+    Cut after the first stop token (``"stop"``) or at ``req.max_new_tokens``; a sample that
+    reached that limit is ``"length"``, or ``"aborted"`` when the limit was the token budget
+    (``req.budget_limited``). ``aborted``: the engine stopped the call early on request; a
+    sample short of its limit without a stop token is then ``"aborted"`` too. Every token is
+    stamped with ``version``."""
+    from rlweave.interfaces.engine import Generation
+
+    ids, lps, reason = cut_at_stop(token_ids, logprobs, stops, req.max_new_tokens)
+    if reason != "stop":
+        at_limit = len(ids) >= req.max_new_tokens
+        if (at_limit and req.budget_limited) or (not at_limit and aborted):
+            reason = "aborted"
+    return Generation(
+        token_ids=ids, logprobs=lps, finish_reason=reason, truncated=req.truncated, versions=[int(version)] * len(ids)
+    )
+
+
+class CallRegistry:
+    """The ``generate`` calls of one engine, each with its stop flag (thread-safe).
+
+    An engine wraps each call in :meth:`call`, which registers the call's flag, waits until
+    no other call of the engine runs (calls run one at a time: they share the engine's
+    scheduler and the process's random state), and yields the flag; the engine polls it at
+    every decoding step. :meth:`abort_all` (``abort()``, from another thread) sets the flags
+    of the calls registered at that moment, running or waiting their turn, and returns how
+    many there were. A call that starts later gets a fresh flag: an abort while idle affects
+    nothing."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._turn = threading.Lock()
+        self._flags: list[threading.Event] = []
+
+    @contextmanager
+    def call(self) -> Iterator[threading.Event]:
+        flag = threading.Event()
+        with self._lock:
+            self._flags.append(flag)
+        try:
+            with self._turn:
+                yield flag
+        finally:
+            with self._lock:
+                self._flags.remove(flag)
+
+    def abort_all(self) -> int:
+        """Set the flag of every registered call; returns their number."""
+        with self._lock:
+            for flag in self._flags:
+                flag.set()
+            return len(self._flags)
+
+    @property
+    def registered(self) -> int:
+        """Calls running or waiting their turn."""
+        with self._lock:
+            return len(self._flags)
 
 
 def group_generations(

@@ -61,6 +61,11 @@ class Algorithm(ABC):
     :mod:`rlweave.plugins.user_algorithm`) says itself what a plugin's record would:
     ``config_model`` and :meth:`required_roles`; plugin algorithms leave both to their record."""
 
+    #: ``run.mode`` values and whether ``rollout.partial`` is implemented (an algorithm named by
+    #: import path; plugin algorithms say it in their record)
+    run_modes: ClassVar[tuple[str, ...]] = ("sync",)
+    partial_rollout: ClassVar[bool] = False
+
     #: pydantic model of the keys beside ``algorithm.name`` (an algorithm named by import path);
     #: ``None``: it takes none and ``__init__`` receives the ``algorithm`` section itself
     config_model: ClassVar[Any] = None

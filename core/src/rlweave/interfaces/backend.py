@@ -51,8 +51,9 @@ class LossFn(Protocol):
 
     Must be picklable (a module-level function or a small dataclass instance) because it
     travels to the ranks. ``loss`` is a scalar tensor following the token-weight
-    convention above; ``metrics`` are floats summed over micro-batches by the backend
-    (so return token-weighted sums when a mean is wanted).
+    convention above; ``metrics`` are floats summed over micro-batches and ranks by the
+    backend (so return token-weighted sums when a mean is wanted), except keys ending in
+    ``_max`` or ``_min``, reduced by max and min (:func:`merge_metric`).
 
     Optional attributes a backend reads from the loss function: ``temperature`` (float,
     default 1.0: ``outputs.logprobs`` are those of ``logits / temperature``, as
@@ -60,6 +61,19 @@ class LossFn(Protocol):
     default True: whether ``outputs.entropy`` is computed)."""
 
     def __call__(self, outputs: ModelOutputs, batch: "Batch") -> tuple["torch.Tensor", dict[str, float]]: ...
+
+
+def merge_metric(key: str, total: float | None, value: float) -> float:
+    """A loss metric ``value`` combined into the ``total`` so far (None: none yet) over
+    micro-batches and ranks: the maximum for keys ending in ``_max``, the minimum for keys
+    ending in ``_min``, else the sum."""
+    if total is None:
+        return 0.0 + value
+    if key.endswith("_max"):
+        return max(total, value)
+    if key.endswith("_min"):
+        return min(total, value)
+    return total + value
 
 
 class TrainingWorker(Worker):

@@ -34,7 +34,13 @@ class SamplingParams:
     ``temperature = 0`` is greedy; ``seed`` makes sampling reproducible (same seed, same
     prompts, same weights -> same tokens; sample ``k`` of prompt ``i`` gets its own seed
     derived from ``(seed, i, k)``); ``ignore_eos`` generates exactly ``max_new_tokens``
-    unless a ``stop_token_ids`` token comes first (benchmarks)."""
+    unless a ``stop_token_ids`` token comes first (benchmarks).
+
+    ``token_budget``: the most new tokens this call generates per sample (None: no limit but
+    ``max_new_tokens``). A sample the budget stops before it stops or reaches
+    ``max_new_tokens`` comes back unfinished, ``finish_reason="aborted"``, with what it has so
+    far; a later call continues it with prompt + those tokens as its prompt (partial
+    rollout)."""
 
     n: int = 1
     temperature: float = 1.0
@@ -44,14 +50,22 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
+    token_budget: int | None = None
 
 
 @dataclass
 class Generation:
     """One sampled continuation: ``token_ids`` (the response only), ``logprobs`` of those
     tokens under the engine (same length), ``finish_reason`` in ``{"stop", "length",
-    "error"}``, ``error`` set when ``finish_reason == "error"``, ``truncated`` when the prompt
-    was cut to fit.
+    "aborted", "error"}``, ``error`` set when ``finish_reason == "error"``, ``truncated`` when
+    the prompt was cut to fit, ``versions``: the engine's ``weight_version`` when each token
+    was generated (same length as ``token_ids``; engines that do not stamp them leave it
+    empty and the caller uses the version it last synced).
+
+    ``"aborted"``: the sample was stopped unfinished, by ``SamplingParams.token_budget`` or by
+    :meth:`RolloutEngine.abort`; its tokens and log-probs so far are valid and a later call
+    with prompt + ``token_ids`` continues it (greedy: the same tokens as an uninterrupted
+    call).
 
     Conventions every engine follows (shared code: :mod:`rlweave.engine_helpers.requests`):
 
@@ -71,10 +85,29 @@ class Generation:
     finish_reason: str
     error: str | None = None
     truncated: bool = False
+    versions: list[int] = field(default_factory=list)
 
 
 class RolloutEngine(Worker):
-    """Generates with the policy's weights and accepts new weights in place."""
+    """Generates with the policy's weights and accepts new weights in place.
+
+    ``weight_version``: the policy version of the weights the engine holds (0 at start; the
+    controller sets it with :meth:`set_weight_version` right after each weight sync), stamped
+    on every generated token (``Generation.versions``)."""
+
+    weight_version: int = 0
+
+    def set_weight_version(self, version: int) -> int:
+        """Record that the weights now loaded are policy version ``version``; returns it."""
+        self.weight_version = int(version)
+        return self.weight_version
+
+    def abort(self) -> int:
+        """Ask the ``generate`` call in progress (from another thread of this process) to stop
+        at its next decoding step and return every unfinished sample as ``"aborted"``;
+        returns the number of calls asked (0: none was running). Engines that cannot stop
+        mid-call raise ``NotImplementedError`` naming themselves."""
+        raise NotImplementedError(f"{type(self).__name__} cannot abort a generate call in progress")
 
     @abstractmethod
     def init_engine(self) -> None:

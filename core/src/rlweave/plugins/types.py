@@ -149,6 +149,11 @@ class AlgorithmRecord(PluginRecord):
     placement can be checked before any worker starts (e.g. GRPO with ``kl_beta: 0``
     needs no ``reference``).
 
+    ``run_modes``: the ``run.mode`` values the algorithm implements (``"sync"`` always), or a
+    light function ``(validated algorithm config) -> modes``; ``partial_rollout``: whether it
+    implements ``rollout.partial`` (or a function of its config). A config asking for more
+    fails validation naming the key.
+
     ``reward_data`` is a light function ``(validated algorithm config) -> data sections``
     (``"train"``, ``"eval"``) whose records the configured ``rewards`` score; validation
     dry-runs each reward on the first record of each (default: both). An algorithm that
@@ -158,6 +163,8 @@ class AlgorithmRecord(PluginRecord):
     kind: ClassVar[str] = "algorithm"
     roles: Callable[[Any], tuple[str, ...]] = field(default=_no_roles)
     reward_data: Callable[[Any], tuple[str, ...]] = field(default=_train_and_eval)
+    run_modes: "tuple[str, ...] | Callable[[Any], tuple[str, ...]]" = ("sync",)
+    partial_rollout: "bool | Callable[[Any], bool]" = False
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,14 @@ start) and checks, against plain transformers on the same weights:
 * a prompt longer than ``max_model_len`` gives a per-sample error (or truncation, per
   ``long_prompt``) and the engine keeps working;
 * ``sleep``/``wake_up`` keep the engine usable;
+* partial rollout: ``token_budget`` stops unfinished samples at exactly the budget with
+  ``finish_reason="aborted"``, and continuing them greedily from prompt + partial tokens
+  gives the uninterrupted tokens, the log-probs of the pieces concatenated matching too;
+* ``Generation.versions`` stamps every token with the engine's ``weight_version``;
+* ``abort()`` from a second thread stops a long ``generate`` early: its samples come back
+  ``"aborted"`` with aligned tokens/log-probs that are a prefix of the uninterrupted
+  output, and continuing them gives the rest of it; ``abort()`` while idle returns 0 and
+  changes nothing;
 * through the Ray scheduler (slow): an engine whose process dies is reported as a
   :class:`rlweave.scheduler.WorkerError` naming role and rank.
 
@@ -39,6 +47,7 @@ import math
 import os
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -51,7 +60,7 @@ from rlweave.plugins.types import EngineRecord, import_target
 from rlweave.engine_helpers.consistency import logprob_gap
 from rlweave.testing.reference import load_reference_model, reference_greedy, reference_logprobs
 
-FINISH_REASONS = {"stop", "length", "error"}
+FINISH_REASONS = {"stop", "length", "aborted", "error"}
 
 
 class EngineContractSuite:
@@ -73,6 +82,8 @@ class EngineContractSuite:
     logprob_tolerance: float = 1e-3
     #: True when a seeded sample does not depend on the other samples in the call
     batch_invariant_seeds: bool = False
+    #: prompts in the abort test's long call (more: a longer call, harder to miss)
+    abort_batch: int = 128
 
     prompts: list[list[int]] = [[3, 17, 42, 5], [9, 8, 7, 6, 5, 4, 3, 2, 11], [60]]
 
@@ -134,10 +145,11 @@ class EngineContractSuite:
 
     # ----------------------------------------------------------------- helpers
     @staticmethod
-    def _check_generation(g: Generation, max_new: int, vocab: int) -> None:
+    def _check_generation(g: Generation, max_new: int, vocab: int, aborted_ok: bool = False) -> None:
         assert isinstance(g, Generation)
         assert g.finish_reason in FINISH_REASONS, g.finish_reason
         assert g.finish_reason != "error", g.error
+        assert aborted_ok or g.finish_reason != "aborted", "a sample came back aborted without a budget or abort()"
         assert len(g.token_ids) == len(g.logprobs)
         assert 1 <= len(g.token_ids) <= max_new
         if g.finish_reason == "length":
@@ -283,6 +295,172 @@ class EngineContractSuite:
         assert isinstance(info, dict) and int(info["freed_bytes"]) >= 0
         engine.wake_up()
         assert self._greedy(engine, self.prompts) == before
+
+    # ------------------------------------------------- partial rollout and abort
+    @staticmethod
+    def _generate_then_abort(engine, prompts, params, delay: float | None) -> tuple[int, list, float]:
+        """Run ``generate`` in a second thread and, unless ``delay`` is None, call ``abort()``
+        ``delay`` seconds later (then until it reaches the call, or the call ended). Returns
+        ``(what abort() returned, the generations, seconds the call took)``; re-raises an
+        error of the generate call. (Timed in a thread too: on CPU a call's speed can
+        depend on the thread it runs in.)"""
+        result: dict = {}
+
+        def run() -> None:
+            t0 = time.perf_counter()
+            try:
+                result["out"] = engine.generate(prompts, params)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread
+                result["error"] = exc
+            result["seconds"] = time.perf_counter() - t0
+
+        worker = threading.Thread(target=run, name="contract-generate")
+        worker.start()
+        asked = 0
+        try:
+            if delay is not None:
+                time.sleep(delay)
+                while not asked and worker.is_alive():
+                    asked = engine.abort()
+                    if not asked:
+                        time.sleep(0.001)
+        finally:
+            worker.join(timeout=600)
+        assert not worker.is_alive(), "generate did not return within 600 s"
+        if "error" in result:
+            raise result["error"]
+        return asked, result["out"], result["seconds"]
+
+    def test_token_budget_stops_and_continuation_matches(self, engine):
+        """Greedy with ``token_budget=k``: unfinished samples stop at exactly ``k`` tokens,
+        ``"aborted"``; prompt + partial continued (``max_new_tokens - k``) gives the
+        uninterrupted tokens, the two pieces' log-probs concatenated match it; a limit that
+        is ``max_new_tokens`` or the room left is still ``"length"``; a sample whose stop
+        token comes first is ``"stop"``."""
+        max_new, k = 12, 5
+        near_limit = [(7 * i) % 100 + 2 for i in range(self.max_model_len - 3)]  # room for 3 < k
+        prompts = self.prompts + [near_limit]
+        greedy = dict(temperature=0.0, ignore_eos=True)
+        full = [g[0] for g in engine.generate(prompts, SamplingParams(max_new_tokens=max_new, **greedy))]
+        assert [g.finish_reason for g in full] == ["length"] * len(prompts)
+        cut = [g[0] for g in engine.generate(prompts, SamplingParams(max_new_tokens=max_new, token_budget=k, **greedy))]
+        for i, (f, c) in enumerate(zip(full, cut)):
+            assert len(c.token_ids) == len(c.logprobs)
+            assert c.token_ids == f.token_ids[: len(c.token_ids)]
+            if i == len(prompts) - 1:
+                assert (c.finish_reason, len(c.token_ids)) == ("length", 3), "room left < budget must stay 'length'"
+            else:
+                assert (c.finish_reason, len(c.token_ids)) == ("aborted", k)
+        # continue each unfinished sample from prompt + its partial tokens
+        todo = [i for i, c in enumerate(cut) if c.finish_reason == "aborted"]
+        rest = engine.generate(
+            [prompts[i] + cut[i].token_ids for i in todo], SamplingParams(max_new_tokens=max_new - k, **greedy)
+        )
+        eng, ref = [], []
+        for i, gens in zip(todo, rest):
+            g = gens[0]
+            assert g.finish_reason == "length"
+            assert cut[i].token_ids + g.token_ids == full[i].token_ids, f"prompt {i}: continuation differs"
+            eng += cut[i].logprobs + g.logprobs
+            ref += full[i].logprobs
+        gap = logprob_gap(eng, ref)
+        assert gap["num_tokens"] == len(todo) * max_new and gap["mean_abs"] < self.logprob_tolerance, gap
+        # in rounds of k (partial rollout): 5 + 5 + 2, the last round limited by max_new_tokens
+        done = [[] for _ in self.prompts]
+        reasons: list[list[str]] = [[] for _ in self.prompts]
+        while len(done[0]) < max_new:
+            params = SamplingParams(max_new_tokens=max_new - len(done[0]), token_budget=k, **greedy)
+            out = engine.generate([p + d for p, d in zip(self.prompts, done)], params)
+            for d, r, gens in zip(done, reasons, out):
+                d += gens[0].token_ids
+                r.append(gens[0].finish_reason)
+        assert done == [f.token_ids for f in full[: len(self.prompts)]]
+        assert reasons == [["aborted", "aborted", "length"]] * len(self.prompts)
+        # a budget that is not smaller than max_new_tokens changes nothing
+        same = engine.generate(self.prompts, SamplingParams(max_new_tokens=max_new, token_budget=max_new, **greedy))
+        assert [(g[0].token_ids, g[0].finish_reason) for g in same] == [(f.token_ids, "length") for f in full[:-1]]
+        # a stop token before the budget ends the sample as usual
+        f0 = full[0].token_ids
+        j = next((i for i in range(1, k) if f0[i] not in f0[:i]), 0)  # first occurrence of that token
+        stop = engine.generate(
+            self.prompts[:1], SamplingParams(max_new_tokens=max_new, token_budget=k, stop_token_ids=[f0[j]], **greedy)
+        )[0][0]
+        assert (stop.token_ids, stop.finish_reason) == (f0[: j + 1], "stop")
+        with pytest.raises(ValueError, match="token_budget"):
+            engine.generate(self.prompts[:1], SamplingParams(max_new_tokens=4, token_budget=0))
+
+    def test_versions_stamp_every_token(self, engine):
+        """After ``set_weight_version(v)`` every generated token carries ``v``; an error
+        sample carries none."""
+        before = engine.weight_version
+        try:
+            assert engine.set_weight_version(7) == 7 and engine.weight_version == 7
+            out = engine.generate(self.prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=3))
+            out += engine.generate(self.prompts, SamplingParams(temperature=0.0, max_new_tokens=6, token_budget=2))
+            for gens in out:
+                for g in gens:
+                    assert len(g.token_ids) >= 1 and g.versions == [7] * len(g.token_ids)
+            engine.set_weight_version(8)
+            greedy3 = SamplingParams(temperature=0.0, max_new_tokens=3, ignore_eos=True)
+            g = engine.generate(self.prompts[:1], greedy3)[0][0]
+            assert g.versions == [8, 8, 8]
+            if self.long_prompt == "error":
+                too_long = [3] * (self.max_model_len + 1)
+                err = engine.generate([too_long], SamplingParams(max_new_tokens=3))[0][0]
+                assert err.finish_reason == "error" and err.versions == []
+        finally:
+            engine.set_weight_version(before)
+
+    def test_abort_from_another_thread(self, engine):
+        """``abort()`` while a long ``generate`` runs in another thread makes it return early:
+        its samples come back ``"aborted"`` (or finished) with aligned tokens, log-probs and
+        versions, each a prefix of the uninterrupted greedy output, and continued from prompt +
+        those tokens each ends as the uninterrupted one. ``abort()`` while idle returns 0 and
+        does not affect the next call."""
+        prompts = [[(5 * i) % 97 + 2, (3 * i) % 89 + 2] for i in range(self.abort_batch)]
+        params = SamplingParams(temperature=0.0, max_new_tokens=self.max_model_len, ignore_eos=True)
+        room = self.max_model_len - 2
+        took = []
+        for _ in range(2):  # the second run is warm: its time is what a call takes
+            assert engine.abort() == 0, "abort() while idle must ask no call"
+            _, gens, seconds = self._generate_then_abort(engine, prompts, params, delay=None)
+            full = [g[0] for g in gens]
+            took.append(seconds)
+        assert [(len(g.token_ids), g.finish_reason) for g in full] == [(room, "length")] * len(prompts)
+
+        # abort a third into the call; should the call beat that (a loaded machine), retry sooner
+        for fraction in (1 / 3, 1 / 10, 0.0):
+            asked, gens, _ = self._generate_then_abort(engine, prompts, params, delay=min(took) * fraction)
+            if asked:
+                break
+        assert asked == 1, f"generate finished before abort() reached it ({min(took):.2f} s a call): raise abort_batch"
+        out = [g[0] for g in gens]
+        assert len(out) == len(prompts)
+        assert sum(g.finish_reason == "aborted" for g in out) >= 1
+        assert sum(len(g.token_ids) for g in out) < sum(len(f.token_ids) for f in full), "abort() did not stop early"
+        lp, lp_ref = [], []
+        for g, f in zip(out, full):
+            assert len(g.token_ids) == len(g.logprobs) == len(g.versions)
+            assert g.token_ids == f.token_ids[: len(g.token_ids)], "aborted tokens are not a prefix of the full output"
+            if g.finish_reason == "aborted":
+                assert len(g.token_ids) < room
+            else:
+                assert (g.finish_reason, g.token_ids) == ("length", f.token_ids)
+            lp += g.logprobs
+            lp_ref += f.logprobs[: len(g.logprobs)]
+        if lp:
+            assert logprob_gap(lp, lp_ref)["mean_abs"] < self.logprob_tolerance
+        # continued from prompt + partial tokens, every aborted sample ends as the uninterrupted one
+        # (max_new_tokens as before: the room left in max_model_len is the limit, as it was)
+        todo = [i for i, g in enumerate(out) if g.finish_reason == "aborted"]
+        rest = engine.generate([prompts[i] + out[i].token_ids for i in todo], params)
+        for i, gens in zip(todo, rest):
+            assert out[i].token_ids + gens[0].token_ids == full[i].token_ids, f"prompt {i}: continuation differs"
+            assert gens[0].finish_reason == "length"
+        # idle again: abort() asks nothing and the next call is whole
+        assert engine.abort() == 0
+        again = [g[0] for g in engine.generate(prompts, params)]
+        assert [(g.token_ids, g.finish_reason) for g in again] == [(f.token_ids, "length") for f in full]
 
     # ------------------------------------------------------ through the scheduler
     @pytest.mark.slow

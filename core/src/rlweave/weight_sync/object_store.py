@@ -16,7 +16,7 @@ bucket at a time out of it.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from rlweave.weight_sync.buckets import BucketMeta, iter_buckets, unpack_bucket
 from rlweave.weight_sync.interface import WeightSyncError, WeightSyncTimeout, WeightTransport, from_worker_error
@@ -143,11 +143,17 @@ class ObjectStoreTransport(WeightTransport):
     ) -> list[dict[str, Any]]:
         """Phase 2: every destination rank fetches, verifies and loads ``sent``, within
         ``wait_s`` (default ``timeout_s``, the sync's whole budget named in errors)."""
+        wait_s = timeout_s if wait_s is None else wait_s
+        return self._wait_receive(dst, sent, self._submit_receive(dst, sent, wait_s), timeout_s, wait_s)
+
+    def _submit_receive(self, dst: "RoleHandle", sent: list[tuple[BucketMeta, Any]], wait_s: float) -> Any:
+        ranks = list(range(dst.world_size))
+        return dst.submit_ranks("receive_weights", ranks, [((sent, wait_s), {})] * len(ranks), list, fn=receive_end)
+
+    def _wait_receive(self, dst: "RoleHandle", sent: list[tuple[BucketMeta, Any]], fut: Any, timeout_s: float,
+                      wait_s: float) -> list[dict[str, Any]]:
         from rlweave.scheduler.errors import WorkerError, WorkerTimeout
 
-        wait_s = timeout_s if wait_s is None else wait_s
-        ranks = list(range(dst.world_size))
-        fut = dst.submit_ranks("receive_weights", ranks, [((sent, wait_s), {})] * len(ranks), list, fn=receive_end)
         total = sum(m.nbytes for m, _ in sent)
         try:
             return fut.result(timeout=wait_s)
@@ -160,6 +166,26 @@ class ObjectStoreTransport(WeightTransport):
         except WorkerError as exc:
             raise from_worker_error(exc, f"weight sync into {dst.name!r}") from exc
 
+    def begin(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float,
+              queued_s: float = 0.0) -> Callable[[], dict[str, Any]]:
+        """A sync whose receiving end may wait behind calls already queued on ``dst`` (a
+        generate request in flight): the source's buckets are in the object store when this
+        returns (the source is free to train again), the destination's loading is queued
+        after its earlier calls; the returned function waits for it and returns
+        :meth:`sync`'s stats. ``queued_s``: how long the loading may wait behind those calls,
+        on top of ``timeout_s``."""
+        start = time.monotonic()
+        dtype = destination_dtype(dst, timeout_s + queued_s)
+        sent = self.send(src, bucket_bytes, timeout_s, dtype)
+        wait_s = timeout_s + queued_s
+        fut = self._submit_receive(dst, sent, wait_s)
+
+        def finish() -> dict[str, Any]:
+            self._wait_receive(dst, sent, fut, timeout_s, max(0.0, start + wait_s - time.monotonic()))
+            return self._stats(sent, time.monotonic() - start, dtype)
+
+        return finish
+
     def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float) -> dict[str, Any]:
         """See :meth:`WeightTransport.sync`; floating tensors travel in the destination's
         ``weight_dtype()`` when it names one."""
@@ -168,7 +194,10 @@ class ObjectStoreTransport(WeightTransport):
         dtype = destination_dtype(dst, timeout_s)
         sent = self.send(src, bucket_bytes, _remaining(deadline), dtype)
         self.receive(dst, sent, timeout_s, wait_s=_remaining(deadline))
-        seconds = time.monotonic() - start
+        return self._stats(sent, time.monotonic() - start, dtype)
+
+    @staticmethod
+    def _stats(sent: list[tuple[BucketMeta, Any]], seconds: float, dtype: str | None) -> dict[str, Any]:
         nbytes = sum(m.nbytes for m, _ in sent)
         return {
             "bytes": nbytes,

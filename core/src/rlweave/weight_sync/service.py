@@ -46,6 +46,22 @@ def make_transport(name: str, timeout_s: float = 900.0) -> "WeightTransport":
     return getattr(importlib.import_module(module), cls)(timeout_s=timeout_s)
 
 
+class PendingSync:
+    """A sync begun by :meth:`WeightSync.start`; :meth:`result` waits for it (once) and
+    returns its stats, raising its errors."""
+
+    def __init__(self, info: dict[str, Any] | None = None, finish: Callable[[], dict[str, Any]] | None = None,
+                 stamp: Any = None):
+        self._info, self._finish, self._stamp = info, finish, stamp
+
+    def result(self) -> dict[str, Any]:
+        if self._info is None:
+            self._info = self._finish() if self._finish is not None else {}
+            if self._stamp is not None:
+                self._stamp.result()
+        return self._info
+
+
 class WeightSync:
     """Weight syncs between the roles in ``roles`` (a live mapping: a rebuilt role's new
     handle is used from then on).
@@ -88,13 +104,36 @@ class WeightSync:
             self._transports[key] = transport
         return self._transports[key]
 
-    def sync(self, src: str, dst: str) -> dict[str, Any]:
+    def sync(self, src: str, dst: str, version: int | None = None) -> dict[str, Any]:
         """Copy role ``src``'s current weights into every rank of role ``dst`` (blocking);
         returns the transport's stats (``bytes``, ``tensors``, ``buckets``, ``seconds``,
         ``bytes_per_s``, ...). Errors and timeouts as in :mod:`rlweave.weight_sync.interface`;
-        the timeout is ``weight_sync.timeout_s``, else the destination's ``timeouts.sync``."""
-        return sync_weights(self._handle(src), self._handle(dst), bucket_bytes=self.bucket_bytes,
+        the timeout is ``weight_sync.timeout_s``, else the destination's ``timeouts.sync``.
+        ``version``: the policy version of these weights, given to an engine destination
+        (``RolloutEngine.set_weight_version``) once they are loaded."""
+        info = sync_weights(self._handle(src), self._handle(dst), bucket_bytes=self.bucket_bytes,
                             timeout_s=self.timeout_s, transport=self.transport(src, dst))
+        if version is not None:
+            self._handle(dst).call("set_weight_version", int(version)).result()
+        return info
+
+    def start(self, src: str, dst: str, version: int | None = None) -> "PendingSync":
+        """Begin a sync into ``dst`` without waiting for calls already queued there (a
+        generate request in flight): with a transport that can split its two ends (the object
+        store), ``src`` is done sending when this returns and ``dst`` loads the weights, then
+        takes ``version``, after the calls sent to it before; otherwise the sync runs to the end
+        here. :meth:`PendingSync.result` waits for it. The loading may wait behind queued calls
+        for the destination's generate timeout on top of the sync timeout."""
+        transport = self.transport(src, dst)
+        begin = getattr(transport, "begin", None)
+        if begin is None:
+            return PendingSync(info=self.sync(src, dst, version))
+        handle = self._handle(dst)
+        timeout_s = sync_timeout(handle, self.timeout_s)
+        queued_s = getattr(handle, "timeout_for", lambda _m: (None, None))("generate")[0] or 0.0
+        finish = begin(self._handle(src), handle, self.bucket_bytes, timeout_s, queued_s=float(queued_s))
+        stamp = handle.call("set_weight_version", int(version)) if version is not None else None
+        return PendingSync(finish=finish, stamp=stamp)
 
     def forget(self, role: str) -> None:
         """Close and drop the transports of every pair that involves ``role`` (rebuilt)."""

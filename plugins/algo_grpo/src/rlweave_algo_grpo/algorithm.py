@@ -25,6 +25,8 @@ import torch
 
 from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.algo_helpers.minibatch import split
+from rlweave.algo_helpers.offpolicy import step_metrics as offpolicy_step_metrics
+from rlweave.algo_helpers.pipeline import RolloutPipeline, pipelined
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
 from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, sampling_params
 from rlweave.algo_helpers.weights import token_weights
@@ -68,21 +70,27 @@ class GRPO(Algorithm):
         self.samples_seen = 0
         self.residency = Residency.for_run(ctx, ("policy", "reference", "rollout"), PHASES)
         self._times: dict[str, float] = {}
+        #: partial rollout and the overlapping run modes (None: plain sync steps)
+        self.pipeline = RolloutPipeline(ctx, self.config.n_samples, self.config.max_new_tokens, self._encode) \
+            if pipelined(ctx.config) else None
 
     # ------------------------------------------------------------------ helpers
     def _sampling(self, salt: int) -> SamplingParams:
         seed = int(self.ctx.seed) * 1_000_003 + self.steps_done * 101 + salt
         return sampling_params(self.config, self.ctx.tokenizer, seed, ignore_eos=self.config.ignore_eos)
 
-    def _sync(self) -> dict[str, float]:
+    def _sync(self, version: int) -> dict[str, float]:
+        """Policy -> rollout; ``version``: the number of updates the policy has made."""
         self._times["offload"] = self._times.get("offload", 0.0) + self.residency.enter("sync")
+        if self.pipeline is not None:
+            return self.pipeline.sync_weights(version)
         info = self.ctx.weight_sync.sync("policy", "rollout")
         return {"sync_bytes": float(info.get("bytes", 0)), "sync_seconds": float(info.get("seconds", 0.0))}
 
     def setup(self) -> None:
         """Make the rollout engine generate with the policy's weights (they may differ
         when the policy was restored from a checkpoint)."""
-        self._sync()
+        self._sync(self.steps_done)
         self.residency.enter("rest")
 
     def _rollout(self, records: list[dict[str, Any]], salt: int,
@@ -106,6 +114,18 @@ class GRPO(Algorithm):
         self._times["generate/pack"] += t2 - t1
         self._times["generate"] += t2 - t0
         pending = self._issue_experience(batch) if experience else None
+        scores, breakdown = self._score(batch)
+        return batch, scores, breakdown, pending
+
+    def _encode(self, records: list[dict[str, Any]]) -> tuple[list[list[int]], list[dict[str, Any]]]:
+        """Prompt token ids of ``records`` and the meta each sample carries to the rewards."""
+        texts = [record_prompt(r, self.ctx.tokenizer) for r in records]
+        return encode_prompts(self.ctx.tokenizer, texts), [{"prompt": t, **reward_fields(r)} for t, r in
+                                                           zip(texts, records)]
+
+    def _score(self, batch: Batch) -> tuple[torch.Tensor, list[dict]]:
+        """Each sample's total reward and its per-reward breakdown (``time/reward*``)."""
+        tok = self.ctx.tokenizer
         t2 = time.perf_counter()
         if self.ctx.rewards is None:
             raise RuntimeError("grpo needs at least one entry under 'rewards' in the config")
@@ -120,7 +140,7 @@ class GRPO(Algorithm):
         self._times["reward/decode"] += t3 - t2
         self._times["reward/pool"] += t4 - t3
         self._times["reward"] += t4 - t2
-        return batch, torch.tensor(totals, dtype=torch.float32), list(breakdown), pending
+        return torch.tensor(totals, dtype=torch.float32), list(breakdown)
 
     def _add_call_times(self, name: str, fut) -> None:
         """``time/<name>/dispatch`` and ``time/<name>/wait`` of a role call's future (see
@@ -173,12 +193,25 @@ class GRPO(Algorithm):
     # ---------------------------------------------------------------------- step
     def step(self, records: list[dict[str, Any]]) -> dict[str, float]:
         """Generate and score groups, then (unless every group agreed) log-probs,
-        advantages, updates and the weight sync; see the module docstring."""
+        advantages, updates and the weight sync; see the module docstring. With partial
+        rollout or an overlapping run mode the groups come from the pipeline
+        (:mod:`rlweave.algo_helpers.pipeline`)."""
         c = self.config
         self._times = {k: 0.0 for k in STEP_TIMES}
         moves_before = len(self.residency.moves)
-        batch, scores, breakdown, ds_stats, pending = self._collect(records)
-        metrics: dict[str, float] = dict(ds_stats) if c.dynamic_sampling else {}
+        groups = None
+        if self.pipeline is not None:
+            self._times["offload"] += self.residency.enter("generate")
+            t0 = time.perf_counter()
+            groups = self.pipeline.next_groups(records, self.steps_done, self._sampling)
+            batch = self._groups_to_batch(groups)
+            self._times["generate"] = time.perf_counter() - t0
+            pending = self._issue_experience(batch) if len(batch) else None
+            scores, breakdown = self._score(batch) if len(batch) else (torch.zeros(0), [])
+            metrics: dict[str, float] = {}
+        else:
+            batch, scores, breakdown, ds_stats, pending = self._collect(records)
+            metrics = dict(ds_stats) if c.dynamic_sampling else {}
         if len(batch) == 0:  # every group agreed: nothing to learn from this step
             self._times["offload"] += self.residency.enter("rest")
             self.steps_done += 1
@@ -192,7 +225,7 @@ class GRPO(Algorithm):
         adv = self._advantages(batch, rewards)
         train_metrics = self._update(batch)
         t0 = time.perf_counter()
-        sync = self._sync()
+        sync = self._sync(self.steps_done + 1)
         self._times["sync"] = time.perf_counter() - t0
         self._times["offload"] += self.residency.enter("rest")
         self.steps_done += 1
@@ -200,13 +233,31 @@ class GRPO(Algorithm):
         metrics.update(self._step_metrics(batch, scores, rewards, adv, breakdown, train_metrics, need_old))
         metrics.update(sync)
         metrics["offload/moves"] = float(len(self.residency.moves) - moves_before)
+        if groups is not None:
+            metrics.update(self.pipeline.metrics(groups, self.steps_done - 1))
         return metrics
 
+    def _groups_to_batch(self, groups: list) -> Batch:
+        """A training batch of the pipeline's complete groups (see :func:`generations_to_batch`)."""
+        return generations_to_batch(
+            [g.prompt_ids for g in groups],
+            [[g.generation(k) for k in range(len(g.samples))] for g in groups],
+            [str(g.record.get("id", g.serial)) for g in groups],
+            [g.meta for g in groups],
+        )
+
+    def _wait(self, fut):
+        """A role call's result; with the pipeline, the rollout engine is kept busy meanwhile."""
+        if self.pipeline is None:
+            return fut.result()
+        return self.pipeline.wait(fut, self.steps_done, self._sampling)
+
     def _need_old(self) -> bool:
-        """Old log-probs are needed with several updates per batch, or when the KL goes into
-        the reward (it needs the policy's log-probs before the update)."""
+        """Old log-probs are needed with several updates per batch, when the KL goes into
+        the reward (it needs the policy's log-probs before the update), or for decoupled PPO
+        (its proximal policy)."""
         c = self.config
-        return c.ppo_epochs > 1 or c.mini_batches > 1 or c.kl_in_reward
+        return c.ppo_epochs > 1 or c.mini_batches > 1 or c.kl_in_reward or c.off_policy.correction == "decoupled"
 
     def _issue_experience(self, batch: Batch) -> dict:
         """Start the reference and old log-prob calls on ``batch`` (together, so they overlap
@@ -228,7 +279,7 @@ class GRPO(Algorithm):
         t0 = time.perf_counter()
         for key, timer in (("ref_logprobs", "reference"), ("old_logprobs", "old_logprobs")):
             if pending[key] is not None:
-                batch.add_token(key, pending[key].result()["logprobs"].float())
+                batch.add_token(key, self._wait(pending[key])["logprobs"].float())
                 self._times[timer] = time.perf_counter() - t0
         return self._need_old()
 
@@ -262,6 +313,7 @@ class GRPO(Algorithm):
             kl_beta=0.0 if c.kl_in_reward else c.kl_beta,
             kl_estimator=c.kl_estimator,
             temperature=c.temperature,
+            off_policy=c.off_policy,
         )
         rng = random.Random(int(self.ctx.seed) * 7919 + self.steps_done)
         train_metrics: list[dict[str, float]] = []
@@ -277,7 +329,7 @@ class GRPO(Algorithm):
                 mb.add_token("token_weight", token_weights(mb, c.loss_agg))
                 self._times["train/prepare"] += time.perf_counter() - t1
                 fut = self.ctx.roles["policy"].train(mb, loss_fn)
-                train_metrics.append(fut.result())
+                train_metrics.append(self._wait(fut))
                 self._add_call_times("train", fut)
         self._times["train"] = time.perf_counter() - t0
         return train_metrics
@@ -307,6 +359,7 @@ class GRPO(Algorithm):
         metrics.update(key_means(train_metrics, ("loss", "grad_norm", "lr", "pg_loss", "clip_frac", "kl", "entropy",
                                                  "ratio")))
         metrics.update(prefixed_means(train_metrics, MOE_PREFIX))
+        metrics.update(offpolicy_step_metrics(train_metrics))
         # the policy ranks' own train_step time (time/train minus this is dispatch and transfer)
         metrics["time/train_compute"] = float(sum(m.get("time_s", 0.0) for m in train_metrics))
         if not need_old and train_metrics and "logprob_gap" in train_metrics[0]:
@@ -332,9 +385,14 @@ class GRPO(Algorithm):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"steps_done": self.steps_done, "samples_seen": self.samples_seen}
+        state = {"steps_done": self.steps_done, "samples_seen": self.samples_seen}
+        if self.pipeline is not None:
+            state["pipeline"] = self.pipeline.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps_done = int(state.get("steps_done", 0))
         self.samples_seen = int(state.get("samples_seen", 0))
+        if self.pipeline is not None and state.get("pipeline") is not None:
+            self.pipeline.load_state_dict(state["pipeline"])
 

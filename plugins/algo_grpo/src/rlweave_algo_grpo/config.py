@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from rlweave.algo_helpers.offpolicy import OffPolicyConfig
 from rlweave.algo_helpers.sampling import SamplingConfig
 
 
@@ -28,6 +29,11 @@ class GRPOConfig(SamplingConfig):
     )
     scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std (false: Dr.GRPO).")
     adv_eps: float = Field(1e-6, gt=0, description="Added to the group std before dividing.")
+    off_policy: OffPolicyConfig = Field(
+        default_factory=OffPolicyConfig,
+        description="Off-policy correction of the policy loss against the engine's (behaviour) log-probs: "
+        "truncated importance sampling or decoupled PPO (rlweave.algo_helpers.offpolicy).",
+    )
     # KL to the reference model
     kl_beta: float = Field(0.0, ge=0, description="KL coefficient; 0 starts no reference role.")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator.")
@@ -63,3 +69,15 @@ def grpo_roles(cfg: GRPOConfig) -> tuple[str, ...]:
     only when the KL coefficient is non-zero."""
     beta = cfg.kl_beta if isinstance(cfg, GRPOConfig) else float(dict(cfg).get("kl_beta", 0.0))
     return ("policy", "rollout") + (("reference",) if beta > 0 else ())
+
+
+def grpo_run_modes(cfg: GRPOConfig) -> tuple[str, ...]:
+    """``run.mode`` values GRPO implements as configured: dynamic sampling draws prompts until a
+    step's groups disagree, which needs sync steps."""
+    dynamic = cfg.dynamic_sampling if isinstance(cfg, GRPOConfig) else bool(dict(cfg).get("dynamic_sampling", False))
+    return ("sync",) if dynamic else ("sync", "one_step_off", "async")
+
+
+def grpo_partial_rollout(cfg: GRPOConfig) -> bool:
+    """Whether ``rollout.partial`` works with this GRPO config (not with dynamic sampling)."""
+    return len(grpo_run_modes(cfg)) > 1

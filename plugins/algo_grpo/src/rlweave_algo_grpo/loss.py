@@ -10,6 +10,11 @@ where ``w`` is the batch's ``token_weight`` (token-weight convention of
 ``rlweave.interfaces.backend``) and ``KL_t`` one of the k1/k2/k3 estimators against
 ``ref_logprobs``. Without ``old_logprobs`` in the batch (one update per batch) the old
 policy is the current one, detached: the ratio is 1 and the gradient is the policy gradient.
+
+With ``off_policy`` (``algorithm.off_policy``, :mod:`rlweave.algo_helpers.offpolicy`) each
+``pg_t`` is multiplied by the stop-gradient behaviour factor ``c_t`` (truncated importance
+weight, or decoupled PPO's weight with tokens above the cap dropped); the old policy above
+is then the proximal one, and the KL term is not corrected.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from rlweave.algo_helpers.kl import kl_penalty
+from rlweave.algo_helpers.offpolicy import OffPolicyConfig, policy_correction
 
 
 @dataclass
@@ -27,7 +33,9 @@ class GRPOLoss:
 
     Reads token fields ``token_weight``, ``advantages`` and, when present,
     ``old_logprobs``, ``ref_logprobs``, ``rollout_logprobs``. Returned metrics are
-    token-weighted sums (the backend sums them over micro-batches, giving means)."""
+    token-weighted sums (the backend sums them over micro-batches, giving means), plus the
+    ``offpolicy/*`` metrics of :func:`~rlweave.algo_helpers.offpolicy.correction_metrics`
+    when ``off_policy`` corrects (None or ``correction: none``: no correction)."""
 
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -35,6 +43,7 @@ class GRPOLoss:
     kl_estimator: str = "k3"
     temperature: float = 1.0
     needs_entropy: bool = True
+    off_policy: OffPolicyConfig | None = None
 
     def __call__(self, outputs, batch):
         logp = outputs.logprobs
@@ -47,6 +56,9 @@ class GRPOLoss:
         clipped = ratio.clamp(1.0 - self.clip_low, 1.0 + self.clip_high)
         surr1, surr2 = ratio * adv, clipped * adv
         pg = -torch.minimum(surr1, surr2)
+        coef, off_metrics = policy_correction(self.off_policy, logp, batch)
+        if coef is not None:
+            pg = pg * coef
         loss = (w * pg).sum()
         on = (w > 0).to(logp.dtype)
         metrics = {
@@ -54,6 +66,7 @@ class GRPOLoss:
             "clip_frac": float((w * (surr2 < surr1).to(logp.dtype)).sum()),
             "ratio": float((w * ratio.detach()).sum()),
             "weight": float(w.sum()),
+            **off_metrics,
         }
         if self.kl_beta > 0 and "ref_logprobs" in tok:
             kl = kl_penalty(logp, tok["ref_logprobs"].to(logp.dtype), self.kl_estimator)

@@ -1,7 +1,7 @@
 """Entry point of rlweave-algo-grpo (light: no torch)."""
 
 from rlweave.plugins import AlgorithmRecord, hookimpl
-from rlweave_algo_grpo.config import GRPOConfig, grpo_roles
+from rlweave_algo_grpo.config import GRPOConfig, grpo_partial_rollout, grpo_roles, grpo_run_modes
 
 
 @hookimpl
@@ -13,5 +13,7 @@ def rlweave_algorithms():
             target="rlweave_algo_grpo.algorithm:GRPO",
             config_model=GRPOConfig,
             roles=grpo_roles,
+            run_modes=grpo_run_modes,
+            partial_rollout=grpo_partial_rollout,
         )
     ]

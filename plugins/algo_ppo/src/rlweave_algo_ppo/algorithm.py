@@ -11,6 +11,10 @@ critic. Dataflow of one step (each arrow is a call on a role handle)::
       (issued together, so they overlap on separate devices)  -> KL penalty -> GAE
       -> for each epoch, mini-batch: policy.train + critic.train -> sync_weights(policy -> rollout)
 
+The old log-probs are always recomputed by the policy, so they are the proximal policy of an
+off-policy correction (``algorithm.off_policy``: truncated importance sampling or decoupled
+PPO against the engine's log-probs, see :mod:`rlweave.algo_helpers.offpolicy`).
+
 Why this shape: the controller holds the whole batch, so global statistics (advantage
 whitening, reward normalisation) are computed once here before anything is scattered,
 and the losses stay small per-token functions (``loss.py``). Residency of colocated
@@ -28,6 +32,7 @@ import torch
 from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.algo_helpers.kl import kl_penalty
 from rlweave.algo_helpers.minibatch import split
+from rlweave.algo_helpers.offpolicy import step_metrics as offpolicy_step_metrics
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
 from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, sampling_params
 from rlweave.algo_helpers.weights import token_weights
@@ -275,7 +280,8 @@ class PPO(Algorithm):
         update metrics and the seconds spent moving roles; sets ``time/train`` and
         ``time/critic_train``."""
         c, roles = self.config, self.ctx.roles
-        policy_loss = PolicyLoss(c.clip_low, c.clip_high, c.entropy_coef, c.ptx_coef, temperature=c.temperature)
+        policy_loss = PolicyLoss(c.clip_low, c.clip_high, c.entropy_coef, c.ptx_coef, temperature=c.temperature,
+                                 off_policy=c.off_policy if c.off_policy.enabled else None)
         value_loss = ValueLoss(c.value_clip)
         p_batches, v_batches = self._mini_batches(batch, train_policy)
         p_metrics: list[dict[str, float]] = []
@@ -329,6 +335,7 @@ class PPO(Algorithm):
                                              "ptx_loss")))
         metrics.update(key_means(v_metrics, ("value_loss", "value_clipfrac", ("grad_norm", "critic/grad_norm"),
                                              ("lr", "critic/lr"))))
+        metrics.update(offpolicy_step_metrics(p_metrics))
         metrics.update(prefixed_means(p_metrics, MOE_PREFIX))
         metrics.update(prefixed_means(v_metrics, MOE_PREFIX, "critic/"))
         return metrics

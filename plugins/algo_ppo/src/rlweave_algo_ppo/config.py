@@ -10,6 +10,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rlweave.algo_helpers.offpolicy import OffPolicyConfig
 from rlweave.algo_helpers.sampling import SamplingConfig
 
 
@@ -60,6 +61,11 @@ class PPOConfig(SamplingConfig):
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient (0: off).")
     loss_agg: Literal["token_mean", "seq_mean"] = Field(
         "token_mean", description="Loss aggregation: mean over all response tokens, or per-sample mean then mean."
+    )
+    off_policy: OffPolicyConfig = Field(
+        default_factory=OffPolicyConfig,
+        description="Off-policy correction of the policy loss against the engine's (behaviour) log-probs: "
+        "truncated importance sampling or decoupled PPO (rlweave.algo_helpers.offpolicy).",
     )
     # critic
     value_clip: Optional[float] = Field(

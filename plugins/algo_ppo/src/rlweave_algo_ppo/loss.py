@@ -11,6 +11,11 @@ micro-batches and ranks. Metrics are weight-sums too, so the backend's sums are 
     pg_t = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))
     loss = sum_t w_t * pg_t - entropy_coef * sum_t w_t * H_t + ptx_coef * sum_t p_t * (-logp_t)
 
+With ``off_policy`` (``algorithm.off_policy``, :mod:`rlweave.algo_helpers.offpolicy`) each
+``pg_t`` is multiplied by the stop-gradient behaviour factor ``c_t`` against the engine's
+log-probs (truncated importance weight, or decoupled PPO's weight with tokens above the cap
+dropped); ``old_logp`` is the proximal policy. Entropy and ptx terms are not corrected.
+
 The last term is the optional pre-training ("ptx", InstructGPT) loss: supervised tokens
 placed in the same mini-batch, marked by token field ``ptx_weight`` (weights summing to 1
 over the ptx tokens of the mini-batch; ``token_weight`` and ``advantages`` are 0 there).
@@ -29,6 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from rlweave.algo_helpers.offpolicy import OffPolicyConfig, policy_correction
 
 POLICY_FIELDS = ("advantages", "old_logprobs", "token_weight")
 VALUE_FIELDS = ("old_values", "returns", "token_weight")
@@ -72,7 +79,8 @@ class PolicyLoss:
     Batch: token ``advantages``, ``old_logprobs``, ``token_weight``; ``ptx_weight`` when
     ``ptx_coef > 0``. Metrics (weighted sums): ``pg_loss``, ``clip_frac``, ``ppo_kl``
     (k3 estimate of KL(old || new)), ``ratio``, ``entropy`` (when the backend returns it),
-    ``ptx_loss``."""
+    ``ptx_loss``, and ``offpolicy/*`` when ``off_policy`` corrects (token field
+    ``rollout_logprobs`` needed then; None or ``correction: none``: no correction)."""
 
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -81,6 +89,7 @@ class PolicyLoss:
     #: read by the backend: log-probs at the sampling temperature, entropy wanted or not
     temperature: float = 1.0
     with_entropy: bool = True
+    off_policy: OffPolicyConfig | None = None
 
     def __post_init__(self) -> None:
         if self.entropy_coef > 0 and not self.with_entropy:
@@ -103,6 +112,10 @@ class PolicyLoss:
         old = batch.token["old_logprobs"].to(dev, logp.dtype)
         adv = batch.token["advantages"].to(dev, logp.dtype)
         pg, clipped, ratio = policy_token_loss(logp, old, adv, self.clip_low, self.clip_high)
+        coef, off_metrics = policy_correction(self.off_policy, logp, batch)
+        if coef is not None:
+            pg = pg * coef
+            metrics.update(off_metrics)
         loss = (w * pg).sum() + zero
         log_r = (old - logp.detach()).clamp(-20.0, 20.0)
         metrics["pg_loss"] = float((w * pg).sum().detach())

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from rlweave.data.batch import Batch
-from rlweave.interfaces.backend import LossFn, TrainingWorker
+from rlweave.interfaces.backend import LossFn, TrainingWorker, merge_metric
 from rlweave_backend_fsdp import attention, checkpoint, checks, cpu, finite, hf_export, micro, modeling, moe, prefix
 from rlweave_backend_fsdp import sequence_parallel as seqpar
 from rlweave_backend_fsdp.config import FSDPConfig
@@ -349,7 +349,7 @@ class FSDPWorker(TrainingWorker):
                     tokens = mb.num_tokens
                     loss, m = loss_fn(self._outputs(mb, temperature, with_entropy=entropy), mb)
                     for k, v in m.items():
-                        metrics[k] = metrics.get(k, 0.0) + float(v)
+                        metrics[k] = merge_metric(k, metrics.get(k), float(v))
                 else:
                     loss = self._dummy_loss()
             aux = self.moe_state.micro_loss(tokens) if self.moe_state is not None else None
@@ -375,7 +375,7 @@ class FSDPWorker(TrainingWorker):
         out: dict[str, float] = {}
         for d, _ in gathered:
             for k, v in d.items():
-                out[k] = out.get(k, 0.0) + v
+                out[k] = merge_metric(k, out.get(k), v)
         out.update(grad_norm=grad_norm, lr=lr, time_s=max(t for _, t in gathered), num_micro_batches=float(n_micro),
                    skipped=float(skipped), **moe_global)
         return out

@@ -14,6 +14,14 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
 * **Seeds.** A seeded call is reproducible: the same prompts, params and weights give the
   same tokens. Samples of one micro-batch share one torch generator, so unlike vLLM a
   sample's tokens also depend on the rest of its micro-batch.
+* **Token budget and abort.** ``SamplingParams.token_budget`` caps each sample's new tokens
+  in the call (:func:`rlweave.engine_helpers.requests.plan_requests`). :meth:`abort`, from
+  another thread, stops the call in progress at its next decoding step (a transformers
+  ``StoppingCriteria`` that reads the call's stop flag ends every row): rows that had not
+  ended with a stop token or reached their limit come back ``"aborted"`` with their tokens
+  and log-probs so far, and micro-batches not started yet come back ``"aborted"`` empty.
+  Calls from several threads run one at a time (:class:`~rlweave.engine_helpers.requests.CallRegistry`).
+* **Versions.** Every token carries ``weight_version`` (``Generation.versions``).
 * **Sleep.** Nothing persists between calls but the weights. On CUDA, ``sleep(level=2)``
   moves the weights to host memory and ``wake_up`` brings them back; on CPU there is nothing
   to release and ``sleep`` reports ``freed_bytes: 0``.
@@ -28,10 +36,11 @@ from typing import Any, Iterable
 from rlweave.devices.cpu import slow_bf16_warning
 from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
 from rlweave.engine_helpers.requests import (
+    CallRegistry,
     SampleRequest,
-    cut_at_stop,
     error_generation,
     eos_token_ids,
+    finish_generation,
     group_generations,
     plan_requests,
     stop_token_ids,
@@ -52,6 +61,7 @@ class HFEngine(RolloutEngine):
         self.cfg = ctx.options_as(HFEngineConfig)
         self.model = None
         self._asleep = False
+        self._calls = CallRegistry()
 
     # ---------------------------------------------------------------- set-up
     @property
@@ -112,18 +122,35 @@ class HFEngine(RolloutEngine):
         seed = params.seed if params.seed is not None else self.cfg.seed
         if seed is None:
             seed = self.ctx.seed
-        for b, start in enumerate(range(0, len(todo), bs)):
-            chunk = todo[start : start + bs]
-            outs = self._generate_batch([reqs[j] for j in chunk], params, stops, seed=seed * 7919 + b)
-            for j, g in zip(chunk, outs):
-                gens[j] = g
+        version = self.weight_version
+        with self._calls.call() as stop_flag:
+            for b, start in enumerate(range(0, len(todo), bs)):
+                chunk = todo[start : start + bs]
+                if stop_flag.is_set():  # aborted before this micro-batch started
+                    outs = [finish_generation(reqs[j], [], [], stops, version, aborted=True) for j in chunk]
+                else:
+                    batch = [reqs[j] for j in chunk]
+                    outs = self._generate_batch(batch, params, stops, seed * 7919 + b, stop_flag, version)
+                for j, g in zip(chunk, outs):
+                    gens[j] = g
         return group_generations(reqs, gens, len(prompts))
 
+    def abort(self) -> int:
+        """Stop the ``generate`` call in progress at its next decoding step (thread-safe);
+        returns the number of calls asked (0 when idle: the next call is unaffected)."""
+        return self._calls.abort_all()
+
     def _generate_batch(
-        self, reqs: list[SampleRequest], params: SamplingParams, stops: list[int], seed: int
+        self,
+        reqs: list[SampleRequest],
+        params: SamplingParams,
+        stops: list[int],
+        seed: int,
+        stop_flag: Any = None,
+        version: int = 0,
     ) -> list[Generation]:
         import torch
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, StoppingCriteriaList
 
         model = self.model
         width = max(len(r.prompt_ids) for r in reqs)
@@ -155,8 +182,12 @@ class HFEngine(RolloutEngine):
         with torch.no_grad(), torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             torch.manual_seed(seed)
             out = model.generate(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), generation_config=gc
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                generation_config=gc,
+                stopping_criteria=StoppingCriteriaList([_stop_on_flag(stop_flag)]) if stop_flag is not None else None,
             )
+        aborted = stop_flag is not None and stop_flag.is_set()
         steps = out.scores if self.cfg.logprobs_mode == "processed" else out.logits
         new = out.sequences[:, width:].cpu()
         if steps:
@@ -166,8 +197,7 @@ class HFEngine(RolloutEngine):
             lp = torch.zeros_like(new, dtype=torch.float32)
         result = []
         for row, r in enumerate(reqs):
-            toks, lps, reason = cut_at_stop(new[row].tolist(), lp[row].tolist(), stops, r.max_new_tokens)
-            result.append(Generation(token_ids=toks, logprobs=lps, finish_reason=reason, truncated=r.truncated))
+            result.append(finish_generation(r, new[row].tolist(), lp[row].tolist(), stops, version, aborted=aborted))
         return result
 
     # --------------------------------------------------------------- weights
@@ -230,3 +260,16 @@ class HFEngine(RolloutEngine):
     def shutdown(self) -> None:
         self.model = None
         super().shutdown()
+
+
+def _stop_on_flag(flag: Any):
+    """A transformers ``StoppingCriteria`` that ends every row once ``flag`` (a
+    ``threading.Event``) is set: checked after each decoding step."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class StopOnFlag(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), flag.is_set(), dtype=torch.bool, device=input_ids.device)
+
+    return StopOnFlag()

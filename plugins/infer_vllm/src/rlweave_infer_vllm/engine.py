@@ -24,6 +24,17 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
   set; without those filters it is exactly what a training backend computes with
   ``compute_logprobs(temperature=T)``. Greedy reports ``log_softmax(logits)``.
   ``raw`` (vLLM ``raw_logprobs``) always reports ``log_softmax(logits)``.
+* **Step loop.** ``generate`` adds its requests to vLLM's ``LLMEngine`` and steps it itself
+  (what ``LLM.generate`` does), keeping each request's latest cumulative output. The same
+  requests, seeds and scheduling give the same tokens and log-probs as ``LLM.generate``.
+* **Token budget and abort.** ``SamplingParams.token_budget`` caps each sample's
+  ``max_tokens`` in the call (:func:`rlweave.engine_helpers.requests.plan_requests`).
+  :meth:`abort`, from another thread, makes the loop stop before its next engine step: the
+  unfinished requests are aborted in vLLM and come back ``"aborted"`` with their tokens and
+  log-probs so far (none for requests not yet scheduled). Calls from several threads run
+  one at a time (:class:`~rlweave.engine_helpers.requests.CallRegistry`): they share vLLM's
+  step loop.
+* **Versions.** Every token carries ``weight_version`` (``Generation.versions``).
 * **Weights.** :meth:`load_weights` packs tensors into in-memory safetensors chunks, sends
   them to vLLM's workers with ``collective_rpc`` (methods of
   :class:`rlweave_infer_vllm.worker_ext.RlweaveWorkerExtension`), and commits them with one
@@ -47,6 +58,7 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -57,9 +69,10 @@ from rlweave.devices.cpu import slow_bf16_warning
 from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
 from rlweave.scheduler.errors import WorkerLost
 from rlweave.engine_helpers.requests import (
-    cut_at_stop,
+    CallRegistry,
     eos_token_ids,
     error_generation,
+    finish_generation,
     group_generations,
     plan_requests,
     stop_token_ids,
@@ -102,6 +115,8 @@ class VLLMEngine(RolloutEngine):
         self._procs: list[Any] = []  # vLLM's handles of the processes it started (set by init_engine)
         self.in_process = False  # vLLM's engine core runs in this process (set by init_engine)
         self._scratch: str | None = None  # folder of vLLM's sockets and rendezvous files (:mod:`.scratch`)
+        self._calls = CallRegistry()  # generate calls in progress and their stop flags (abort)
+        self._request_ids = itertools.count()
 
     @property
     def where(self) -> str:
@@ -277,33 +292,86 @@ class VLLMEngine(RolloutEngine):
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
         llm = self._require()
-        from vllm.inputs import TokensPrompt
-
         reqs = plan_requests(prompts, params, self.max_model_len, self.cfg.long_prompt, where=self.where)
         stops = stop_token_ids(params, self.eos_ids)
+        version = self.weight_version
         todo = [j for j, r in enumerate(reqs) if r.error is None]
         gens: list[Generation | None] = [None] * len(reqs)
         for j, r in enumerate(reqs):
             if r.error is not None:
                 gens[j] = error_generation(r)
         if todo:
-            inputs = [TokensPrompt(prompt_token_ids=reqs[j].prompt_ids) for j in todo]
             sps = [self._vllm_params(params, reqs[j].max_new_tokens, reqs[j].seed, stops) for j in todo]
-            try:
-                outs = llm.generate(inputs, sps, use_tqdm=False)
-            except Exception as exc:  # noqa: BLE001 - re-raised with role/rank
-                raise self._engine_failed(exc, "generate") from exc
+            with self._calls.call() as stop_flag:
+                try:
+                    outs, aborted = self._run_requests(llm, [reqs[j].prompt_ids for j in todo], sps, stop_flag)
+                except Exception as exc:  # noqa: BLE001 - re-raised with role/rank
+                    raise self._engine_failed(exc, "generate") from exc
             for j, out in zip(todo, outs):
+                if out is None:  # stopped before vLLM produced a token for it
+                    gens[j] = finish_generation(reqs[j], [], [], stops, version, aborted=True)
+                    continue
                 o = out.outputs[0]
                 lps = sampled_logprobs(o.token_ids, o.logprobs, self.where)
                 if len(lps) != len(o.token_ids):
-                    raise RuntimeError(f"{self.where}: vLLM returned {len(lps)} log-probs for {len(o.token_ids)} tokens")
-                toks, lps, reason = cut_at_stop(o.token_ids, lps, stops, reqs[j].max_new_tokens)
-                if o.finish_reason == "abort":
-                    gens[j] = Generation(toks, lps, "error", error=f"{self.where}: request aborted", truncated=reqs[j].truncated)
+                    raise RuntimeError(
+                        f"{self.where}: vLLM returned {len(lps)} log-probs for {len(o.token_ids)} tokens"
+                    )
+                if out.finished and o.finish_reason == "abort":  # vLLM dropped it, not our abort
+                    gens[j] = Generation([], [], "error", error=f"{self.where}: request aborted by vLLM",
+                                         truncated=reqs[j].truncated)
                 else:
-                    gens[j] = Generation(toks, lps, reason, truncated=reqs[j].truncated)
+                    gens[j] = finish_generation(reqs[j], o.token_ids, lps, stops, version,
+                                                aborted=aborted and not out.finished)
         return group_generations(reqs, gens, len(prompts))
+
+    def abort(self) -> int:
+        """Stop the ``generate`` call in progress before its next engine step (thread-safe);
+        returns the number of calls asked (0 when idle: the next call is unaffected)."""
+        return self._calls.abort_all()
+
+    def _run_requests(self, llm, prompt_ids: list[list[int]], sps: list[Any], stop_flag) -> tuple[list[Any], bool]:
+        """Add one vLLM request per prompt and step the engine until every one finished or
+        ``stop_flag`` is set. Returns ``(outputs, aborted)``: each request's latest cumulative
+        ``RequestOutput`` (None when it produced nothing), and whether the flag stopped the
+        loop (the unfinished requests were then aborted in vLLM). On an exception the
+        requests still running are aborted before it propagates."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = llm.llm_engine
+        call = next(self._request_ids)
+        ids = [f"rlweave-{call}-{k}" for k in range(len(prompt_ids))]
+        latest: dict[str, Any] = {}
+        pending: set[str] = set()
+        aborted = False
+        try:
+            inputs = _render_prompts(llm, [TokensPrompt(prompt_token_ids=p) for p in prompt_ids])
+            for rid, inp, sp in zip(ids, inputs, sps):
+                sp.output_kind = RequestOutputKind.CUMULATIVE  # every step: all tokens so far (by reference)
+                engine.add_request(rid, inp, sp)
+                pending.add(rid)
+            while pending and engine.has_unfinished_requests():
+                if stop_flag.is_set():
+                    engine.abort_request(sorted(pending))
+                    pending.clear()
+                    aborted = True
+                    break
+                for out in engine.step():
+                    if out.request_id in pending:
+                        latest[out.request_id] = out
+                        if out.finished:
+                            pending.discard(out.request_id)
+        except BaseException:
+            if pending:
+                try:
+                    engine.abort_request(sorted(pending))
+                except Exception:  # noqa: BLE001 - the engine may be dead; report the first error
+                    pass
+            raise
+        if pending:
+            raise RuntimeError(f"vLLM has no unfinished requests but {len(pending)} of this call never finished")
+        return [latest.get(rid) for rid in ids], aborted
 
     # --------------------------------------------------------------- weights
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> dict[str, Any]:
@@ -447,6 +515,14 @@ def sampled_logprobs(token_ids: list[int], logprobs: Any, where: str) -> list[fl
     if any(ids[s] != t for s, t in zip(starts, token_ids)):
         raise RuntimeError(f"{where}: vLLM's log-probs are not those of the sampled tokens")
     return [vals[s] for s in starts]
+
+
+def _render_prompts(llm: Any, prompts: list[Any]) -> list[Any]:
+    """Prompts as ``LLMEngine.add_request`` takes them: rendered the way ``LLM.generate``
+    renders them (vLLM 0.32's ``LLM._preprocess_cmpl``), or unchanged where vLLM has no such
+    step (``add_request`` then renders them itself)."""
+    render = getattr(llm, "_preprocess_cmpl", None)
+    return list(render(prompts)) if render is not None else prompts
 
 
 def _tied_embeddings_on_cpu(llm: Any) -> bool:

@@ -1,0 +1,180 @@
+"""Run modes and partial rollout for algorithms that sample groups: what feeds each step.
+
+:class:`RolloutPipeline` wraps a :class:`~rlweave.algo_helpers.rollout_queue.RolloutQueue`
+with the run's ``run.mode``, ``run.max_staleness`` and ``rollout`` section:
+
+* ``sync``: each step's records are generated (in rounds of ``token_budget_per_step`` with
+  partial rollout, until ``data.batch_size`` groups are complete; the unfinished rest waits for
+  the next step's weights), trained, then the weights are synced. The engine is idle while the
+  policy trains.
+* ``one_step_off``: the queue holds the next step's records too; they are sent to the engine,
+  as one request, before this step trains, so generation of step n+1 overlaps training of
+  step n and every sample is one version old when trained.
+* ``async``: the queue holds up to ``max_staleness`` steps of records beyond this one, sent as
+  requests of ``rollout.request_groups`` groups; while the policy trains, finished requests
+  are merged and new ones sent (partial samples continued), so the engine never waits for
+  the trainer, and weight updates reach it between requests.
+
+In the last two the weight sync does not wait for the engine's queued requests
+(:meth:`WeightSync.start`). No group is trained with a token more than ``max_staleness``
+versions old: the queue generates such samples again. Versions: the policy's version is the
+number of updates made (the algorithm's step count); the engine's is the version last synced.
+
+The extra records come from ``RunContext.next_records``; the queue's state (records not yet
+trained and the partial samples) is part of the algorithm's checkpoint, and the data position
+already counts them, so ``--resume`` neither loses nor repeats a record.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from rlweave.algo_helpers.rollout_queue import GroupState, RolloutQueue
+from rlweave.interfaces.engine import SamplingParams
+
+#: seconds between checks of the engine's requests while the controller waits for the trainer
+POLL_S = 0.005
+
+
+def pipelined(config: Any) -> bool:
+    """Whether a run config needs the pipeline (a mode other than sync, or partial rollout);
+    False for configs without those sections (algorithms driven without a run config)."""
+    run, rollout = getattr(config, "run", None), getattr(config, "rollout", None)
+    return getattr(run, "mode", "sync") != "sync" or getattr(rollout, "partial", None) is not None
+
+
+class RolloutPipeline:
+    """See the module docstring. ``ctx``: the algorithm's run context; ``n`` samples per group
+    and ``max_new_tokens`` per sample (the algorithm's settings); ``encode(records)`` returns
+    ``(prompt_ids, metas)`` of the records' prompts."""
+
+    def __init__(self, ctx: Any, n: int, max_new_tokens: int,
+                 encode: Callable[[list[dict[str, Any]]], tuple[list[list[int]], list[dict[str, Any]]]]):
+        cfg = ctx.config
+        self.ctx, self.encode = ctx, encode
+        self.mode = cfg.run.mode
+        self.batch_groups = int(cfg.data.batch_size)
+        self.total_steps = int(cfg.run.total_steps)
+        partial = cfg.rollout.partial
+        staleness = None if self.mode == "sync" else int(cfg.run.max_staleness)
+        # groups per request, requests on the engine at once, steps of records held beyond this one
+        if self.mode == "one_step_off":
+            request_groups, in_flight, self.lookahead = self.batch_groups, 1, min(1, staleness)
+        elif self.mode == "async":
+            request_groups = cfg.rollout.request_groups or max(1, self.batch_groups // 4)
+            in_flight, self.lookahead = 2, staleness
+        else:
+            request_groups, in_flight, self.lookahead = None, None, 0
+        self.queue = RolloutQueue(n, max_new_tokens,
+                                  token_budget=partial.token_budget_per_step if partial else None,
+                                  max_rounds=partial.max_rounds if partial else 1,
+                                  max_staleness=staleness, request_groups=request_groups, max_in_flight=in_flight)
+        self.pending_sync = None
+        self.horizon: int | None = None  # groups at the head of the queue worth generating now
+        self.idle_policy_s = 0.0
+        self._regenerated_logged = 0
+
+    @property
+    def overlapped(self) -> bool:
+        return self.mode != "sync"
+
+    # ------------------------------------------------------------------ steps
+    def next_groups(self, records: list[dict[str, Any]], steps_done: int,
+                    params: Callable[[int], SamplingParams]) -> list[GroupState]:
+        """Admit ``records`` (and, ahead of them, what the mode looks ahead), wait until a
+        batch's worth of groups is complete, and return it (``len(records)`` groups or fewer
+        when the data ran out). Before returning, an overlapping mode sends the engine the
+        next work, so it generates while the caller trains."""
+        t0 = time.perf_counter()
+        version = steps_done
+        q = self.queue
+        if records:
+            q.admit(records, *self.encode(records))
+        ahead = min(self.lookahead, max(0, self.total_steps - steps_done - 1))
+        more = self.ctx.next_records
+        while more is not None and len(q) < (1 + ahead) * self.batch_groups:
+            extra = more()
+            if not extra:
+                break
+            q.admit(extra, *self.encode(extra))
+        want = min(len(records) or self.batch_groups, len(q))
+        self.horizon = (1 + ahead) * self.batch_groups  # groups worth generating now
+        generate = self.ctx.roles["rollout"].generate
+        q.dispatch(generate, params, version, self.horizon)
+        groups: list[GroupState] = []
+        while True:
+            q.wait_ready(want - len(groups), generate, params, version, self.overlapped, self.horizon)
+            groups += q.take(want - len(groups), version)
+            if len(groups) >= want or not (q.in_flight or q.pending()):  # stale samples reset: go on
+                break
+        self.horizon -= len(groups)
+        if self.overlapped:
+            q.dispatch(generate, params, version, self.horizon)
+        self.idle_policy_s = time.perf_counter() - t0
+        return groups
+
+    def wait(self, future: Any, steps_done: int, params: Callable[[int], SamplingParams]) -> Any:
+        """``future.result()``; in an overlapping mode, while it runs, merge the engine's
+        finished requests and send new ones (so the engine keeps generating while the policy
+        works)."""
+        if self.overlapped:
+            generate = self.ctx.roles["rollout"].generate
+            while not future.done():
+                if self.queue.poll():
+                    self.queue.dispatch(generate, params, steps_done, self.horizon)
+                time.sleep(POLL_S)
+        return future.result()
+
+    def sync_weights(self, steps_done: int) -> dict[str, float]:
+        """Sync the policy (now version ``steps_done``) into the rollout engine: blocking in
+        ``sync`` mode, else begun here and finished at the next step (or :meth:`close`)."""
+        ws = self.ctx.weight_sync
+        if not self.overlapped:
+            info = ws.sync("policy", "rollout", version=steps_done)
+        else:
+            self._finish_sync()
+            t0 = time.perf_counter()
+            self.pending_sync = ws.start("policy", "rollout", version=steps_done)
+            info = {"seconds": time.perf_counter() - t0, "bytes": 0}
+        self.queue.version = steps_done
+        return {"sync_bytes": float(info.get("bytes", 0)), "sync_seconds": float(info.get("seconds", 0.0))}
+
+    def _finish_sync(self) -> None:
+        if self.pending_sync is not None:
+            pending, self.pending_sync = self.pending_sync, None
+            pending.result()
+
+    def drain(self) -> None:
+        """Wait for every request and sync in flight (before an evaluation or the end)."""
+        while self.queue.in_flight:
+            self.queue.poll(block=True)
+        self._finish_sync()
+
+    # ---------------------------------------------------------------- metrics
+    def metrics(self, groups: list[GroupState], steps_done: int) -> dict[str, float]:
+        """``staleness/*`` over the trained tokens (``steps_done``, the policy version the
+        update started from, minus the token's), ``partial/ratio`` (trained samples that took
+        more than one round), the queue's size, samples generated again for the bound in this
+        step, and idle seconds of both roles in this step."""
+        lags = [steps_done - v for g in groups for s in g.samples for v in s.versions]
+        samples = [s for g in groups for s in g.samples]
+        q = self.queue
+        out = {
+            "staleness/mean": sum(lags) / len(lags) if lags else 0.0,
+            "staleness/max": float(max(lags)) if lags else 0.0,
+            "staleness/regenerated": float(q.regenerated - self._regenerated_logged),
+            "partial/ratio": sum(1 for s in samples if s.rounds > 1) / len(samples) if samples else 0.0,
+            "queue/groups": float(len(q)),
+            "queue/unfinished": float(q.unfinished_samples()),
+            "time/idle/policy": self.idle_policy_s,
+            "time/idle/rollout": q.take_idle(),
+        }
+        self._regenerated_logged = q.regenerated
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.queue.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.queue.load_state_dict(state)

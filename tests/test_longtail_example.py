@@ -1,0 +1,129 @@
+"""examples/longtail: the shipped data is what make_data.py writes, its lengths are heavy-tailed,
+no held-out prompt is trained on, the rule reward scores known answers right, and the configs
+(every run mode) validate."""
+
+import importlib.util
+import json
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "longtail"
+DATA = EXAMPLE / "data"
+MODES = {
+    "sync": [],
+    "sync+partial": ["rollout.partial={token_budget_per_step: 64, max_rounds: 4}"],
+    "one_step_off": ["run.mode=one_step_off"],
+    "async": ["run.mode=async", "rollout.request_groups=4"],
+}
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"longtail_{name}_t", EXAMPLE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rows(name):
+    return [json.loads(line) for line in (DATA / name).read_text().splitlines()]
+
+
+def test_shipped_data_is_what_make_data_writes(tmp_path):
+    sizes = _load("make_data").make(tmp_path)
+    assert set(sizes) == {"sft_train.jsonl", "rl_train.jsonl", "test.jsonl"}
+    for name, n in sizes.items():
+        assert (tmp_path / name).read_bytes() == (DATA / name).read_bytes(), name
+        assert len(_rows(name)) == n
+    assert sum((DATA / name).stat().st_size for name in sizes) < 1_000_000  # small enough to ship in git
+
+
+def test_another_seed_gives_other_data(tmp_path):
+    mk = _load("make_data")
+    mk.make(tmp_path / "a", seed=1)
+    mk.make(tmp_path / "b", seed=1)
+    assert (tmp_path / "a" / "rl_train.jsonl").read_bytes() == (tmp_path / "b" / "rl_train.jsonl").read_bytes()
+    assert (tmp_path / "a" / "rl_train.jsonl").read_bytes() != (DATA / "rl_train.jsonl").read_bytes()
+
+
+def test_answers_count_from_a_to_b():
+    for r in _rows("rl_train.jsonl") + _rows("test.jsonl"):
+        a, b = map(int, r["prompt"].rstrip("=").split(".."))
+        assert 0 <= a <= b <= 99 and r["answer"].split(",") == [str(k) for k in range(a, b + 1)]
+    for r in _rows("sft_train.jsonl"):
+        a, b = map(int, r["query"].rstrip("=").split(".."))
+        assert r["response"] == ",".join(str(k) for k in range(a, b + 1))
+
+
+def test_no_held_out_prompt_in_any_train_file():
+    test = {r["prompt"] for r in _rows("test.jsonl")}
+    train = {r["prompt"] for r in _rows("rl_train.jsonl")} | {r["query"] for r in _rows("sft_train.jsonl")}
+    assert len(test) > 50 and not test & train
+
+
+def test_response_lengths_are_heavy_tailed():
+    """Most responses are a few tokens (one per character), a few are hundreds."""
+    lengths = sorted(len(r["answer"]) for r in _rows("rl_train.jsonl"))
+    assert statistics.median(lengths) <= 8
+    assert statistics.mean(lengths) < 25
+    assert lengths[-1] >= 200 and sum(n >= 150 for n in lengths) >= 40
+    # a batch of 16 prompts usually holds a response several times its mean length
+    rng = random.Random(0)
+    ratios = []
+    for _ in range(200):
+        batch = rng.sample(lengths, 16)
+        ratios.append(max(batch) / statistics.mean(batch))
+    assert statistics.median(ratios) > 3
+
+
+def test_count_law_is_clipped_power_law():
+    mk = _load("make_data")
+    rng = random.Random(0)
+    counts = [mk.draw_count(rng, alpha=0.9, max_count=80) for _ in range(20000)]
+    assert min(counts) == 1 and max(counts) == 80
+    for k in (2, 5, 10, 40):
+        share = sum(c >= k for c in counts) / len(counts)
+        assert abs(share - k ** -0.9) < 0.02, k
+
+
+def test_reward_scores_known_answers():
+    fn = _load("reward").count_exact
+    assert fn("7..10=", "7,8,9,10", answer="7,8,9,10") == 1.0
+    assert fn("7..10=", " 7,8,9,10\n", answer="7,8,9,10") == 1.0  # whitespace is ignored
+    assert fn("5..5=", "5", answer="5") == 1.0
+    for wrong in ("7,8,9", "7,8,9,10,11", "7,8,10", "78910", "7,8,9,10,", "", "7..10"):
+        assert fn("7..10=", wrong, answer="7,8,9,10") == 0.0, wrong
+    with pytest.raises(ValueError, match="answer"):
+        fn("7..10=", "7,8,9,10")
+
+
+def test_reward_agrees_with_the_data():
+    fn = _load("reward").count_exact
+    for r in _rows("test.jsonl")[:50]:
+        assert fn(r["prompt"], r["answer"], answer=r["answer"]) == 1.0
+
+
+@pytest.mark.parametrize("overrides", list(MODES.values()), ids=list(MODES))
+def test_grpo_config_validates_in_every_mode(overrides, monkeypatch):
+    from rlweave.config.loader import load_config
+    from rlweave.plugins.manager import PluginManager
+
+    monkeypatch.chdir(ROOT)
+    cfg, resolved = load_config("examples/longtail/grpo.yaml", overrides, pm=PluginManager(), check_inputs=False)
+    assert resolved.algorithm.name == "grpo" and set(resolved.role_names) == {"policy", "rollout"}
+    assert cfg.resources.colocate == [] and cfg.roles["rollout"].engine == "vllm"
+    assert cfg.algorithm.max_new_tokens >= max(len(r["answer"]) for r in _rows("rl_train.jsonl")) + 1
+
+
+def test_sft_config_validates_with_the_cli(monkeypatch):
+    from rlweave import cli
+    from typer.testing import CliRunner
+
+    monkeypatch.chdir(ROOT)
+    for name in ("sft.yaml", "grpo.yaml"):
+        result = CliRunner().invoke(cli.app, ["validate", "--schema-only", f"examples/longtail/{name}"])
+        assert result.exit_code == 0, result.output
+        assert "count_exact" in result.output
