@@ -1,0 +1,341 @@
+"""Partial rollout and the overlapping run modes on the long-tail task, side by side in one run.
+
+The task of ``examples/longtail`` (count from a to b; response lengths heavy-tailed: median 5
+tokens, the longest ~240) from its SFT model, GRPO as ``examples/longtail/grpo.yaml`` has it
+(16 prompts x 4 samples a step, FSDP policy and vLLM rollout on devices of their own, no
+colocation), once per mode, each through ``rlweave train`` in its own process:
+
+* ``sync``: generate, train, sync; generation waits for the batch's longest response.
+* ``partial``: sync steps with ``rollout.partial`` (``--budget`` tokens a round, ``--max-rounds``).
+* ``one_step_off``: the next batch is generated while this one trains.
+* ``async``: groups stream through a bounded queue, at most ``run.max_staleness`` versions old.
+* ``async_partial`` (only when named in ``--modes``): ``async`` with ``rollout.partial``.
+
+Every mode trains ``data.batch_size`` complete groups a step, so the same ``--steps`` is the same
+number of trained samples. On a CPU the two roles' devices are virtual and share the cores: each
+role gets ``--role-threads`` of them (default: half), as if each had devices of its own; without
+that, overlapping generation and training oversubscribes the cores.
+
+Per mode, from each run's ``metrics.jsonl`` (the steps after the first ``--warmup``): steps per
+hour and trained samples per second (over the sum of ``time/step``), the ratio to sync, the
+held-out reward after the last step (``eval/reward_mean`` on ``data/test.jsonl``, in points; in
+brackets the difference to sync), the mean and largest staleness, the share of trained samples
+that took more than one round, and each role's idle seconds per step (``time/idle/rollout``,
+``time/idle/policy``; plain sync steps report none, so they are derived and marked ``~``: the
+policy waits while the engine generates, ``time/generate``, and the engine for the rest).
+``--repeat N`` runs all modes N times, taking turns, with seeds ``run.seed + k``; throughput is
+pooled over the repeats and the reward averaged.
+
+The SFT model is ``runs/longtail-sft/hf`` when it exists (``rlweave train
+examples/longtail/sft.yaml``), else it is built in the work directory (base model, then that SFT
+run, a few minutes). Run on a quiet machine, from anywhere:
+
+    python bench/async_rollout.py                                 # the four modes, 60 steps each
+    python bench/async_rollout.py --steps 20 --modes sync,async --out /tmp/async.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+EXAMPLE = ROOT / "examples" / "longtail"
+CONFIG = EXAMPLE / "grpo.yaml"
+SFT_CONFIG = EXAMPLE / "sft.yaml"
+SFT_MODEL = ROOT / "runs" / "longtail-sft" / "hf"
+MODE_NAMES = ("sync", "partial", "one_step_off", "async", "async_partial")
+DEFAULT_MODES = MODE_NAMES[:4]
+SEED = 1  # run.seed of grpo.yaml
+
+
+def mode_overrides(mode: str, a: argparse.Namespace) -> list[str]:
+    """The ``key=value`` overrides that select ``mode`` on top of grpo.yaml."""
+    partial = f"rollout.partial={{token_budget_per_step: {a.budget}, max_rounds: {a.max_rounds}}}"
+    staleness = f"run.max_staleness={a.max_staleness}"
+    groups = [f"rollout.request_groups={a.request_groups}"] if a.request_groups else []
+    table = {
+        "sync": ["run.mode=sync", "rollout.partial=null"],
+        "partial": ["run.mode=sync", partial],
+        "one_step_off": ["run.mode=one_step_off", "rollout.partial=null", staleness],
+        "async": ["run.mode=async", "rollout.partial=null", staleness, *groups],
+        "async_partial": ["run.mode=async", partial, staleness, *groups],
+    }
+    if mode not in table:
+        raise SystemExit(f"unknown mode {mode!r}: choose from {', '.join(MODE_NAMES)}")
+    return table[mode]
+
+
+# ------------------------------------------------------------------------------ inputs
+def rlweave_cmd() -> list[str]:
+    exe = Path(sys.executable).with_name("rlweave")
+    if not exe.exists():
+        found = shutil.which("rlweave")
+        if not found:
+            raise SystemExit("the rlweave command is not installed in this environment (make setup)")
+        exe = Path(found)
+    return [str(exe)]
+
+
+def ensure_data() -> None:
+    """The shipped data files; written by examples/longtail/make_data.py when missing."""
+    if all((EXAMPLE / "data" / n).is_file() for n in ("sft_train.jsonl", "rl_train.jsonl", "test.jsonl")):
+        return
+    print("examples/longtail/data is incomplete: running examples/longtail/make_data.py", flush=True)
+    subprocess.run([sys.executable, str(EXAMPLE / "make_data.py")], check=True, cwd=ROOT)
+
+
+def ensure_model(model: Path | None, work: Path, env: dict) -> Path:
+    """The SFT model to start from: ``model``, else runs/longtail-sft/hf, else built in ``work``."""
+    if model is not None:
+        if not (model / "config.json").is_file():
+            raise SystemExit(f"--model {model}: no Hugging Face model there (config.json missing)")
+        return model.resolve()
+    if (SFT_MODEL / "config.json").is_file():
+        return SFT_MODEL
+    base = EXAMPLE / "artifacts" / "base"
+    if not (base / "config.json").is_file():
+        print(f"building the base model: python {EXAMPLE.relative_to(ROOT)}/build_model.py --out "
+              f"{base.relative_to(ROOT)}", flush=True)
+        subprocess.run([sys.executable, str(EXAMPLE / "build_model.py"), "--out", str(base)], check=True, cwd=ROOT)
+    print(f"no SFT model at {SFT_MODEL.relative_to(ROOT)}: training one in {work} (a few minutes; "
+          f"`rlweave train {SFT_CONFIG.relative_to(ROOT)}` once keeps one for later runs)", flush=True)
+    out, log = work / "sft", work / "sft.log"
+    cmd = rlweave_cmd() + ["train", str(SFT_CONFIG), f"run.output_dir={out}", f"model.path={base}"]
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        raise SystemExit(f"SFT failed (exit {proc.returncode}); see {log}:\n{log.read_text()[-2000:]}")
+    return out / "longtail-sft" / "hf"
+
+
+# --------------------------------------------------------------------------------- runs
+def run_mode(mode: str, turn: int, model: Path, work: Path, a: argparse.Namespace, env: dict) -> dict:
+    """One GRPO run of ``mode`` (seed ``SEED + turn``); its measurements, or ``{"error": ...}``."""
+    name = f"{mode}-{turn}"
+    threads = [f"roles.{r}.cpu_threads={a.role_threads}" for r in ("policy", "rollout")] if a.role_threads else []
+    overrides = [f"model.path={model}", f"run.output_dir={work / 'grpo'}", f"run.name={name}",
+                 f"run.seed={SEED + turn}", f"run.total_steps={a.steps}", "run.eval_every=0", "run.save_every=0",
+                 "run.save_hf=false", f"run.log_every={max(1, a.steps // 5)}", *threads, *mode_overrides(mode, a),
+                 *a.override]
+    cmd = rlweave_cmd() + ["train", str(CONFIG), *overrides]
+    log = work / f"{name}.log"
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        try:
+            code = subprocess.run(cmd, check=False, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                  timeout=a.timeout).returncode
+        except subprocess.TimeoutExpired:
+            code = f"timeout after {a.timeout:.0f} s"
+    wall = time.perf_counter() - t0
+    if code != 0:
+        tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-12:]
+        return {"mode": mode, "turn": turn, "error": f"exit {code}", "log": str(log), "log_tail": tail, "wall_s": wall}
+    return {"mode": mode, "turn": turn, "overrides": overrides, "wall_s": wall, "log": str(log),
+            **summarize(work / "grpo" / name, a.warmup)}
+
+
+def _mean(rows: list[dict], key: str) -> float | None:
+    vals = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+    return statistics.mean(vals) if vals else None
+
+
+def summarize(run_dir: Path, warmup: int) -> dict:
+    """Throughput, staleness and idle time over the steps after ``warmup``; the evaluations."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r for r in rows if "time/step" in r]
+    timed = [r for r in steps if r["step"] > warmup] or steps
+    summary = json.loads((run_dir / "summary.json").read_text())
+    before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
+    max_stale = [float(r["staleness/max"]) for r in timed if isinstance(r.get("staleness/max"), (int, float))]
+    return {
+        "steps": len(steps),
+        "timed_steps": len(timed),
+        "trained_samples": sum(float(r.get("samples", 0.0)) for r in steps),
+        "timed_samples": sum(float(r.get("samples", 0.0)) for r in timed),
+        "timed_s": sum(float(r["time/step"]) for r in timed),
+        "eval_before": before.get("eval/reward_mean"),
+        "eval_after": after.get("eval/reward_mean"),
+        "staleness_mean": _mean(timed, "staleness/mean"),
+        "staleness_max": max(max_stale) if max_stale else None,
+        "regenerated": sum(float(r.get("staleness/regenerated", 0.0)) for r in steps),
+        "partial_ratio": _mean(timed, "partial/ratio"),
+        "idle_rollout_s": _mean(timed, "time/idle/rollout"),
+        "idle_policy_s": _mean(timed, "time/idle/policy"),
+        **{f"{k}_s": _mean(timed, f"time/{k}") for k in ("generate", "train", "train_compute", "sync")},
+        "response_len_mean": _mean(timed, "response_len/mean"),
+        "response_len_max": _mean(timed, "response_len/max"),
+    }
+
+
+def pooled(mode: str, runs: list[dict]) -> dict:
+    """One mode's repeats as one row: throughput over all timed steps, the rest averaged."""
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return {"mode": mode, "error": failed[0]["error"], "log": failed[0]["log"]}
+    out = {"mode": mode, "runs": len(runs)}
+    for k in ("steps", "timed_steps", "trained_samples", "timed_samples", "timed_s", "regenerated"):
+        out[k] = sum(r[k] for r in runs)
+    out["steps_per_hour"] = 3600.0 * out["timed_steps"] / out["timed_s"]
+    out["samples_per_s"] = out["timed_samples"] / out["timed_s"]
+    for k in runs[0]:
+        if k not in out and k not in ("turn", "overrides", "log", "wall_s"):
+            out[k] = _mean(runs, k)
+    maxes = [r["staleness_max"] for r in runs if r["staleness_max"] is not None]
+    out["staleness_max"] = max(maxes) if maxes else None
+    rewards = [r["eval_after"] for r in runs if r["eval_after"] is not None]
+    out["eval_after_range"] = (min(rewards), max(rewards)) if rewards else None
+    return out
+
+
+# -------------------------------------------------------------------------------- table
+HEAD = ("mode", "samples", "s/step", "steps/h", "samples/s", "vs sync", "held-out reward",
+        "staleness mean/max", "partial", "idle rollout s/step", "idle policy s/step")
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def idle(r: dict) -> tuple[str, str]:
+    """Idle seconds per step of the rollout and the policy (see the module docstring)."""
+    if r["idle_rollout_s"] is not None or r["idle_policy_s"] is not None:
+        return _f(r["idle_rollout_s"], ".2f"), _f(r["idle_policy_s"], ".2f")
+    if r["generate_s"] is None:
+        return "-", "-"
+    return f"~{r['timed_s'] / r['timed_steps'] - r['generate_s']:.2f}", f"~{r['generate_s']:.2f}"
+
+
+def rows(results: list[dict]) -> list[tuple[str, ...]]:
+    """One row per mode (a failed mode: its name and the error); ratios and reward differences
+    against the sync row when there is one."""
+    base = next((r for r in results if r["mode"] == "sync" and "error" not in r), None)
+    out = []
+    for r in results:
+        if "error" in r:
+            out.append((r["mode"], f"FAILED: {r['error']} (log: {r['log']})"))
+            continue
+        ratio = f"{r['samples_per_s'] / base['samples_per_s']:.2f}x" if base else "-"
+        reward = _f(None if r["eval_after"] is None else 100 * r["eval_after"], ".1f")
+        if r["runs"] > 1 and r["eval_after_range"]:
+            reward += " [{:.1f}-{:.1f}]".format(*(100 * x for x in r["eval_after_range"]))
+        if base and r is not base and r["eval_after"] is not None and base["eval_after"] is not None:
+            reward += f" ({100 * (r['eval_after'] - base['eval_after']):+.1f})"
+        out.append((r["mode"], f"{r['trained_samples'] / r['runs']:.0f}", f"{r['timed_s'] / r['timed_steps']:.2f}",
+                    f"{r['steps_per_hour']:.0f}", f"{r['samples_per_s']:.1f}", ratio, reward,
+                    f"{_f(r['staleness_mean'], '.2f')}/{_f(r['staleness_max'], '.0f')}",
+                    _f(r["partial_ratio"], ".2f"), *idle(r)))
+    return out
+
+
+def table(results: list[dict], md: bool = False) -> str:
+    body = rows(results)
+    if md:
+        lines = ["| " + " | ".join(HEAD) + " |", "|---" + "|---:" * (len(HEAD) - 1) + "|"]
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in body])
+    full = [HEAD] + [r for r in body if len(r) == len(HEAD)]
+    widths = [max(len(r[i]) for r in full) for i in range(len(HEAD))]
+    lines = []
+    for r in [HEAD] + body:
+        if len(r) != len(HEAD):
+            lines.append(f"{r[0]:<{widths[0]}}  {r[1]}")
+        else:
+            lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    return "\n".join(lines)
+
+
+def describe(res: dict) -> str:
+    if "error" in res:
+        return f"FAILED ({res['error']}), last lines of {res['log']}:\n  " + "\n  ".join(res["log_tail"])
+    return (f"{res['timed_samples'] / res['timed_s']:.1f} samples/s, held-out reward {_f(res['eval_before'], '.3f')} "
+            f"-> {_f(res['eval_after'], '.3f')}, response length mean {_f(res['response_len_mean'], '.1f')} "
+            f"(batch max {_f(res['response_len_max'], '.0f')}), wall {res['wall_s']:.0f} s")
+
+
+# --------------------------------------------------------------------------------- main
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=60, help="GRPO steps per run (each trains 16 groups x 4 samples)")
+    ap.add_argument("--warmup", type=int, default=3, help="first steps of a run left out of the throughput")
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, from: {', '.join(MODE_NAMES)}")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per mode, taking turns, seeds run.seed + k")
+    ap.add_argument("--budget", type=int, default=48, help="partial: rollout.partial.token_budget_per_step")
+    ap.add_argument("--max-rounds", type=int, default=4, help="partial: rollout.partial.max_rounds")
+    ap.add_argument("--max-staleness", type=int, default=1, help="one_step_off and async: run.max_staleness")
+    ap.add_argument("--request-groups", type=int, default=None,
+                    help="async: rollout.request_groups (default: the config's)")
+    ap.add_argument("--role-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                    help="roles.{policy,rollout}.cpu_threads (default: half the cores each; 0: the config's)")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra override for every run (repeatable), e.g. algorithm.off_policy.correction=none")
+    ap.add_argument("--model", type=Path, default=None,
+                    help=f"SFT model to start from (default: {SFT_MODEL.relative_to(ROOT)}, built when missing)")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="keep the runs and logs here (default: a temporary directory, removed at the end)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds a run may take")
+    ap.add_argument("--out", type=Path, default=None, help="write the results (every run's too) as JSON here")
+    ap.add_argument("--markdown", action="store_true", help="print the table as Markdown too")
+    a = ap.parse_args()
+    a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    for m in a.modes:
+        mode_overrides(m, a)  # an unknown name fails before anything runs
+    if a.steps <= a.warmup:
+        raise SystemExit(f"--steps ({a.steps}) must be larger than --warmup ({a.warmup})")
+    return a
+
+
+def main() -> int:
+    a = parse_args()
+    sys.path.insert(0, str(HERE))
+    from machine import cpu_name
+
+    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    tmp = None if a.work else tempfile.mkdtemp(prefix="rlweave_bench_async_")
+    work = (a.work or Path(tmp)).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        ensure_data()
+        model = ensure_model(a.model, work, env)
+        when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+        print(f"\n{when}, {cpu_name()}; model {model}; {a.steps} steps a run ({a.warmup} warm-up), "
+              f"{a.repeat} run(s) a mode; 16 prompts x 4 samples, <= 256 new tokens; partial budget {a.budget} x "
+              f"{a.max_rounds} rounds; max_staleness {a.max_staleness}; cpu threads per role "
+              f"{a.role_threads or 'as configured'}; work dir {work}", flush=True)
+        runs: dict[str, list[dict]] = {m: [] for m in a.modes}
+        for turn in range(a.repeat):
+            for m in a.modes:
+                res = run_mode(m, turn, model, work, a, env)
+                runs[m].append(res)
+                print(f"{m} (run {turn + 1}/{a.repeat}): {describe(res)}", flush=True)
+        results = [pooled(m, runs[m]) for m in a.modes]
+        print()
+        print(table(results))
+        if a.markdown:
+            print()
+            print(table(results, md=True))
+        if a.out:
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            args = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}
+            a.out.write_text(json.dumps({"date": when, "machine": cpu_name(), "model": str(model), "args": args,
+                                         "results": results, "runs": runs}, indent=2))
+            print(f"\nresults: {a.out}")
+        return 1 if any("error" in r for r in results) else 0
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
