@@ -163,6 +163,9 @@ class _Pass:
         if self.cfg.rollout.partial is not None and not partial:
             self.issue("rollout.partial", f"algorithm '{record.name}' as configured does not implement partial "
                        "rollout; remove rollout.partial")
+        if mode == "one_step_off" and self.cfg.run.max_staleness < 1:
+            self.issue("run.max_staleness", "run.mode 'one_step_off' trains samples one version old; it needs "
+                       "max_staleness >= 1 (0: use run.mode sync)")
         if mode != "sync" and self.cfg.resources.offload == "always":
             self.issue("resources.offload", f"run.mode {mode!r} keeps the rollout engine generating while the "
                        "policy trains, so it cannot be put away between phases; use offload: auto or never")

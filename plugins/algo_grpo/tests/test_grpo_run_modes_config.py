@@ -1,0 +1,45 @@
+"""Run modes and partial rollout at validation: what GRPO accepts, and the errors (with their
+dotted paths) for what it cannot run, reported before any worker starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlweave.config.errors import ConfigError
+from rlweave.config.loader import load_config
+
+ROOT = Path(__file__).resolve().parents[3]
+GRPO = ROOT / "examples/arith/grpo.yaml"
+PPO = ROOT / "examples/arith/ppo.yaml"
+
+
+def issues(path: Path, overrides: list[str]) -> dict[str, str]:
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, overrides, check_inputs=False)
+    return {i.path: i.message for i in exc.value.issues}
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "async"])
+def test_grpo_accepts_every_mode_with_partial_rollout(mode):
+    cfg, _ = load_config(GRPO, [f"run.mode={mode}", "rollout.partial.token_budget_per_step=3",
+                                "rollout.partial.max_rounds=2"], check_inputs=False)
+    assert cfg.run.mode == mode and cfg.rollout.partial.token_budget_per_step == 3
+
+
+def test_modes_an_algorithm_does_not_implement_are_refused():
+    found = issues(PPO, ["run.mode=async", "rollout.partial.token_budget_per_step=3"])
+    assert "runs in mode(s) sync, not 'async'" in found["run.mode"]
+    assert "does not implement partial rollout" in found["rollout.partial"]
+    assert "colocated with" in found["resources.colocate"]  # ppo.yaml shares the devices
+    found = issues(GRPO, ["run.mode=async", "algorithm.dynamic_sampling=true"])
+    assert "runs in mode(s) sync" in found["run.mode"]
+
+
+def test_overlapping_modes_need_an_engine_that_stays_up():
+    found = issues(GRPO, ["run.mode=one_step_off", "run.max_staleness=0", "resources.offload=always"])
+    assert "max_staleness >= 1" in found["run.max_staleness"]
+    assert "cannot be put away" in found["resources.offload"]
+    found = issues(GRPO, ["rollout.partial.token_budget_per_step=0"])
+    assert "rollout.partial.token_budget_per_step" in found
