@@ -56,8 +56,8 @@ def test_list_plugins_never_crashes_and_stays_light(site):
     assert "brokenplug" in out and "rlw_missing_dependency" in out and "incompatible" in out
     rows = json.loads(out[out.index("\n[") + 1:out.index("\n]") + 2])
     megatron = next((r for r in rows if r["name"] == "megatron"), None)
-    if megatron is not None:  # installed here: probed without importing megatron
-        assert megatron["status"] == "unavailable" and "not implemented yet" in megatron["error"]
+    if megatron is not None:  # installed here: probed without importing megatron (heavy is empty)
+        assert megatron["status"] == "ok", megatron
 
 
 def test_validation_errors_come_before_anything_heavy(site, tmp_path):

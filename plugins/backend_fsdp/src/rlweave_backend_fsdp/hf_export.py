@@ -19,20 +19,12 @@ reward model's export: the backbone and ``score.weight`` are loaded (:mod:`.mode
 
 from __future__ import annotations
 
-import copy
-import json
-import shutil
-from pathlib import Path
 from typing import Iterator
 
 import torch
 
+from rlweave.backend_helpers.hf_dir import TOKENIZER_FILES, write_hf  # noqa: F401 - re-exported
 from rlweave_backend_fsdp.moe_layout import CheckpointLayout
-
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-    "added_tokens.json", "tokenizer.model", "chat_template.jinja", "chat_template.json", "generation_config.json",
-)
 
 
 def stream_full(model: torch.nn.Module, rank: int, skip: set[str], dtype=None, device="cpu") -> Iterator[tuple[str, torch.Tensor]]:
@@ -62,61 +54,7 @@ def stream_full(model: torch.nn.Module, rank: int, skip: set[str], dtype=None, d
 
 
 def export_config(model: torch.nn.Module, kind: str, dtype: torch.dtype):
-    cfg = copy.deepcopy(model.config)
-    cfg.use_cache = True
-    if kind != "causal_lm":
-        base = type(model.model).__name__
-        stem = base[: -len("Model")] if base.endswith("Model") else base
-        suffix = "ForSequenceClassification" if kind == "reward" else "ForTokenClassification"
-        cfg.architectures = [stem + suffix]
-        cfg.num_labels = 1
-        cfg.classifier_dropout = 0.0
-    cfg.dtype = dtype
-    return cfg
+    """The HF config to save for ``model`` (:func:`rlweave.backend_helpers.hf_dir.export_config`)."""
+    from rlweave.backend_helpers.hf_dir import export_config as _export
 
-
-def write_hf(path: str, items: Iterator[tuple[str, torch.Tensor]], config, kind: str, tokenizer_dir: str | None,
-             shard_bytes: int) -> None:
-    """Rank-0 side of ``save_hf``: write shards as tensors arrive, then index/config/tokenizer."""
-    from safetensors.torch import save_file
-
-    root = Path(path)
-    root.mkdir(parents=True, exist_ok=True)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    files: list[tuple[str, list[str]]] = []
-
-    def flush() -> None:
-        nonlocal size
-        if shards[-1]:
-            fname = f"part-{len(files):05d}.safetensors"
-            save_file(shards[-1], str(root / fname), metadata={"format": "pt"})
-            files.append((fname, list(shards[-1])))
-            shards[-1] = {}
-            size = 0
-
-    for name, t in items:
-        if size and size + t.numel() * t.element_size() > shard_bytes:
-            flush()
-        shards[-1][name] = t
-        size += t.numel() * t.element_size()
-    if kind == "value":  # token classifiers carry a bias in transformers; ours is zero
-        shards[-1]["score.bias"] = torch.zeros(1, dtype=config.dtype)
-    flush()
-    if len(files) == 1:
-        (root / files[0][0]).rename(root / "model.safetensors")
-    else:
-        names = []
-        for i, (fname, keys) in enumerate(files):
-            new = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
-            (root / fname).rename(root / new)
-            names.append((new, keys))
-        total = sum((root / f).stat().st_size for f, _ in names)
-        index = {"metadata": {"total_size": total}, "weight_map": {k: f for f, ks in names for k in ks}}
-        (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    config.save_pretrained(str(root))
-    if tokenizer_dir and Path(tokenizer_dir).is_dir():
-        for f in TOKENIZER_FILES:
-            src = Path(tokenizer_dir) / f
-            if src.exists():
-                shutil.copy2(src, root / f)
+    return _export(model.config, kind, dtype, type(model.model).__name__ if kind != "causal_lm" else None)

@@ -14,7 +14,6 @@ starts at zero for a critic (values start at 0) and small random for a reward mo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -46,23 +45,14 @@ class ScalarHeadModel(nn.Module):
 
 
 def read_hf_tensor(path: str | Path, name: str) -> torch.Tensor | None:
-    """One tensor from a HF directory's safetensors (single file or indexed shards)."""
-    from safetensors import safe_open
+    """One tensor from a HF directory's safetensors (single file or indexed shards), or None."""
+    from rlweave.backend_helpers.hf_dir import HFReader
 
-    root = Path(path)
-    index = root / "model.safetensors.index.json"
-    files = []
-    if index.exists():
-        wm = json.loads(index.read_text())["weight_map"]
-        if name in wm:
-            files = [root / wm[name]]
-    elif (root / "model.safetensors").exists():
-        files = [root / "model.safetensors"]
-    for f in files:
-        with safe_open(str(f), framework="pt") as fh:
-            if name in fh.keys():
-                return fh.get_tensor(name)
-    return None
+    try:
+        with HFReader(path) as read:
+            return read(name)
+    except FileNotFoundError:
+        return None
 
 
 def load_model(model_cfg: dict[str, Any], attn_impl: str, dtype: torch.dtype, seed: int) -> nn.Module:

@@ -1,34 +1,5 @@
-"""Learning-rate schedule: linear warm-up, then constant or cosine to a floor."""
+"""The learning-rate schedule, shared with other backends: :mod:`rlweave.backend_helpers.schedule`."""
 
-from __future__ import annotations
+from rlweave.backend_helpers.schedule import WarmupSchedule
 
-import math
-from dataclasses import dataclass
-
-
-@dataclass
-class WarmupSchedule:
-    """Multiplier of the peak lr at optimizer step ``step`` (0-based; LambdaLR contract).
-
-    Warm-up: ``(step + 1) / warmup_steps`` for the first ``warmup_steps`` steps; then 1.0
-    (``constant``) or a half cosine from 1.0 to ``min_lr_ratio`` reached at ``total_steps``."""
-
-    warmup_steps: int = 0
-    schedule: str = "constant"
-    total_steps: int | None = None
-    min_lr_ratio: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.schedule not in ("constant", "cosine"):
-            raise ValueError(f"optim.schedule: unknown schedule {self.schedule!r} (constant, cosine)")
-        if self.schedule == "cosine" and not self.total_steps:
-            raise ValueError("optim.total_steps is required for the cosine schedule")
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return (step + 1) / self.warmup_steps
-        if self.schedule == "constant":
-            return 1.0
-        span = max(1, int(self.total_steps) - self.warmup_steps)
-        progress = min(1.0, (step - self.warmup_steps) / span)
-        return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+__all__ = ["WarmupSchedule"]

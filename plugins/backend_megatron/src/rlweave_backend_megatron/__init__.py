@@ -1,22 +1,12 @@
-"""rlweave training backend on megatron-core (TP/PP/DP) — registered, not implemented yet.
+"""rlweave training backend on megatron-core: a ``GPTModel`` per role, with tensor (``tp``),
+pipeline (``pp``) and data (``dp``) parallel sizes from ``roles.<role>.parallel``.
 
-The plugin registers the name ``megatron`` so users see it in ``rlweave list-plugins``
-(status ``unavailable``, with :data:`UNAVAILABLE` as the reason, from the record's probe)
-and a config selecting it fails at ``rlweave validate`` with that reason instead of
-"unknown backend"; importing the worker module raises :data:`NOT_IMPLEMENTED`.
+Causal LMs, value and reward models of Qwen2/Qwen2.5 and Llama-family dense checkpoints are
+loaded from a Hugging Face directory into their tensor/pipeline shards and written back in
+Hugging Face names. On GPU the ranks talk over NCCL and use Transformer Engine layers where it
+is installed; on CPU (gloo, tests) they use megatron-core's local layer specs, after the few
+CUDA-only calls are redirected by :mod:`rlweave_backend_megatron.cpu_shim`.
+
+This module and ``plugin``, ``config`` and ``checks`` stay light (no torch, no megatron import):
+the plugin manager imports them to list and validate the backend.
 """
-
-UNAVAILABLE = (
-    "not implemented yet: megatron-core's distributed optimizer (get_megatron_optimizer) needs CUDA, "
-    "so it cannot run on this CPU-only setup; use backend 'fsdp' instead"
-)
-
-NOT_IMPLEMENTED = f"the megatron-core training backend (rlweave-backend-megatron) is {UNAVAILABLE}"
-
-
-def probe() -> str:
-    """Why the backend cannot run here (always: it is not implemented yet)."""
-    return UNAVAILABLE
-
-
-__all__ = ["NOT_IMPLEMENTED", "UNAVAILABLE", "probe"]

@@ -1,13 +1,12 @@
-"""Options of the megatron backend (``roles.<role>.options``); light, no megatron import.
+"""``roles.<role>.options`` of the ``megatron`` backend (pydantic, light: no torch, no megatron).
 
-The fields document what the backend will take. A run selecting ``megatron`` fails at
-validation through the record's probe (see :mod:`rlweave_backend_megatron`), before these
-options are read.
+A worker reads them as ``ctx.options_as(MegatronConfig)``; :mod:`rlweave_backend_megatron.checks`
+refuses the combinations the model or the parallel sizes do not allow.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,8 +14,36 @@ from pydantic import BaseModel, ConfigDict, Field
 class MegatronConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    transformer_impl: Literal["local", "transformer_engine"] = Field(
-        "transformer_engine", description="megatron-core transformer layer implementation.")
-    sequence_parallel: bool = Field(False, description="Shard activations along the sequence with TP.")
-    use_distributed_optimizer: bool = Field(True, description="Shard optimizer state across data-parallel ranks.")
-    micro_batch_size: int = Field(1, ge=1, description="Sequences per micro-batch (pipeline schedule).")
+    transformer_impl: Literal["auto", "local", "transformer_engine"] = Field(
+        "auto", description="Layer implementation of megatron-core: 'local' (plain torch layer specs), "
+        "'transformer_engine' (NVIDIA Transformer Engine layers, CUDA only). auto: transformer_engine when it is "
+        "importable and the rank's device is CUDA, else local.",
+    )
+    sequence_parallel: bool = Field(
+        False, description="Megatron's sequence parallelism (activations outside attention and MLP split along the "
+        "sequence over the tp ranks): not supported yet, validation refuses true.",
+    )
+    max_tokens_per_micro_batch: int = Field(
+        4096, ge=1, description="Token budget of one training micro-batch, counted as the tokens of its padded rows "
+        "(rows x longest row).",
+    )
+    max_tokens_per_forward: Optional[int] = Field(
+        None, ge=1, description="Token budget of one no-grad forward (log-probs, values, scores), counted like "
+        "max_tokens_per_micro_batch; null: 2x the training budget.",
+    )
+    activation_checkpointing: bool = Field(
+        False, description="Megatron's full recompute: keep only each transformer layer's input in forward and "
+        "recompute the layer in backward.",
+    )
+    seed: Optional[int] = Field(
+        None, description="Seed of megatron's model-parallel random streams (head initialisation, dropout); "
+        "null: the run seed.",
+    )
+    hf_shard_bytes: int = Field(
+        2_000_000_000, ge=1, description="Max bytes per safetensors file when writing the model in Hugging Face "
+        "format (save_hf).",
+    )
+    make_vocab_size_divisible_by: int = Field(
+        128, ge=1, description="The embedding and output-layer rows are padded to a multiple of this times "
+        "parallel.tp (megatron's vocabulary padding); the padding rows are dropped on export and weight sync.",
+    )

@@ -1,9 +1,489 @@
-"""Placeholder for the megatron-core worker: importing it raises NotImplementedError.
+"""``MegatronWorker``: one rank of a role trained or scored with megatron-core (TP, PP, DP).
 
-``BackendRecord.load()`` imports this module, so a run that gets past validation still
-stops here, before any worker starts, with the reason.
+Contract: :class:`rlweave.interfaces.backend.TrainingWorker`, as the FSDP backend keeps it:
+same model kinds (``causal_lm``, ``value``, ``reward``), same per-token conventions, same
+token-weight convention for losses, same HF names in and out.
+
+Rank layout: ``parallel: {tp, pp, dp}``; tensor-parallel ranks are adjacent, then pipeline
+stages, and data-parallel replicas outermost (megatron order ``tp-cp-ep-pp-dp``), matching
+the scheduler's data-parallel blocks of ``tp * pp`` consecutive ranks that all receive the
+same shard. Every rank of a block returns the block's results (the last stage computes
+them and broadcasts them to its pipeline peers).
+
+Micro-batches are right-padded rows (causal mask plus key padding, positions from 0 in each
+row) formed by a token budget counted over the padded rows; the same count runs on every
+rank. Pipeline stages run each micro-batch forward stage by stage and backward in reverse
+(activations and their gradients pass by point-to-point sends), one micro-batch at a time.
+Log-probabilities come from vocabulary-parallel logits (:mod:`.vocab`).
+
+Training: each rank's AdamW updates its own shards. Gradients are summed (not averaged) over
+data-parallel replicas, so the gradient is that of the loss summed over all tokens of all
+replicas (the token-weight convention); the norm counts every parameter once (tensor-parallel
+shards summed, replicated tensors once), and a tied output weight on the last pipeline stage
+shares its gradient with the embedding.
 """
 
-from rlweave_backend_megatron import NOT_IMPLEMENTED
+from __future__ import annotations
 
-raise NotImplementedError(NOT_IMPLEMENTED)
+import json
+import math
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from rlweave.backend_helpers.hf_dir import HFReader, export_config, write_hf
+from rlweave.backend_helpers.schedule import WarmupSchedule
+from rlweave.data.batch import Batch
+from rlweave.interfaces.backend import LossFn, TrainingWorker, merge_metric
+from rlweave_backend_megatron import convert, model as mmodel, pipeline, vocab
+from rlweave_backend_megatron.config import MegatronConfig
+
+# megatron-core says so on every import when Apex / Transformer Engine are absent (the local specs
+# are what this backend uses there) and on every TransformerConfig about a CUDA-graph default
+for _msg in ("Transformer Engine and Apex are not installed", "Apex is not installed", "full scope is deprecated"):
+    warnings.filterwarnings("ignore", message=f".*{_msg}.*", category=UserWarning)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class MegatronWorker(TrainingWorker):
+    """Trains and/or scores one tensor/pipeline shard of a model on one rank."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None
+
+    # ------------------------------------------------------------------ build
+    def init_model(self) -> None:
+        from megatron.core import parallel_state as ps
+        from megatron.core import tensor_parallel
+
+        ctx = self.ctx
+        self.cfg = ctx.options_as(MegatronConfig)
+        self.kind = ctx.model.get("model_type", "causal_lm")
+        if self.kind not in ("causal_lm", "value", "reward"):
+            raise ValueError(f"megatron backend: unknown model_type {self.kind!r} (choose causal_lm, value, reward)")
+        if ctx.device == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError(f"megatron backend: role {ctx.role} rank {ctx.rank} asked for cuda but none is visible")
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
+            from rlweave_backend_megatron import cpu_shim
+
+            cpu_shim.apply()
+        par = dict(ctx.parallel or {})
+        self.tp, self.pp = int(par.get("tp", 1)), int(par.get("pp", 1))
+        if self.world_size % (self.tp * self.pp):
+            raise ValueError(f"megatron backend: role {ctx.role}: {self.world_size} ranks are not a multiple of "
+                             f"tp*pp = {self.tp}*{self.pp}")
+        self.dp = self.world_size // (self.tp * self.pp)
+        if self.cfg.sequence_parallel:
+            raise NotImplementedError(f"megatron backend: roles.{ctx.role}.options.sequence_parallel is not supported "
+                                      "yet; set it to false")
+        self.init_distributed(force=True)
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        ps.initialize_model_parallel(tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp,
+                                     order="tp-cp-ep-pp-dp")
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.pp_rank = ps.get_pipeline_model_parallel_rank()
+        self.dp_rank = ps.get_data_parallel_rank()
+        seed = self.cfg.seed if self.cfg.seed is not None else ctx.seed
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        dtype_name = ctx.model.get("dtype", "float32")
+        if dtype_name not in _DTYPES:
+            raise ValueError(f"megatron backend: model.dtype {dtype_name!r} (role {ctx.role}); choose {sorted(_DTYPES)}")
+        path = ctx.model.get("path")
+        if not path or not Path(path).is_dir():
+            raise FileNotFoundError(f"megatron backend: model.path {path!r} is not a local directory")
+        self.path = path
+        self.shape = convert.shape_from_config(json.loads((Path(path) / "config.json").read_text()), self.tp,
+                                               self.cfg.make_vocab_size_divisible_by, f"{path}/config.json")
+        self.impl = self._impl()
+        with HFReader(path) as read:
+            self.model, self.layer_offset = mmodel.build(
+                self.shape, self.kind, self.impl, self.tp, self.tp_rank, self.pp, self.pp_rank, _DTYPES[dtype_name],
+                self.device, read, seed, recompute=self.cfg.activation_checkpointing)
+        self.stages = pipeline.Stages(self.model, self.pp_rank, self.pp, self.device)
+        self.step = 0
+        self.offloaded = False
+        self.stream_peak_bytes = 0
+        if ctx.optim is not None:
+            self._build_optimizer(ctx.optim)
+        torch.manual_seed(seed + 1000 + self.rank)
+
+    def _impl(self) -> str:
+        choice = self.cfg.transformer_impl
+        if choice == "auto":
+            import importlib.util
+
+            te = importlib.util.find_spec("transformer_engine") is not None
+            return "transformer_engine" if te and self.device.type == "cuda" else "local"
+        if choice == "transformer_engine" and self.device.type != "cuda":
+            raise ValueError(f"megatron backend: roles.{self.ctx.role}.options.transformer_impl: transformer_engine "
+                             "needs a CUDA device; use local (or auto) on CPU")
+        return choice
+
+    def _build_optimizer(self, o: Any) -> None:
+        self.optim_cfg = o
+        kw = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), **kw)
+        sched = WarmupSchedule(o.warmup_steps, o.schedule, o.total_steps or self.ctx.optim_total_steps, o.min_lr_ratio)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, sched)
+
+    # ---------------------------------------------------------------- helpers
+    def _mp_group(self):
+        from megatron.core import parallel_state as ps
+
+        return ps.get_model_parallel_group()
+
+    def _tp_group(self):
+        from megatron.core import parallel_state as ps
+
+        return ps.get_tensor_model_parallel_group()
+
+    def _dp_group(self):
+        from megatron.core import parallel_state as ps
+
+        return ps.get_data_parallel_group()
+
+    def _max_over_ranks(self, n: int) -> int:
+        t = torch.tensor([n], dtype=torch.long, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _check_ready(self, what: str) -> None:
+        if self.offloaded and self.device.type == "cuda":
+            raise RuntimeError(f"megatron backend: {what} on role {self.ctx.role} rank {self.rank} while offloaded; "
+                               "call onload()")
+
+    def _plan(self, batch: Batch, budget: int) -> list[list[int]]:
+        """Micro-batches whose padded rows (samples x longest sample) stay within ``budget``."""
+        lens = batch.seqlens.tolist()
+        order = sorted(range(len(lens)), key=lambda i: (-lens[i], i))
+        groups: list[list[int]] = []
+        for i in order:  # longest first: a group's row width is its first sample's length
+            if groups and (len(groups[-1]) + 1) * lens[groups[-1][0]] <= budget:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        return [sorted(g) for g in groups]
+
+    def _last_outputs(self, raw: torch.Tensor, mb: Batch, flat: torch.Tensor, temperature: float,
+                      with_entropy: bool) -> dict[str, torch.Tensor]:
+        """Per-token results of a micro-batch from the last stage's output ``raw`` ``(B, L, ...)``."""
+        cu = mb.cu_seqlens.to(self.device)
+        total = int(cu[-1])
+        first = torch.zeros(total, dtype=torch.bool, device=self.device)
+        first[cu[:-1]] = True
+        pred = (flat - 1).masked_fill(first, 0)  # the row position predicting each token
+        if self.kind == "causal_lm":
+            logits = raw.reshape(-1, raw.shape[-1])[pred]
+            lp, ent = vocab.logprobs_entropy(logits, mb.token["input_ids"].to(self.device), self.shape.vocab,
+                                             self.tp_rank, self._tp_group(), temperature, with_entropy)
+            out = {"logprobs": lp.masked_fill(first, 0.0)}
+            if ent is not None:
+                out["entropy"] = ent.masked_fill(first, 0.0)
+            return out
+        heads = raw.reshape(-1).float()
+        return {"values": heads[pred].masked_fill(first, 0.0), "scores": heads[flat[cu[1:] - 1]]}
+
+    def _forward(self, mb: Batch | None, grad: bool, temperature: float = 1.0, with_entropy: bool = False):
+        """Run one micro-batch (None: an empty one) through this rank's stage; on the last
+        stage return the per-token results (else None)."""
+        rows = pipeline.padded(mb, self.device)
+        with torch.set_grad_enabled(grad):
+            raw = self.stages.forward(rows)
+        if not self.stages.last or mb is None:
+            return raw, None
+        return raw, self._last_outputs(raw, mb, rows.flat, temperature, with_entropy)
+
+    @torch.no_grad()
+    def _per_token(self, batch: Batch, keys: tuple[str, ...], temperature: float = 1.0,
+                   with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        self._check_ready("forward")
+        self.model.eval()
+        budget = self.cfg.max_tokens_per_forward or 2 * self.cfg.max_tokens_per_micro_batch
+        groups = self._plan(batch, budget) if len(batch) else []
+        n = self._max_over_ranks(len(groups))
+        cu = batch.cu_seqlens.tolist()
+        out = {k: torch.zeros(len(batch) if k == "scores" else batch.num_tokens, dtype=torch.float32) for k in keys}
+        for i in range(n):
+            mb = batch.select(groups[i]) if i < len(groups) else None
+            _, res = self._forward(mb, grad=False, temperature=temperature, with_entropy=with_entropy)
+            if res is None:
+                continue
+            for k in keys:
+                v = res[k].float().cpu()
+                if k == "scores":
+                    out[k][torch.tensor(groups[i])] = v
+                    continue
+                pos = 0
+                for j in groups[i]:
+                    m = cu[j + 1] - cu[j]
+                    out[k][cu[j]:cu[j + 1]] = v[pos:pos + m]
+                    pos += m
+        return self.stages.broadcast_from_last(out)
+
+    # ------------------------------------------------------------- operations
+    def compute_logprobs(self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        if self.kind != "causal_lm":
+            raise NotImplementedError(f"megatron backend: role {self.ctx.role} is a {self.kind} model; no log-probs")
+        keys = ("logprobs", "entropy") if with_entropy else ("logprobs",)
+        return self._per_token(batch, keys, temperature, with_entropy)
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        if self.kind == "causal_lm":
+            raise NotImplementedError(f"megatron backend: role {self.ctx.role} is a causal_lm; set model_type: value")
+        return self._per_token(batch, ("values",))["values"]
+
+    def compute_scores(self, batch: Batch) -> torch.Tensor:
+        if self.kind == "causal_lm":
+            raise NotImplementedError(f"megatron backend: role {self.ctx.role} is a causal_lm; set model_type: reward")
+        return self._per_token(batch, ("scores",))["scores"]
+
+    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step (see :class:`TrainingWorker`). A step whose gradient norm or loss
+        is not finite on any rank is skipped on every rank (``skipped`` 1.0), as in the FSDP backend."""
+        if self.optimizer is None:
+            raise RuntimeError(f"megatron backend: role {self.ctx.role} has no optimizer (roles.{self.ctx.role}.optim unset)")
+        self._check_ready("train_step")
+        t0 = time.perf_counter()
+        self.model.train()
+        groups = self._plan(batch, self.cfg.max_tokens_per_micro_batch) if len(batch) else []
+        n_micro = self._max_over_ranks(len(groups))
+        entropy = bool(getattr(loss_fn, "needs_entropy", True)) and self.kind == "causal_lm"
+        temperature = float(getattr(loss_fn, "temperature", 1.0))
+        if not temperature > 0:
+            raise ValueError(f"megatron backend: loss function {type(loss_fn).__name__} has temperature "
+                             f"{temperature}; it must be > 0")
+        loss_sum, metrics = 0.0, {}
+        for i in range(n_micro):
+            mb = batch.select(groups[i]) if i < len(groups) else None
+            dev_mb = _on_device(mb, self.device) if mb is not None else None
+            raw, res = self._forward(dev_mb, grad=True, temperature=temperature, with_entropy=entropy)
+            loss = None
+            if self.stages.last:
+                if res is not None:
+                    outs = _Outputs(res.get("logprobs"), res.get("entropy"), res.get("values"))
+                    loss, m = loss_fn(outs, dev_mb)
+                    for k, v in m.items():
+                        metrics[k] = merge_metric(k, metrics.get(k), float(v))
+                else:
+                    loss = raw.float().sum() * 0.0
+                loss_sum += float(loss.detach())
+            self.stages.backward(raw, loss)
+        self._reduce_grads()
+        grad_norm = self._clip()
+        lr = self.optimizer.param_groups[0]["lr"]
+        bad = not (math.isfinite(grad_norm) and math.isfinite(loss_sum))
+        flag = torch.tensor([1.0 if bad else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        skipped = bool(flag.item())
+        if not skipped:
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        reporter = self.stages.last and self.tp_rank == 0
+        local = {"loss": loss_sum, "tokens": float(batch.num_tokens), "samples": float(len(batch)), **metrics} \
+            if reporter else {}
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, (local, time.perf_counter() - t0))
+        out: dict[str, float] = {}
+        for d, _ in gathered:
+            for k, v in d.items():
+                out[k] = merge_metric(k, out.get(k), v)
+        out.update(grad_norm=grad_norm, lr=lr, time_s=max(t for _, t in gathered), num_micro_batches=float(n_micro),
+                   skipped=float(skipped))
+        return out
+
+    def _reduce_grads(self) -> None:
+        """Sum gradients over data-parallel replicas; share the tied output weight's with the embedding."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if self.dp > 1:
+            for p in params:
+                dist.all_reduce(p.grad, group=self._dp_group())
+        self.stages.share_embedding_grads()
+
+    def _clip(self) -> float:
+        sq = torch.zeros(1, dtype=torch.float64, device=self.device)
+        for name, p in self.model.named_parameters():
+            if p.grad is None or not self._counted(name, p):
+                continue
+            sq += p.grad.detach().double().pow(2).sum()
+        dist.all_reduce(sq, group=self._mp_group())
+        norm = float(sq.sqrt())
+        max_norm = float(self.optim_cfg.grad_clip or 0.0)
+        if max_norm > 0 and math.isfinite(norm):
+            coef = max_norm / (norm + 1e-6)
+            if coef < 1.0:
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(coef)
+        return norm
+
+    def _counted(self, name: str, p: torch.nn.Parameter) -> bool:
+        """Whether this rank counts ``p`` in the global norm (each value once over the model-parallel group)."""
+        if self.stages.is_tied_copy(name):
+            return False
+        return convert.split_kind(name) != "none" or self.tp_rank == 0
+
+    # ------------------------------------------------------------------ state
+    def global_name(self, name: str) -> str:
+        """The global full-tensor name (:mod:`.convert`) of this stage's parameter ``name``."""
+        return convert.canonical(mmodel._stage_name(name, self.layer_offset))
+
+    def _full_names(self) -> list[str]:
+        return convert.full_names(self.shape, self.kind)
+
+    def _owner_stage(self, name: str) -> int:
+        per = self.shape.layers // self.pp
+        if name.startswith("embedding."):
+            return 0
+        m = convert._LAYER.match(name)
+        return int(m.group(1)) // per if m else self.pp - 1
+
+    def _local_param(self, gname: str) -> torch.Tensor:
+        local = gname
+        m = convert._LAYER.match(gname)
+        if m:
+            local = f"decoder.layers.{int(m.group(1)) - self.layer_offset}.{m.group(2)}"
+        if gname == convert.HEAD + ".weight":
+            local = "output_layer.score.weight"
+        params = dict(self.model.named_parameters())
+        if local not in params and self.impl == "transformer_engine":
+            for te, lo in convert._TE_ALIASES.items():
+                if local.endswith(lo):
+                    local = local[: -len(lo)] + te
+        return params[local]
+
+    def full_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full megatron tensors in :func:`.convert.full_names` order; all ranks iterate, the
+        first replica's ranks gather, global rank 0 yields (others yield nothing). Only one
+        gathered tensor is alive on a rank at a time (``stream_peak_bytes`` records the most)."""
+        self._check_ready("named_weights")
+        if self.dp_rank != 0:
+            return
+        self.stream_peak_bytes = 0
+        for gname in self._full_names():
+            stage = self._owner_stage(gname)
+            full = None
+            if stage == self.pp_rank:
+                shard = self._local_param(gname).detach()
+                shards = pipeline.gather_tp(shard, self.tp, self.tp_rank, self._tp_group())
+                if shards is not None:
+                    full = convert.merge(gname, shards)
+                    del shards
+            full = self.stages.to_first(full, stage, self.tp_rank)
+            if full is not None:
+                self.stream_peak_bytes = max(self.stream_peak_bytes, 2 * full.numel() * full.element_size())
+                if self.rank == 0:
+                    yield gname, full
+            del full
+
+    def named_weights(self, dtype: torch.dtype | None = None, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named full tensors, one full megatron tensor at a time; rank 0 yields."""
+        for gname, full in self.full_tensors():
+            for hf_name, t in convert.hf_from_full(gname, full, self.shape):
+                to = dtype if dtype is not None and t.is_floating_point() else t.dtype
+                yield hf_name, t.to(device=device, dtype=to, copy=True).contiguous()
+
+    def save_hf(self, path: str) -> None:
+        self._check_ready("save_hf")
+        items = self.named_weights()
+        if self.rank == 0:
+            from transformers import AutoConfig
+
+            hf_cfg = AutoConfig.from_pretrained(self.path, local_files_only=True)
+            dtype = next(iter(self.model.parameters())).dtype
+            cfg = export_config(hf_cfg, self.kind, dtype)
+            tok = self.ctx.model.get("tokenizer") or self.path
+            write_hf(path, items, cfg, self.kind, tok, self.cfg.hf_shard_bytes)
+        else:
+            for _ in items:
+                pass
+        dist.barrier()
+
+    def save_checkpoint(self, path: str) -> None:
+        self._check_ready("save_checkpoint")
+        from rlweave_backend_megatron import checkpoint
+
+        checkpoint.save(self, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self._check_ready("load_checkpoint")
+        from rlweave_backend_megatron import checkpoint
+
+        checkpoint.load(self, path)
+
+    # ---------------------------------------------------------------- offload
+    def offload(self) -> dict[str, Any]:
+        """Move parameters and optimizer state to CPU memory (a no-op on a CPU device)."""
+        if self.offloaded or self.device.type != "cuda":
+            self.offloaded = True
+            return {"freed_bytes": 0, "moved_bytes": 0, "device": self.device.type}
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        self.model.to("cpu")
+        _move_optimizer(self.optimizer, "cpu")
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        self.offloaded = True
+        return {"freed_bytes": int(before - torch.cuda.memory_allocated()), "device": "cuda"}
+
+    def onload(self) -> dict[str, Any]:
+        if not self.offloaded:
+            return {"loaded_bytes": 0}
+        loaded = 0
+        if self.device.type == "cuda":
+            before = torch.cuda.memory_allocated()
+            self.model.to(self.device)
+            _move_optimizer(self.optimizer, self.device)
+            torch.cuda.synchronize()
+            loaded = torch.cuda.memory_allocated() - before
+        self.offloaded = False
+        return {"loaded_bytes": int(loaded)}
+
+    def shutdown(self) -> None:
+        try:
+            from megatron.core import parallel_state as ps
+
+            if ps.model_parallel_is_initialized():
+                ps.destroy_model_parallel()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+        super().shutdown()
+
+
+class _Outputs:
+    """:class:`rlweave.interfaces.backend.ModelOutputs` of one micro-batch."""
+
+    def __init__(self, logprobs, entropy, values):
+        self.logprobs, self.entropy, self.values = logprobs, entropy, values
+
+
+def _on_device(b: Batch, device) -> Batch:
+    mv = lambda d: {k: v.to(device) for k, v in d.items()}  # noqa: E731
+    return Batch(cu_seqlens=b.cu_seqlens, token=mv(b.token), sample=mv(b.sample), ids=b.ids, meta=b.meta)
+
+
+def _move_optimizer(opt, device) -> None:
+    if opt is None:
+        return
+    for st in opt.state.values():
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                st[k] = v.to(device, non_blocking=True)

@@ -1,0 +1,128 @@
+"""What the ``megatron`` backend refuses at validation time (light: no torch, no megatron).
+
+:func:`check_role` is the backend record's ``check``: it runs in ``rlweave validate`` and before
+any worker starts, after the role's options were validated. The core already checks that the
+parallel sizes are >= 1 and multiply to the role's ``devices`` (``dp * tp * pp``, or divide it
+without ``dp``); here is what only this backend knows: the model's shape must split over
+``tp`` and ``pp``, its architecture must be one the backend converts, and Megatron's sequence
+parallelism is refused (not supported yet).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+#: ``model_type`` values of config.json whose dense layout the backend converts (Qwen2/Qwen2.5, Llama family)
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+
+
+def read_model_config(model: Any) -> dict[str, Any] | None:
+    """A local model directory's config.json as a dict, or None (no local directory, no file).
+
+    Raises ValueError naming the file when it is not a JSON object."""
+    path = getattr(model, "path", None)
+    cfg = Path(path) / "config.json" if path else None
+    if cfg is None or not cfg.is_file():
+        return None
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{cfg} cannot be read as JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{cfg} is not a JSON object")
+    return data
+
+
+def text_config(data: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a config.json (its ``text_config`` where it has one)."""
+    inner = data.get("text_config")
+    return inner if isinstance(inner, dict) else data
+
+
+def _int(data: dict[str, Any], key: str) -> int | None:
+    value = data.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def architecture_problems(data: dict[str, Any]) -> list[str]:
+    """Why the backend cannot convert a model with this config.json (empty: it can): the
+    architecture, mixture-of-experts layers, an activation other than SiLU, Llama biases, a
+    rotary scaling other than the default, sliding-window attention."""
+    out: list[str] = []
+    model_type = data.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        out.append(f"architecture {model_type!r} (config.json model_type) is not supported by the megatron "
+                   f"backend; supported: {', '.join(SUPPORTED_MODEL_TYPES)} (dense Qwen2/Qwen2.5 and Llama-family "
+                   "models); use backend 'fsdp' for other models")
+    text = text_config(data)
+    key = next((k for k in ("num_experts", "num_local_experts") if _int(text, k)), None)
+    if key:
+        out.append(f"mixture-of-experts models ({_int(text, key)} experts, config.json {key}) are not supported by "
+                   "the megatron backend yet; use backend 'fsdp'")
+    if text.get("hidden_act", "silu") != "silu":
+        out.append(f"hidden_act {text.get('hidden_act')!r} is not supported (only silu, SwiGLU MLPs)")
+    if model_type == "llama" and (text.get("attention_bias") or text.get("mlp_bias")):
+        out.append("llama with attention_bias or mlp_bias is not supported")
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    if kind not in (None, "default"):
+        where = "rope_parameters" if text.get("rope_parameters") else "rope_scaling"
+        out.append(f"rotary scaling {kind!r} (config.json {where}) is not supported yet (only the default rotary "
+                   "embedding)")
+    if text.get("use_sliding_window"):
+        out.append("sliding-window attention (use_sliding_window: true) is not supported")
+    return out
+
+
+def shape_problems(data: dict[str, Any], tp: int, pp: int) -> list[tuple[str, str]]:
+    """``("parallel.tp" | "parallel.pp" | "model", message)`` for each reason a model with this
+    config.json cannot be built by the backend or split over ``tp`` x ``pp``."""
+    out: list[tuple[str, str]] = [("model", m) for m in architecture_problems(data)]
+    text = text_config(data)
+    heads = _int(text, "num_attention_heads")
+    kv = _int(text, "num_key_value_heads") or heads
+    if heads and heads % tp:
+        out.append(("parallel.tp", f"{heads} attention heads are not divisible by parallel.tp={tp}"))
+    if kv and kv % tp:
+        out.append(("parallel.tp", f"{kv} key/value heads are not divisible by parallel.tp={tp}"))
+    inter = _int(text, "intermediate_size")
+    if inter and inter % tp:
+        out.append(("parallel.tp", f"intermediate_size {inter} is not divisible by parallel.tp={tp}"))
+    layers = _int(text, "num_hidden_layers")
+    if layers and layers % pp:
+        out.append(("parallel.pp", f"{layers} layers (num_hidden_layers) are not divisible by parallel.pp={pp}"))
+    return out
+
+
+def _options(section: Any) -> dict[str, Any]:
+    options = getattr(section, "options", None) or {}
+    return options if isinstance(options, dict) else options.model_dump()
+
+
+def check_role(role: str, section: Any, model: Any) -> list[tuple[str, str]]:
+    """Every reason ``role`` cannot run on this backend as configured, as ``(key path, message)``:
+    ``options.sequence_parallel`` (not supported yet), and, when the model is a local directory
+    with a config.json, an unsupported architecture or MoE model (at ``model.path``, or
+    ``roles.<role>.model.path`` for a role's own model), heads, key/value heads or
+    ``intermediate_size`` not divisible by ``tp``, layers not divisible by ``pp``."""
+    parallel = dict(getattr(section, "parallel", None) or {})
+    tp, pp = max(1, int(parallel.get("tp", 1))), max(1, int(parallel.get("pp", 1)))
+    out: list[tuple[str, str]] = []
+    if _options(section).get("sequence_parallel"):
+        out.append((f"roles.{role}.options.sequence_parallel",
+                    f"role {role!r}: megatron's sequence parallelism is not supported by this backend yet; set "
+                    "sequence_parallel: false"))
+    model_key = f"roles.{role}.model.path" if getattr(section, "model", None) is not None else "model.path"
+    try:
+        data = read_model_config(model)
+    except ValueError as exc:
+        return out + [(model_key, f"role {role!r}: {exc}")]
+    if data is None:
+        return out
+    src = f" (model {model.path})"
+    for key, msg in shape_problems(data, tp, pp):
+        path = model_key if key == "model" else f"roles.{role}.{key}"
+        out.append((path, f"role {role!r}: {msg}{src}"))
+    return out

@@ -1,0 +1,133 @@
+"""Multi-rank scenarios for the megatron backend's tests (spawned ranks import them by name).
+
+Each builds the real :class:`~.worker.MegatronWorker` on every rank (gloo on CPU, NCCL on
+CUDA), runs the operations on the batches of :mod:`rlweave_backend_fsdp.testing_scenarios`
+and returns plain tensors from rank 0; the tests compare them with transformers and with the
+FSDP backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+OPTIM = {"lr": 1e-2, "grad_clip": 1.0, "weight_decay": 0.01, "eps": 1e-3}
+
+
+def worker(ctx_kw: dict, model: dict, parallel: dict, optim: dict | None = OPTIM, **options):
+    """A built ``MegatronWorker`` of role ``policy`` (seed 3) with ``parallel`` sizes and ``options``."""
+    from rlweave.interfaces.worker import WorkerContext
+    from rlweave_backend_megatron.worker import MegatronWorker
+
+    ctx = WorkerContext(role="policy", options=options, model=model, seed=3, parallel=dict(parallel),
+                        extra={"optim": optim} if optim else {}, **ctx_kw)
+    w = MegatronWorker(ctx)
+    w.init_model()
+    return w
+
+
+def replica_shard(w, batch):
+    """The samples of ``batch`` this rank's data-parallel replica gets (every other one)."""
+    idx = list(range(w.dp_rank, len(batch), w.dp))
+    return batch.select(idx), idx
+
+
+def hf_weights(w) -> dict[str, torch.Tensor]:
+    """Every HF-named tensor streamed by ``named_weights`` (rank 0; empty elsewhere)."""
+    return {n: t for n, t in w.named_weights()}
+
+
+def policy_scenario(ctx_kw: dict, model_dir: str, work: str, parallel: dict, budget: int = 64,
+                    with_step: bool = True) -> dict[str, Any]:
+    """Log-probs and entropy of the fixed batch, one NLL train step, the streamed weights after
+    it and an HF export under ``work``."""
+    import torch.distributed as dist
+
+    from rlweave_backend_fsdp import testing_scenarios as sc
+
+    w = worker(ctx_kw, {"path": model_dir, "dtype": "float32"}, parallel, max_tokens_per_micro_batch=budget)
+    batch = sc.fixed_batch()
+    shard, idx = replica_shard(w, batch)
+    out = w.compute_logprobs(shard, with_entropy=True)
+    per = {"logprobs": {}, "entropy": {}}
+    cu = shard.cu_seqlens.tolist()
+    for j, i in enumerate(idx):
+        for k in per:
+            per[k][i] = out[k][cu[j]:cu[j + 1]].clone()
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, per)
+    res: dict[str, Any] = {k: {} for k in per}
+    for d in gathered:
+        for k in per:
+            res[k].update(d[k])
+    if with_step:
+        res["metrics"] = w.train_step(shard, sc.nll_loss)
+        res["weights"] = hf_weights(w)
+        mine = (w.stream_peak_bytes, sum(p.numel() * p.element_size() for p in w.model.parameters()))
+        peaks: list = [None] * dist.get_world_size()
+        dist.all_gather_object(peaks, mine)
+        res["stream_peak_bytes"] = [p for p, _ in peaks]
+        res["shard_bytes"] = [s for _, s in peaks]
+        after = w.compute_logprobs(shard)["logprobs"]
+        res["logprobs_after"] = {i: after[cu[j]:cu[j + 1]].clone() for j, i in enumerate(idx)}
+        w.save_hf(f"{work}/hf")
+    w.shutdown()
+    return res
+
+
+def heads_scenario(ctx_kw: dict, model_dir: str, kind: str, parallel: dict) -> dict[str, Any]:
+    """Values (``value``) or scores (``reward``) of the fixed batch, then one train step on a
+    squared-error loss and the streamed weights after it."""
+    from rlweave_backend_fsdp import testing_scenarios as sc
+
+    w = worker(ctx_kw, {"path": model_dir, "dtype": "float32", "model_type": kind}, parallel)
+    batch = sc.fixed_batch()
+    res: dict[str, Any] = {}
+    if kind == "value":
+        res["values"] = w.compute_values(batch)
+        res["metrics"] = w.train_step(batch, sc.value_loss)
+    else:
+        res["scores"] = w.compute_scores(batch)
+    res["weights"] = hf_weights(w)
+    w.shutdown()
+    return res
+
+
+def fsdp_policy(ctx_kw: dict, model_dir: str, kind: str = "causal_lm") -> dict[str, Any]:
+    """The FSDP backend on one rank, same batch, loss and optimizer: outputs, step metrics and
+    the weights after the step."""
+    from rlweave_backend_fsdp import testing_scenarios as sc
+
+    w = sc._worker(ctx_kw, {"path": model_dir, "dtype": "float32", "model_type": kind}, OPTIM,
+                   max_tokens_per_micro_batch=64)
+    batch = sc.fixed_batch()
+    res: dict[str, Any] = {}
+    if kind == "value":
+        res["values"] = w.compute_values(batch)
+        res["metrics"] = w.train_step(batch, sc.value_loss)
+    elif kind == "reward":
+        res["scores"] = w.compute_scores(batch)
+    else:
+        res["metrics"] = w.train_step(batch, sc.nll_loss)
+    res["weights"] = dict(w.named_weights())
+    w.shutdown()
+    return res
+
+
+def resume_scenario(ctx_kw: dict, model_dir: str, ckpt: str, parallel: dict, save: bool) -> dict[str, Any]:
+    """``save``: one step, checkpoint into ``ckpt``, then a second step; else: load ``ckpt``
+    and take the second step. Returns the second step's metrics, log-probs of a third batch
+    and the weights after it."""
+    from rlweave_backend_fsdp import testing_scenarios as sc
+
+    w = worker(ctx_kw, {"path": model_dir, "dtype": "float32"}, parallel, max_tokens_per_micro_batch=64)
+    if save:
+        w.train_step(sc.fixed_batch(), sc.nll_loss)
+        w.save_checkpoint(ckpt)
+    else:
+        w.load_checkpoint(ckpt)
+    res = {"step": w.step, "metrics": w.train_step(sc.fixed_batch(seed=4), sc.nll_loss),
+           "logprobs": w.compute_logprobs(sc.fixed_batch(seed=5))["logprobs"], "weights": hf_weights(w)}
+    w.shutdown()
+    return res
