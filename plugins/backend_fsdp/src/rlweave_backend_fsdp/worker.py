@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 
+from rlweave.backend_helpers.device import move_optimizer_state, rank_device
 from rlweave.data.batch import Batch
 from rlweave.interfaces.backend import LossFn, TrainingWorker, merge_metric
 from rlweave_backend_fsdp import attention, checkpoint, checks, cpu, finite, hf_export, micro, modeling, moe, prefix
@@ -70,13 +70,7 @@ class FSDPWorker(TrainingWorker):
         ctx = self.ctx
         self.cfg = ctx.options_as(FSDPConfig)
         self.kind = ctx.model.get("model_type", "causal_lm")
-        if ctx.device == "cuda":
-            if not torch.cuda.is_available():
-                raise RuntimeError(f"fsdp backend: role {ctx.role} rank {ctx.rank} asked for cuda but none is visible")
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            self.device = torch.device("cpu")
+        self.device = rank_device(ctx, "fsdp")
         self.init_distributed(force=True)
         sp = int((ctx.parallel or {}).get("sp", 1))
         self._refuse(checks.sp_problems(sp, self.cfg.model_dump(), None))
@@ -448,14 +442,6 @@ class FSDPWorker(TrainingWorker):
                         ob += local(v).numel() * v.element_size()
         return pb, ob
 
-    def _move_optimizer(self, device) -> None:
-        if self.optimizer is None:
-            return
-        for st in self.optimizer.state.values():
-            for k, v in st.items():
-                if torch.is_tensor(v):
-                    st[k] = v.to(device, non_blocking=True)
-
     def offload(self) -> dict[str, Any]:
         """Move this rank's parameter shards and optimizer state to CPU memory.
 
@@ -472,7 +458,7 @@ class FSDPWorker(TrainingWorker):
             torch.cuda.synchronize()
             before = torch.cuda.memory_allocated()
             self.model.to("cpu")
-            self._move_optimizer("cpu")
+            move_optimizer_state(self.optimizer, "cpu")
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
             freed = before - torch.cuda.memory_allocated()
@@ -488,7 +474,7 @@ class FSDPWorker(TrainingWorker):
         if self.device.type == "cuda":
             before = torch.cuda.memory_allocated()
             self.model.to(self.device)
-            self._move_optimizer(self.device)
+            move_optimizer_state(self.optimizer, self.device)
             torch.cuda.synchronize()
             loaded = torch.cuda.memory_allocated() - before
         self.offloaded = False

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 import warnings
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from rlweave.backend_helpers.device import move_optimizer_state, rank_device
 from rlweave.backend_helpers.hf_dir import HFReader, export_config, write_hf
 from rlweave.backend_helpers.schedule import WarmupSchedule
 from rlweave.data.batch import Batch
@@ -68,13 +68,8 @@ class MegatronWorker(TrainingWorker):
         self.kind = ctx.model.get("model_type", "causal_lm")
         if self.kind not in ("causal_lm", "value", "reward"):
             raise ValueError(f"megatron backend: unknown model_type {self.kind!r} (choose causal_lm, value, reward)")
-        if ctx.device == "cuda":
-            if not torch.cuda.is_available():
-                raise RuntimeError(f"megatron backend: role {ctx.role} rank {ctx.rank} asked for cuda but none is visible")
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            self.device = torch.device("cpu")
+        self.device = rank_device(ctx, "megatron")
+        if self.device.type == "cpu":
             from rlweave_backend_megatron import cpu_shim
 
             cpu_shim.apply()
@@ -438,7 +433,7 @@ class MegatronWorker(TrainingWorker):
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         self.model.to("cpu")
-        _move_optimizer(self.optimizer, "cpu")
+        move_optimizer_state(self.optimizer, "cpu")
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         self.offloaded = True
@@ -451,7 +446,7 @@ class MegatronWorker(TrainingWorker):
         if self.device.type == "cuda":
             before = torch.cuda.memory_allocated()
             self.model.to(self.device)
-            _move_optimizer(self.optimizer, self.device)
+            move_optimizer_state(self.optimizer, self.device)
             torch.cuda.synchronize()
             loaded = torch.cuda.memory_allocated() - before
         self.offloaded = False
@@ -479,11 +474,3 @@ def _on_device(b: Batch, device) -> Batch:
     mv = lambda d: {k: v.to(device) for k, v in d.items()}  # noqa: E731
     return Batch(cu_seqlens=b.cu_seqlens, token=mv(b.token), sample=mv(b.sample), ids=b.ids, meta=b.meta)
 
-
-def _move_optimizer(opt, device) -> None:
-    if opt is None:
-        return
-    for st in opt.state.values():
-        for k, v in st.items():
-            if torch.is_tensor(v):
-                st[k] = v.to(device, non_blocking=True)
