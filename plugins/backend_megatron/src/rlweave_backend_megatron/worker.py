@@ -72,6 +72,9 @@ class MegatronWorker(TrainingWorker):
         if self.device.type == "cpu":
             from rlweave_backend_megatron import cpu_shim
 
+            # advice for CUDA's asynchronous gradient all-reduce; a CPU rank has no CUDA connections
+            warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*", category=UserWarning)
+
             cpu_shim.apply()
         par = dict(ctx.parallel or {})
         self.tp, self.pp = int(par.get("tp", 1)), int(par.get("pp", 1))
