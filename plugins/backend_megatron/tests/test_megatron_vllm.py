@@ -30,11 +30,14 @@ def _trained(root, trainer_tp: int) -> dict:
 
 
 @pytest.mark.parametrize("trainer_tp,engine_tp", [(2, 1), (1, 2)])
-def test_streamed_weights_give_transformers_greedy_on_the_export(trainer_tp, engine_tp, tmp_path):
+def test_streamed_weights_give_transformers_greedy_on_the_export(trainer_tp, engine_tp, tmp_path, monkeypatch):
     from rlweave.testing.reference import load_reference_model, reference_greedy
     from rlweave_infer_vllm.engine import VLLMEngine
 
     trained = _trained(tmp_path, trainer_tp)
+    for key in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        monkeypatch.setenv(key, "")  # records the value before, so what the engine sets here is undone after
+        monkeypatch.delenv(key)
     engine = VLLMEngine(WorkerContext(role="rollout", parallel={"tp": engine_tp},
                                       options={"max_model_len": 64, "kv_cache_gib": 0.25},
                                       model={"path": str(trained["base"]), "dtype": "float32"}, seed=1))

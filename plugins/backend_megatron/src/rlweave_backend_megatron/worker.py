@@ -82,9 +82,6 @@ class MegatronWorker(TrainingWorker):
             raise ValueError(f"megatron backend: role {ctx.role}: {self.world_size} ranks are not a multiple of "
                              f"tp*pp = {self.tp}*{self.pp}")
         self.dp = self.world_size // (self.tp * self.pp)
-        if self.cfg.sequence_parallel:
-            raise NotImplementedError(f"megatron backend: roles.{ctx.role}.options.sequence_parallel is not supported "
-                                      "yet; set it to false")
         self.init_distributed(force=True)
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
