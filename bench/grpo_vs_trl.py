@@ -116,7 +116,7 @@ def run_rlweave(a) -> dict:
                 **({"kv_cache_gib": 1.0, "enforce_eager": not a.compile} if a.engine == "vllm" else {})}},
         },
         "algorithm": {"name": "grpo", "n_samples": a.samples, "max_new_tokens": a.new_tokens, "ignore_eos": True,
-                      "kl_beta": 0.04, "kl_estimator": "k3", "temperature": 1.0},
+                      "kl": {"beta": 0.04, "estimator": "k3"}, "temperature": 1.0},
         "rewards": [{"name": "grpo_vs_trl:length_reward"}],
         "reward_runtime": {"timeout_s": 60, "workers": 1},
     })

@@ -26,11 +26,12 @@ HERE = Path(__file__).resolve().parent
 ALL = sorted(p.name for p in HERE.iterdir() if (p / "pyproject.toml").is_file())
 
 
-def install(names: list[str], target: Path) -> Path:
-    """Install the named sub-folders into ``target`` (created); returns ``target``."""
+def install(names: list[str], target: Path, where: Path = HERE) -> Path:
+    """Install the named sub-folders of ``where`` (default: this folder) into ``target``
+    (created); returns ``target``."""
     target.mkdir(parents=True, exist_ok=True)
     for name in names:
-        root = HERE / name
+        root = where / name
         meta = tomllib.loads((root / "pyproject.toml").read_text())
         project = meta["project"]
         files = []

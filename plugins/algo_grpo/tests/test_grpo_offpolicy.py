@@ -1,6 +1,7 @@
-"""GRPOLoss with ``algorithm.off_policy`` against hand-computed losses and gradients: none
-(bit-identical to the uncorrected loss), truncated importance sampling and decoupled PPO per
-token and per sequence, the floor, errors, and the config keys."""
+"""GRPO's loss (PolicyObjective with ppo_clip) with ``algorithm.off_policy`` against
+hand-computed losses and gradients: none (bit-identical to the uncorrected loss), truncated
+importance sampling and decoupled PPO per token and per sequence, the floor, errors, and the
+config keys."""
 
 import math
 import pickle
@@ -10,8 +11,9 @@ import pytest
 import torch
 
 from rlweave.algo_helpers.offpolicy import OffPolicyConfig
+from rlweave.algo_parts.objective import PolicyObjective
+from rlweave.algo_parts.spec import resolve
 from rlweave.data.batch import Batch
-from rlweave_algo_grpo.loss import GRPOLoss
 
 
 @dataclass
@@ -19,6 +21,12 @@ class Out:
     logprobs: torch.Tensor
     entropy: torch.Tensor | None = None
     values: torch.Tensor | None = None
+
+
+def objective(clip_low=0.2, clip_high=0.2, **kw):
+    """GRPO's objective as its config builds it: ppo_clip with these ranges, the k3 estimator."""
+    pl = resolve("policy_loss", {"name": "ppo_clip", "clip_low": clip_low, "clip_high": clip_high})
+    return PolicyObjective(policy_loss=pl, kl=resolve("kl", "k3"), **kw)
 
 
 # Tokens [pA a1 a2 pB b1 b2]: two samples of a prompt token and two response tokens, token mean
@@ -58,7 +66,7 @@ def _logp(ratio=RATIO):
 def _run(off_policy, batch=None, logp=None):
     lp = _logp() if logp is None else logp
     b = _batch() if batch is None else batch
-    loss, m = GRPOLoss(clip_low=0.2, clip_high=0.2, off_policy=off_policy)(Out(lp), b)
+    loss, m = objective(clip_low=0.2, clip_high=0.2, off_policy=off_policy)(Out(lp), b)
     loss.backward()
     return loss.item(), lp.grad[RESP].tolist(), m
 
@@ -73,7 +81,7 @@ def test_none_is_bit_identical_to_the_uncorrected_loss():
     ref.backward()
     for off in (None, OffPolicyConfig(), OffPolicyConfig(correction="none", level="sequence", cap=1.1, floor=0.5)):
         lp = _logp()
-        loss, m = GRPOLoss(off_policy=off)(Out(lp), b)
+        loss, m = objective(off_policy=off)(Out(lp), b)
         loss.backward()
         assert torch.equal(loss, ref) and torch.equal(lp.grad, lp_ref.grad)
         assert not any(k.startswith("offpolicy/") for k in m)
@@ -154,7 +162,7 @@ def test_kl_term_is_not_corrected():
     b = _batch()
     b.add_token("ref_logprobs", _full([math.log(p) for p in PROX]))
     off = OffPolicyConfig(correction="decoupled", level="sequence", cap=1.2)
-    loss, m = GRPOLoss(kl_beta=0.1, kl_estimator="k3", off_policy=off)(Out(_logp().detach()), b)
+    loss, m = objective(kl_beta=0.1, off_policy=off)(Out(_logp().detach()), b)
     # k3 with r = ref - logp = -log(ratio): 1/ratio + log(ratio) - 1, on every response token
     kl = 0.25 * sum(1 / x + math.log(x) - 1 for x in RATIO)
     assert m["kl"] == pytest.approx(kl, rel=1e-5)  # float32 arithmetic
@@ -172,8 +180,8 @@ def test_errors_name_the_key_and_field():
 
 def test_loss_with_off_policy_is_picklable():
     off = OffPolicyConfig(correction="tis", level="sequence", cap=3.0, floor=0.1)
-    fn = pickle.loads(pickle.dumps(GRPOLoss(clip_high=0.28, off_policy=off)))
-    assert fn.off_policy == off and fn.clip_high == 0.28
+    fn = pickle.loads(pickle.dumps(objective(clip_high=0.28, off_policy=off)))
+    assert fn.off_policy == off and fn.policy_loss.options["clip_high"] == 0.28
 
 
 def test_config_section_and_errors_with_their_dotted_path():

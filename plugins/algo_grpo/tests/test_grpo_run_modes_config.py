@@ -35,6 +35,9 @@ def test_modes_an_algorithm_does_not_implement_are_refused():
     assert "colocated with" in found["resources.colocate"]  # ppo.yaml shares the devices
     found = issues(GRPO, ["run.mode=async", "algorithm.dynamic_sampling=true"])
     assert "runs in mode(s) sync" in found["run.mode"]
+    # ReMax generates a greedy baseline with each batch: sync steps only
+    found = issues(GRPO, ["run.mode=one_step_off", "algorithm.advantage=remax"])
+    assert "runs in mode(s) sync, not 'one_step_off'" in found["run.mode"]
 
 
 def test_overlapping_modes_need_an_engine_that_stays_up():

@@ -77,7 +77,7 @@ def test_grpo_step_trains_and_syncs(setup):
                          run_dir=tmp, config=None, rewards=rewards, seed=3,
                          weight_sync=WeightSync(roles, transport_factory=lambda _s, _d: transport))
         cfg = GRPOConfig(n_samples=4, max_new_tokens=6, temperature=1.0, ppo_epochs=2, mini_batches=2,
-                         clip_high=0.28, eval_max_new_tokens=4)
+                         policy_loss={"name": "ppo_clip", "clip_high": 0.28}, eval_max_new_tokens=4)
         algo = GRPO(cfg, ctx)
         algo.setup()
         before = {n: t.clone() for n, t in policy.group.workers[0].named_weights()}
@@ -190,7 +190,7 @@ def test_colocated_grpo_puts_idle_roles_away_in_order(setup):
 
 @pytest.mark.parametrize("dynamic_sampling", [False, True])
 def test_reference_log_probs_run_while_rewards_are_scored(setup, dynamic_sampling):
-    """With a reference model (kl_beta > 0) the reference and old log-prob calls are issued
+    """With a reference model (kl.beta > 0) the reference and old log-prob calls are issued
     before the rewards are scored, so they overlap; with dynamic sampling (groups may still be
     dropped) only after. The step reports its dispatch/wait/pack/pool timings."""
     from rlweave.rewards.reward_set import RewardSet
@@ -220,8 +220,8 @@ def test_reference_log_probs_run_while_rewards_are_scored(setup, dynamic_samplin
         ctx = RunContext(roles=roles, tokenizer=AutoTokenizer.from_pretrained(model_dir), run_dir=tmp, config=None,
                          rewards=CallLog("rewards", rewards, calls), seed=3,
                          weight_sync=WeightSync(roles, transport_factory=lambda _s, _d: InProcessTransport()))
-        cfg = GRPOConfig(n_samples=4, max_new_tokens=6, kl_beta=0.05, ppo_epochs=2, dynamic_sampling=dynamic_sampling,
-                         max_resample=0, eval_max_new_tokens=4)
+        cfg = GRPOConfig(n_samples=4, max_new_tokens=6, kl={"beta": 0.05}, ppo_epochs=2,
+                         dynamic_sampling=dynamic_sampling, max_resample=0, eval_max_new_tokens=4)
         algo = GRPO(cfg, ctx)
         algo.setup()
         calls.clear()

@@ -30,6 +30,34 @@ def test_config_errors_are_explicit():
         PPOConfig(gamma_typo=1.0)
 
 
+@pytest.mark.parametrize("key, where", [("clip_low", "policy_loss: {name: ppo_clip"),
+                                        ("clip_high", "policy_loss: {name: ppo_clip"),
+                                        ("gamma", "advantage: {name: gae"), ("lam", "advantage: {name: gae")])
+def test_keys_of_earlier_versions_are_refused_with_their_new_place(key, where):
+    with pytest.raises(ValidationError, match=rf"'{key}' is no longer a key of algorithm: use {where}"):
+        PPOConfig.model_validate({key: 0.9})
+
+
+def test_named_parts_are_checked():
+    cfg = PPOConfig(advantage={"name": "gae", "gamma": 0.99, "lam": 0.9}, kl_estimator="k3", kl_clamp=None,
+                    policy_loss={"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28})
+    assert cfg.advantage.options == {"gamma": 0.99, "lam": 0.9} and cfg.kl_clamp is None
+    assert cfg.policy_loss.options == {"clip_low": 0.2, "clip_high": 0.28} and cfg.kl_estimator.name == "k3"
+    default = PPOConfig()
+    assert (default.advantage.name, default.policy_loss.name, default.kl_estimator.name) == ("gae", "ppo_clip", "k1")
+    assert default.kl_clamp == 10.0
+    with pytest.raises(ValidationError, match="uses no critic"):
+        PPOConfig(advantage="grpo")
+    with pytest.raises(ValidationError, match="lam"):
+        PPOConfig(advantage={"name": "gae", "lam": 2.0})
+    with pytest.raises(ValidationError, match="unknown KL estimator 'k4'"):
+        PPOConfig(kl_estimator="k4")
+    with pytest.raises(ValidationError, match="kl_clamp"):
+        PPOConfig(kl_clamp=0)
+    with pytest.raises(ValidationError, match="dual_clip"):
+        PPOConfig(policy_loss={"name": "ppo_clip", "dual_clip": 0.5})
+
+
 def test_every_field_is_described():
     for name, field in PPOConfig.model_fields.items():
         assert field.description, name

@@ -1,17 +1,15 @@
-"""KL controllers, advantage whitening, reward normalisation, explained variance."""
+"""KL controllers, advantage whitening, reward normalisation, explained variance, with the one
+normalisation convention (rlweave.algo_parts.stats: float64, sample std, eps 1e-6 added to it,
+all-equal values give exactly 0)."""
 
 import math
 
 import pytest
 import torch
 
+from rlweave.algo_parts.stats import masked_moments, masked_whiten
 from rlweave_algo_ppo.kl_controller import AdaptiveKLController, FixedKLController, make_kl_controller
-from rlweave_algo_ppo.normalize import (
-    RunningMoments,
-    explained_variance,
-    masked_whiten,
-    normalize_scores,
-)
+from rlweave_algo_ppo.normalize import RunningMoments, explained_variance, normalize_scores
 
 
 def test_fixed_kl_controller():
@@ -35,33 +33,48 @@ def test_adaptive_kl_controller_ziegler():
         AdaptiveKLController(0.1, 0.0, 100)
 
 
+EPS = 1e-6  # the convention's eps, added to the sample std
+
+
 def test_masked_whiten_global_stats():
     x = torch.tensor([1.0, 2.0, 3.0, 50.0])
     m = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    # mean 2, sample std sqrt((1 + 0 + 1) / 2) = 1
+    assert masked_moments(x, m) == pytest.approx((2.0, 1.0))
     y = masked_whiten(x, m)
-    s = math.sqrt(2 / 3)
-    assert y.tolist() == pytest.approx([-1 / s, 0.0, 1 / s, 0.0], abs=1e-6)
+    a = 1 / (1 + EPS)
+    assert y.tolist() == pytest.approx([-a, 0.0, a, 0.0], abs=1e-7)
     # whitening the whole batch is not whitening its halves: statistics are global
     halves = torch.cat([masked_whiten(x[:2], m[:2]), masked_whiten(x[2:], m[2:])])
     assert not torch.allclose(halves, y)
     y2 = masked_whiten(x, m, shift_mean=False)
-    assert y2.tolist() == pytest.approx([-1 / s + 2, 2.0, 1 / s + 2, 0.0], abs=1e-6)
+    assert y2.tolist() == pytest.approx([-a + 2, 2.0, a + 2, 0.0], abs=1e-6)
+    # all equal values on the mask (one value included): exactly 0, however the mean rounds
+    assert masked_whiten(torch.tensor([3.3, 3.3, 3.3, 7.0]), m).tolist() == [0.0] * 4
+    assert masked_moments(torch.tensor([3.3, 3.3, 3.3, 7.0]), m)[1] == 0.0
+    assert masked_whiten(x, torch.tensor([0.0, 1.0, 0.0, 0.0])).tolist() == [0.0] * 4
 
 
 def test_running_moments_and_score_normalisation():
     rm = RunningMoments()
     rm.update(torch.tensor([1.0, 2.0]))
     rm.update(torch.tensor([3.0, 4.0, 5.0]))
-    assert rm.mean == pytest.approx(3.0) and rm.std == pytest.approx(math.sqrt(2.0))
+    # mean 3, sample variance (4 + 1 + 0 + 1 + 4) / 4 = 2.5
+    assert rm.mean == pytest.approx(3.0) and rm.std == pytest.approx(math.sqrt(2.5))
     s = torch.tensor([0.0, 10.0])
-    assert normalize_scores(s, "batch").tolist() == pytest.approx([-1.0, 1.0], abs=1e-6)
+    # batch: mean 5, sample std sqrt(25 + 25) = sqrt(50)
+    b = 5 / (math.sqrt(50) + EPS)
+    assert normalize_scores(s, "batch").tolist() == pytest.approx([-b, b], abs=1e-6)
+    assert normalize_scores(torch.tensor([3.3, 3.3, 3.3]), "batch").tolist() == [0.0] * 3
     assert normalize_scores(s, "none", clip=3.0).tolist() == [0.0, 3.0]
-    out = normalize_scores(s, "running", running=rm)  # stats of [1..5, 0, 10]
-    allv = torch.tensor([1.0, 2, 3, 4, 5, 0, 10], dtype=torch.float64)
-    mu, sd = allv.mean().item(), allv.std(unbiased=False).item()
-    assert out.tolist() == pytest.approx([(0 - mu) / sd, (10 - mu) / sd], abs=1e-5)
+    out = normalize_scores(s, "running", running=rm)
+    # stats of [1..5, 0, 10]: sum 25, sum of squares 155; mean 25/7, sample var (155 - 625/7) / 6 = 230/21
+    mu, sd = 25 / 7, math.sqrt(230 / 21)
+    assert out.tolist() == pytest.approx([(0 - mu) / (sd + EPS), (10 - mu) / (sd + EPS)], abs=1e-5)
     g = normalize_scores(torch.tensor([1.0, 3.0, 10.0, 10.0, 7.0]), "group", groups=torch.tensor([0, 0, 1, 1, 2]))
-    assert g.tolist() == pytest.approx([-1.0, 1.0, 0.0, 0.0, 0.0], abs=1e-6)  # per-prompt offsets removed
+    # group (1, 3): mean 2, sample std sqrt(2); (10, 10) all equal and (7) alone: 0 -- per-prompt offsets removed
+    c = 1 / (math.sqrt(2) + EPS)
+    assert g.tolist() == pytest.approx([-c, c, 0.0, 0.0, 0.0], abs=1e-6)
     with pytest.raises(ValueError, match="needs the group"):
         normalize_scores(s, "group")
     with pytest.raises(ValueError, match="unknown reward normalisation"):

@@ -1,6 +1,7 @@
-"""PPO's actor loss with ``algorithm.off_policy`` against hand-computed values, the config key,
-and one PPO step on real workers whose rollout engine samples with stale weights: the
-``offpolicy/*`` metrics equal those computed from the mini-batches the policy trained on."""
+"""PPO's actor loss (PolicyObjective with ppo_clip, as PPO builds it) with
+``algorithm.off_policy`` against hand-computed values, the config key, and one PPO step on real
+workers whose rollout engine samples with stale weights: the ``offpolicy/*`` metrics equal those
+computed from the mini-batches the policy trained on."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 import torch
 
 from rlweave.algo_helpers.offpolicy import OffPolicyConfig
+from rlweave.algo_parts.objective import PolicyObjective
+from rlweave.algo_parts.spec import resolve
 from rlweave.data.batch import Batch
-from rlweave_algo_ppo.loss import PolicyLoss
 
 # Tokens [pA a1 a2 pB b1 b2 | ptx prompt, ptx response]: two RL samples (token mean, w = 1/4)
 # and a ptx sample (token_weight 0, ptx_weight 1, zero-filled RL fields as PPO builds it).
@@ -45,10 +47,15 @@ def _batch():
     return b
 
 
+def policy_loss(clip_low=0.2, clip_high=0.2, **kw):
+    pl = resolve("policy_loss", {"name": "ppo_clip", "clip_low": clip_low, "clip_high": clip_high})
+    return PolicyObjective(policy_loss=pl, **kw)
+
+
 def _run(off_policy, ptx_coef=0.0):
     logp = _full([math.log(p * r) for p, r in zip(PROX, RATIO)], ptx=PTX_LOGP).requires_grad_(True)
-    loss, m = PolicyLoss(0.2, 0.2, 0.0, ptx_coef, off_policy=off_policy)(SimpleNamespace(logprobs=logp, entropy=None),
-                                                                         _batch())
+    loss, m = policy_loss(0.2, 0.2, ptx_coef=ptx_coef, off_policy=off_policy)(
+        SimpleNamespace(logprobs=logp, entropy=None), _batch())
     loss.backward()
     return loss.item(), logp.grad, m
 
@@ -97,9 +104,9 @@ def test_errors_and_pickle():
     del b.token["rollout_logprobs"]
     logp = torch.zeros(8)
     with pytest.raises(ValueError, match=r"algorithm\.off_policy\.correction is 'tis'.*'rollout_logprobs'"):
-        PolicyLoss(off_policy=OffPolicyConfig(correction="tis"))(SimpleNamespace(logprobs=logp, entropy=None), b)
-    fn = pickle.loads(pickle.dumps(PolicyLoss(0.2, 0.28, off_policy=OffPolicyConfig(correction="decoupled"))))
-    assert fn.off_policy.correction == "decoupled" and fn.clip_high == 0.28
+        policy_loss(off_policy=OffPolicyConfig(correction="tis"))(SimpleNamespace(logprobs=logp, entropy=None), b)
+    fn = pickle.loads(pickle.dumps(policy_loss(0.2, 0.28, off_policy=OffPolicyConfig(correction="decoupled"))))
+    assert fn.off_policy.correction == "decoupled" and fn.policy_loss.options["clip_high"] == 0.28
 
 
 def test_config_key():

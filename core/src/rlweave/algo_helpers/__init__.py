@@ -1,6 +1,7 @@
-"""Shared algorithm helpers (pure torch, no Ray): turning rollouts into batches, KL
-estimators, loss token weights and exact-match evaluation.
+"""Shared algorithm helpers (pure torch, no Ray): turning rollouts into batches, loss token
+weights, reward models as reward sources and exact-match evaluation. The math of an RL step
+(estimators, policy losses, aggregations, KL) is in :mod:`rlweave.algo_parts`.
 
-Import the submodules directly (``from rlweave.algo_helpers.kl import kl_penalty``); this package
+Import the submodules directly (``from rlweave.algo_helpers.weights import token_weights``); this package
 module itself imports nothing heavy.
 """

@@ -9,6 +9,8 @@ plus one ``(location, message)`` per unknown key, with the same "Did you mean" a
 * Nested models are checked too, through ``Optional``, ``list``/``tuple``/``set`` items and
   ``dict[str, Model]`` values. A field that is not a model (``dict[str, Any]``, a union of
   several models, a ``RootModel``) stays free-form.
+* A model may name keys of earlier versions in a class attribute ``moved_keys`` (old key ->
+  where its setting lives now): such a key gets that hint instead of "unknown key".
 * Keys are the ones pydantic accepts: a field's validation alias (every choice of an
   ``AliasChoices``, the first step of an ``AliasPath``), and its name when it has no alias or
   the model validates by name too.
@@ -120,7 +122,9 @@ def split_unknown(model: type[BaseModel], data: Any,
     for key, value in data.items():
         field = keys.get(key) if isinstance(key, str) else None
         if field is None:
-            found.append((loc + (key,), unknown_key_message(str(key), allowed)))
+            moved = getattr(model, "moved_keys", {}).get(key) if isinstance(key, str) else None
+            found.append((loc + (key,), f"no longer a key here: {moved}" if moved
+                          else unknown_key_message(str(key), allowed)))
             continue
         clean[key], inner = _descend(model.model_fields[field].annotation, value, loc + (key,))
         found += inner

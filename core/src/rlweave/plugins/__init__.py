@@ -2,11 +2,15 @@
 
 from rlweave.plugins.hookspecs import hookimpl, hookspec
 from rlweave.plugins.types import (
+    AdvantageRecord,
     AlgorithmRecord,
     BackendRecord,
     EngineRecord,
     KernelRecord,
+    KLRecord,
+    LossAggRecord,
     PluginRecord,
+    PolicyLossRecord,
     RewardRecord,
 )
 
@@ -19,4 +23,8 @@ __all__ = [
     "AlgorithmRecord",
     "RewardRecord",
     "KernelRecord",
+    "AdvantageRecord",
+    "PolicyLossRecord",
+    "KLRecord",
+    "LossAggRecord",
 ]

@@ -69,7 +69,7 @@ def rlweave_algorithms():  # type: ignore[empty-body]
                                     target="rlweave_algo_grpo.algorithm:GRPO",
                                     config_model=GRPOConfig,
                                     roles=lambda cfg: ("policy", "rollout") +
-                                          (("reference",) if cfg.kl_beta else ()),
+                                          (("reference",) if cfg.kl.beta else ()),
                                     reward_data=lambda cfg: ("train", "eval"))]
 
     :return: list of :class:`~rlweave.plugins.types.AlgorithmRecord`
@@ -109,6 +109,70 @@ def rlweave_kernels():  # type: ignore[empty-body]
     """
 
 
+@hookspec
+def rlweave_advantage_estimators():  # type: ignore[empty-body]
+    """Advantage estimators this plugin provides (:mod:`rlweave.algo_parts.advantages`).
+
+    Selected in YAML by ``algorithm.advantage`` (a name, or ``{name: ..., <options>}``).
+    Example::
+
+        @hookimpl
+        def rlweave_advantage_estimators():
+            return [AdvantageRecord(name="median_baseline",
+                                    summary="reward minus the group median",
+                                    target="my_parts.estimators:median_baseline",
+                                    config_model=MedianOptions)]
+
+    :return: list of :class:`~rlweave.plugins.types.AdvantageRecord`
+    """
+
+
+@hookspec
+def rlweave_policy_losses():  # type: ignore[empty-body]
+    """Policy losses this plugin provides (:mod:`rlweave.algo_parts.policy_losses`).
+
+    Selected in YAML by ``algorithm.policy_loss``. Example::
+
+        @hookimpl
+        def rlweave_policy_losses():
+            return [PolicyLossRecord(name="sapo", summary="soft-gated surrogate",
+                                     target="my_parts.losses:sapo", loss_agg="token_mean")]
+
+    :return: list of :class:`~rlweave.plugins.types.PolicyLossRecord`
+    """
+
+
+@hookspec
+def rlweave_kl_estimators():  # type: ignore[empty-body]
+    """Per-token KL estimators this plugin provides (:mod:`rlweave.algo_parts.kl`).
+
+    Selected in YAML by ``algorithm.kl.estimator`` (GRPO) or ``algorithm.kl_estimator`` (PPO).
+    Example::
+
+        @hookimpl
+        def rlweave_kl_estimators():
+            return [KLRecord(name="k3_plus", summary="k3 with a linear tail",
+                             target="my_parts.kl:k3_plus")]
+
+    :return: list of :class:`~rlweave.plugins.types.KLRecord`
+    """
+
+
+@hookspec
+def rlweave_loss_aggregations():  # type: ignore[empty-body]
+    """Loss aggregations (token weights) this plugin provides (:mod:`rlweave.algo_parts.aggregation`).
+
+    Selected in YAML by ``algorithm.loss_agg``. Example::
+
+        @hookimpl
+        def rlweave_loss_aggregations():
+            return [LossAggRecord(name="seq_sqrt", summary="per-sample sums over sqrt(length)",
+                                  target="my_parts.agg:seq_sqrt")]
+
+    :return: list of :class:`~rlweave.plugins.types.LossAggRecord`
+    """
+
+
 #: hook name -> record kind
 HOOK_KINDS: dict[str, str] = {
     "rlweave_training_backends": "backend",
@@ -116,4 +180,8 @@ HOOK_KINDS: dict[str, str] = {
     "rlweave_algorithms": "algorithm",
     "rlweave_rewards": "reward",
     "rlweave_kernels": "kernel",
+    "rlweave_advantage_estimators": "advantage",
+    "rlweave_policy_losses": "policy_loss",
+    "rlweave_kl_estimators": "kl",
+    "rlweave_loss_aggregations": "loss_agg",
 }

@@ -31,6 +31,10 @@ KIND_LABELS: dict[str, str] = {
     "algorithm": "algorithm",
     "reward": "reward",
     "kernel": "kernel",
+    "advantage": "advantage estimator",
+    "policy_loss": "policy loss",
+    "kl": "KL estimator",
+    "loss_agg": "loss aggregation",
 }
 
 

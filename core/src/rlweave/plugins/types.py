@@ -146,7 +146,7 @@ class AlgorithmRecord(PluginRecord):
     """An algorithm: ``load()`` returns a :class:`rlweave.interfaces.Algorithm` subclass.
 
     ``roles`` is a light function ``(validated algorithm config) -> role names`` so the
-    placement can be checked before any worker starts (e.g. GRPO with ``kl_beta: 0``
+    placement can be checked before any worker starts (e.g. GRPO with ``kl: {beta: 0}``
     needs no ``reference``).
 
     ``run_modes``: the ``run.mode`` values the algorithm implements (``"sync"`` always), or a
@@ -187,6 +187,51 @@ class KernelRecord(PluginRecord):
     kind: ClassVar[str] = "kernel"
 
 
+@dataclass(frozen=True)
+class AdvantageRecord(PluginRecord):
+    """An advantage estimator (:mod:`rlweave.algo_parts.advantages` states the calling
+    convention): ``load()`` returns ``fn(*, scores, groups, mask, cu_seqlens, token_rewards,
+    values, baseline, **options) -> (advantages, returns | None)``.
+
+    ``needs`` names the inputs the algorithm must provide beyond rewards and groups:
+    ``"values"`` (a critic) or ``"baseline"`` (the reward of one extra greedy response per prompt,
+    ReMax); an algorithm that cannot provide one refuses the estimator at validation.
+    ``loss_agg``: the loss aggregation used when the config names none (None: ``token_mean``).
+    ``config_model`` validates the estimator's options."""
+
+    kind: ClassVar[str] = "advantage"
+    needs: tuple[str, ...] = ()
+    loss_agg: str | None = None
+
+
+@dataclass(frozen=True)
+class PolicyLossRecord(PluginRecord):
+    """A policy loss (:mod:`rlweave.algo_parts.policy_losses`): ``load()`` returns
+    ``fn(logp, old_logp, advantages, *, mask, cu_seqlens, **options) -> (loss_t, info)``.
+    ``loss_agg``: the aggregation it pairs with when the config names none (before the
+    estimator's)."""
+
+    kind: ClassVar[str] = "policy_loss"
+    loss_agg: str | None = None
+
+
+@dataclass(frozen=True)
+class KLRecord(PluginRecord):
+    """A per-token KL estimator (:mod:`rlweave.algo_parts.kl`): ``load()`` returns
+    ``fn(logp, ref_logp) -> kl_t``."""
+
+    kind: ClassVar[str] = "kl"
+
+
+@dataclass(frozen=True)
+class LossAggRecord(PluginRecord):
+    """A loss aggregation (:mod:`rlweave.algo_parts.aggregation`): ``load()`` returns
+    ``fn(mask, cu_seqlens, *, max_len, **options) -> token weights``."""
+
+    kind: ClassVar[str] = "loss_agg"
+
+
 RECORD_TYPES: dict[str, type[PluginRecord]] = {
-    r.kind: r for r in (BackendRecord, EngineRecord, AlgorithmRecord, RewardRecord, KernelRecord)
+    r.kind: r for r in (BackendRecord, EngineRecord, AlgorithmRecord, RewardRecord, KernelRecord,
+                        AdvantageRecord, PolicyLossRecord, KLRecord, LossAggRecord)
 }

@@ -4,7 +4,7 @@ code read those values: the bookkeeping of a config mutation test.
 * :func:`key_universe` lists every key a user can set, as templates with placeholders
   (``roles.<role>.timeouts.train``, ``resources.pools.<pool>.nodes``, ``rewards.<i>.weight``)
   and, for plugin-owned sections, the plugin in brackets (``roles.<role>.options.use_packing
-  [fsdp]``, ``algorithm.kl_beta [grpo]``, ``rewards.<i>.args.mode [arith_exact]``): the
+  [fsdp]``, ``algorithm.kl.beta [grpo]``, ``rewards.<i>.args.mode [arith_exact]``): the
   core schema plus the config model of every installed plugin; reward args without a model
   are the reward function's named parameters.
 * :func:`mutations` walks a config as the user wrote it and returns the concrete keys it sets
@@ -63,7 +63,10 @@ def _optional_inner(annotation: Any) -> list[Any]:
 
 
 def _model(tp: Any) -> type[BaseModel] | None:
-    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+    """A section model; a ``RootModel`` (one value, such as a named algorithm part) is a leaf."""
+    if isinstance(tp, type) and issubclass(tp, BaseModel) and not getattr(tp, "__pydantic_root_model__", False):
+        return tp
+    return None
 
 
 def _child_model(annotation: Any) -> tuple[str, type[BaseModel]] | None:

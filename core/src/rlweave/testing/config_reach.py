@@ -152,6 +152,9 @@ class Recorder:
         (logged as a read) for a leaf."""
         if isinstance(value, (ModelView, RecordingDict, RecordingList)):
             return value
+        if isinstance(value, BaseModel) and getattr(type(value), "__pydantic_root_model__", False):
+            self.read(path, value.model_dump())  # one value (a named algorithm part): a leaf
+            return value
         if isinstance(value, BaseModel):
             return ModelView(value, path, self)
         if isinstance(value, dict):

@@ -1,11 +1,15 @@
-"""GRPO step: sample a group of responses per prompt, score them, and push the policy
-towards the responses that beat their group's average.
+"""GRPO and the critic-free family (Dr.GRPO, RLOO, REINFORCE++, ReMax, GSPO, CISPO...):
+sample a group of responses per prompt, score them, and push the policy towards the responses
+that beat their baseline.
 
-Dataflow of one step (every arrow is a call on a role handle)::
+The math is not here: the advantage estimator, the policy loss, the loss aggregation and the
+KL estimator are named parts (:mod:`rlweave.algo_parts`) chosen in the config; this class
+runs the dataflow. One step (every arrow is a call on a role handle)::
 
-    rollout.generate(n per prompt) -> rewards.score -> [dynamic sampling: regenerate]
-      -> reference.logprobs (kl_beta > 0) -> policy.logprobs (only if several updates)
-      -> group advantages -> policy.train per mini-batch -> sync_weights(policy -> rollout)
+    rollout.generate(n per prompt) [+ one greedy response per prompt: ReMax's baseline]
+      -> rule rewards + reward*.scores (learned reward models) -> [dynamic sampling: regenerate]
+      -> reference.logprobs (kl.beta > 0) -> policy.logprobs (only if several updates)
+      -> advantage estimator -> policy.train per mini-batch -> sync_weights(policy -> rollout)
 
 Old log-probs are recomputed only when the batch is used for more than one optimizer step
 (``ppo_epochs > 1`` or ``mini_batches > 1``) or the KL goes into the reward; with one update the "old" policy is the
@@ -17,12 +21,14 @@ workers and the models' forward passes run at the same time.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from typing import Any
 
 import torch
 
+from rlweave.algo_helpers import reward_models
 from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.algo_helpers.minibatch import split
 from rlweave.algo_helpers.offpolicy import step_metrics as offpolicy_step_metrics
@@ -30,13 +36,15 @@ from rlweave.algo_helpers.pipeline import RolloutPipeline, pipelined
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
 from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, sampling_params
 from rlweave.algo_helpers.weights import token_weights
+from rlweave.algo_parts.kl import kl_value
+from rlweave.algo_parts.objective import PolicyObjective
+from rlweave.algo_parts.spec import choose_loss_agg, resolve
+from rlweave.algo_parts.stats import group_std
 from rlweave.data.batch import Batch
 from rlweave.interfaces.algorithm import Algorithm
 from rlweave.interfaces.engine import SamplingParams
 from rlweave.residency import Residency
-from rlweave_algo_grpo.advantages import group_advantages, group_std
-from rlweave_algo_grpo.config import GRPOConfig
-from rlweave_algo_grpo.loss import GRPOLoss
+from rlweave_algo_grpo.config import GRPOConfig, grpo_roles
 from rlweave_algo_grpo.shaping import overlong_penalty
 
 
@@ -44,7 +52,7 @@ from rlweave_algo_grpo.shaping import overlong_penalty
 #: share devices take turns, others stay put
 PHASES = {
     "generate": ("rollout",),
-    "experience": ("policy", "reference"),
+    "experience": ("policy", "reference", "reward*"),
     "train": ("policy",),
     "sync": ("policy", "rollout"),
     "eval": ("rollout",),
@@ -53,22 +61,36 @@ PHASES = {
 
 
 #: the ``time/*`` metrics of every step (seconds; ``a/b`` is a part of ``a``): phases, and inside
-#: them the controller's dispatch, its wait for the ranks, packing, decoding and the reward pool
-STEP_TIMES = ("generate", "generate/dispatch", "generate/wait", "generate/pack", "reward", "reward/decode",
-              "reward/pool", "reference", "old_logprobs", "train", "train/prepare", "train/dispatch", "train/wait",
-              "sync", "offload")
+#: them the controller's dispatch, its wait for the ranks, packing, decoding, the reward pool and
+#: the reward models; ``time/baseline`` too with ReMax (its greedy responses, generated and scored)
+STEP_TIMES = ("generate", "generate/dispatch", "generate/wait", "generate/pack", "reward",
+              "reward/decode", "reward/pool", "reward/models", "reference", "old_logprobs", "train", "train/prepare",
+              "train/dispatch", "train/wait", "sync", "offload")
 
 
 class GRPO(Algorithm):
-    """Group Relative Policy Optimization (with Dr.GRPO and DAPO options, see config)."""
+    """Group-based policy optimisation with named parts (see the module docstring and config)."""
 
     def __init__(self, config: Any, ctx):
         if not isinstance(config, GRPOConfig):
             config = GRPOConfig.model_validate(dict(config))
         super().__init__(config, ctx)
+        c = self.config
+        missing = [r for r in grpo_roles(c) if r not in ctx.roles]
+        if missing:
+            raise ValueError(f"grpo: roles {missing} are not built (configure them under 'roles')")
+        self.advantage = resolve("advantage", c.advantage)
+        self.policy_loss = resolve("policy_loss", c.policy_loss)
+        self.loss_agg = choose_loss_agg(c.loss_agg, self.policy_loss, self.advantage)
+        self.kl_part = resolve("kl", c.kl.estimator)
+        self._needs_baseline = "baseline" in self.advantage.needs
         self.steps_done = 0
         self.samples_seen = 0
-        self.residency = Residency.for_run(ctx, ("policy", "reference", "rollout"), PHASES)
+        self._eval_fn = None
+        self._model_metrics: dict[str, float] = {}
+        self._baseline_mean: list[float] = []
+        self.residency = Residency.for_run(ctx, ("policy", "reference", "rollout")
+                                           + tuple(e.role for e in c.reward_models), PHASES)
         self._times: dict[str, float] = {}
         #: partial rollout and the overlapping run modes (None: plain sync steps)
         self.pipeline = RolloutPipeline(ctx, self.config.n_samples, self.config.max_new_tokens, self._encode) \
@@ -108,14 +130,34 @@ class GRPO(Algorithm):
         gens = fut.result()
         self._add_call_times("generate", fut)
         t1 = time.perf_counter()
+        ids = [str(r.get("id", i)) for i, r in enumerate(records)]
         meta = [{"prompt": t, **reward_fields(r)} for t, r in zip(texts, records)]
-        batch = generations_to_batch(prompt_ids, gens, [str(r.get("id", i)) for i, r in enumerate(records)], meta)
+        greedy = None
+        if self._needs_baseline:  # ReMax: one greedy response per prompt, generated while the engine is resident
+            sampling = dataclasses.replace(self._sampling(salt), n=1, temperature=0.0)
+            greedy = generations_to_batch(prompt_ids, self.ctx.roles["rollout"].generate(prompt_ids, sampling).result(),
+                                          ids, meta)
+            self._times["baseline"] += time.perf_counter() - t1
+            t1 = time.perf_counter()
+        batch = generations_to_batch(prompt_ids, gens, ids, meta)
         t2 = time.perf_counter()
         self._times["generate/pack"] += t2 - t1
         self._times["generate"] += t2 - t0
         pending = self._issue_experience(batch) if experience else None
         scores, breakdown = self._score(batch)
+        if greedy is not None:
+            batch.add_sample("baseline", self._baseline(greedy)[batch.sample["group"]])
         return batch, scores, breakdown, pending
+
+    def _baseline(self, greedy: Batch) -> torch.Tensor:
+        """ReMax's baseline: the reward ``(groups,)`` of each prompt's greedy response, scored by
+        the same reward sources as the samples (``reward/greedy_mean``; ``time/baseline`` holds
+        its generation and scoring)."""
+        t0 = time.perf_counter()
+        scores, _ = self._score(greedy, greedy=True)
+        self._times["baseline"] += time.perf_counter() - t0
+        self._baseline_mean.append(float(scores.mean()) if len(scores) else 0.0)
+        return scores
 
     def _encode(self, records: list[dict[str, Any]]) -> tuple[list[list[int]], list[dict[str, Any]]]:
         """Prompt token ids of ``records`` and the meta each sample carries to the rewards."""
@@ -123,24 +165,51 @@ class GRPO(Algorithm):
         return encode_prompts(self.ctx.tokenizer, texts), [{"prompt": t, **reward_fields(r)} for t, r in
                                                            zip(texts, records)]
 
-    def _score(self, batch: Batch) -> tuple[torch.Tensor, list[dict]]:
-        """Each sample's total reward and its per-reward breakdown (``time/reward*``)."""
-        tok = self.ctx.tokenizer
+    @property
+    def _rules(self):
+        """The rule reward set, or None when the config has no rule reward."""
+        rs = self.ctx.rewards
+        return rs if rs is not None and getattr(rs, "entries", True) else None
+
+    def _score(self, batch: Batch, greedy: bool = False) -> tuple[torch.Tensor, list[dict]]:
+        """Each sample's total reward (rule rewards plus the weighted reward models, see
+        :mod:`rlweave.algo_helpers.reward_models`) and its per-rule breakdown (``time/reward*``;
+        the models score while the rule workers do). ``greedy``: ReMax's baseline responses
+        (their reward-model metrics are not recorded)."""
+        c, tok = self.config, self.ctx.tokenizer
         t2 = time.perf_counter()
-        if self.ctx.rewards is None:
-            raise RuntimeError("grpo needs at least one entry under 'rewards' in the config")
-        samples = []
-        for m in batch.meta:
-            fields = {k: v for k, v in m.items() if k not in ("prompt", "response_ids", "finish_reason")}
-            text = tok.decode(m["response_ids"], skip_special_tokens=True)
-            samples.append({"prompt": m["prompt"], "response": text, **fields})
-        t3 = time.perf_counter()
-        totals, breakdown = self.ctx.rewards.score(samples)
-        t4 = time.perf_counter()
+        if self._rules is None and not c.reward_models:
+            raise RuntimeError("grpo needs a reward: an entry under 'rewards' or algorithm.reward_models")
+        futs = {}
+        if c.reward_models:
+            self._times["offload"] += self.residency.enter("experience")
+            futs = reward_models.issue_scores(self.ctx.roles, c.reward_models, batch,
+                                              getattr(tok, "eos_token_id", None))
+        totals = torch.zeros(len(batch), dtype=torch.float32)
+        breakdown: list[dict] = [{} for _ in range(len(batch))]
+        t3 = t4 = time.perf_counter()
+        if self._rules is not None:
+            samples = []
+            for m in batch.meta:
+                fields = {k: v for k, v in m.items() if k not in ("prompt", "response_ids", "finish_reason")}
+                text = tok.decode(m["response_ids"], skip_special_tokens=True)
+                samples.append({"prompt": m["prompt"], "response": text, **fields})
+            t3 = time.perf_counter()
+            rule_totals, breakdown = self._rules.score(samples)
+            t4 = time.perf_counter()
+            totals = torch.tensor(rule_totals, dtype=torch.float32)
+            breakdown = list(breakdown)
+        if futs:
+            model_metrics: dict[str, float] = {}
+            totals = totals + reward_models.combine(c.reward_models, {k: self._wait(f) for k, f in futs.items()},
+                                                    len(batch), model_metrics)
+            if not greedy:
+                self._model_metrics.update(model_metrics)
+            self._times["reward/models"] += time.perf_counter() - t4
         self._times["reward/decode"] += t3 - t2
         self._times["reward/pool"] += t4 - t3
-        self._times["reward"] += t4 - t2
-        return torch.tensor(totals, dtype=torch.float32), list(breakdown)
+        self._times["reward"] += time.perf_counter() - t2
+        return totals, breakdown
 
     def _add_call_times(self, name: str, fut) -> None:
         """``time/<name>/dispatch`` and ``time/<name>/wait`` of a role call's future (see
@@ -197,7 +266,9 @@ class GRPO(Algorithm):
         rollout or an overlapping run mode the groups come from the pipeline
         (:mod:`rlweave.algo_helpers.pipeline`)."""
         c = self.config
-        self._times = {k: 0.0 for k in STEP_TIMES}
+        self._times = {k: 0.0 for k in STEP_TIMES + (("baseline",) if self._needs_baseline else ())}
+        self._model_metrics: dict[str, float] = {}
+        self._baseline_mean: list[float] = []
         moves_before = len(self.residency.moves)
         groups = None
         if self.pipeline is not None:
@@ -221,8 +292,8 @@ class GRPO(Algorithm):
             batch.sample["response_len"], c.max_new_tokens, c.overlong_buffer, c.overlong_penalty
         )
         need_old = self._experience(batch, pending)
-        rewards = self._kl_in_reward(batch, rewards, metrics)
-        adv = self._advantages(batch, rewards)
+        token_rewards = self._kl_in_reward(batch, metrics)
+        adv = self._advantages(batch, rewards, token_rewards)
         train_metrics = self._update(batch)
         t0 = time.perf_counter()
         sync = self._sync(self.steps_done + 1)
@@ -257,17 +328,17 @@ class GRPO(Algorithm):
         the reward (it needs the policy's log-probs before the update), or for decoupled PPO
         (its proximal policy)."""
         c = self.config
-        return c.ppo_epochs > 1 or c.mini_batches > 1 or c.kl_in_reward or c.off_policy.correction == "decoupled"
+        return c.ppo_epochs > 1 or c.mini_batches > 1 or c.kl.in_reward or c.off_policy.correction == "decoupled"
 
     def _issue_experience(self, batch: Batch) -> dict:
         """Start the reference and old log-prob calls on ``batch`` (together, so they overlap
         on separate devices); returns their futures for :meth:`_experience`."""
         c, roles = self.config, self.ctx.roles
         need_old = self._need_old()
-        if c.kl_beta > 0 or need_old:
+        if c.kl.beta > 0 or need_old:
             self._times["offload"] += self.residency.enter("experience")
         return {
-            "ref_logprobs": roles["reference"].logprobs(batch, temperature=c.temperature) if c.kl_beta > 0 else None,
+            "ref_logprobs": roles["reference"].logprobs(batch, temperature=c.temperature) if c.kl.beta > 0 else None,
             "old_logprobs": roles["policy"].logprobs(batch, temperature=c.temperature) if need_old else None,
         }
 
@@ -283,35 +354,37 @@ class GRPO(Algorithm):
                 self._times[timer] = time.perf_counter() - t0
         return self._need_old()
 
-    def _kl_in_reward(self, batch: Batch, rewards: torch.Tensor, metrics: dict[str, float]) -> torch.Tensor:
-        """``rewards`` minus beta x each sequence's KL when ``kl_in_reward`` (else unchanged)."""
+    def _kl_in_reward(self, batch: Batch, metrics: dict[str, float]) -> torch.Tensor | None:
+        """Per-token rewards ``-beta * KL_t`` on the response tokens when ``kl.in_reward`` (else
+        None); ``kl_reward``: the mean summed KL of a sample."""
         c = self.config
-        if not c.kl_in_reward:
-            return rewards
-        from rlweave.algo_helpers.kl import kl_penalty
-
+        if not c.kl.in_reward:
+            return None
         mask = batch.token["loss_mask"]
-        kl_tok = kl_penalty(batch.token["old_logprobs"], batch.token["ref_logprobs"], c.kl_estimator) * mask
+        kl_tok = kl_value(self.kl_part.load(), batch.token["old_logprobs"], batch.token["ref_logprobs"],
+                          c.kl.clamp) * mask
         seq_kl = torch.zeros(len(batch)).index_add_(0, batch.sample_index(), kl_tok)
         metrics["kl_reward"] = float(seq_kl.mean())
-        return rewards - c.kl_beta * seq_kl
+        return -c.kl.beta * kl_tok
 
-    def _advantages(self, batch: Batch, rewards: torch.Tensor) -> torch.Tensor:
-        """Group-relative advantages, added to the batch per sample and per response token."""
-        c = self.config
-        adv = group_advantages(rewards, batch.sample["group"], scale=c.scale_rewards, eps=c.adv_eps)
-        batch.add_sample("advantages", adv)
-        batch.add_token("advantages", adv[batch.sample_index()] * batch.token["loss_mask"])
-        return adv
+    def _advantages(self, batch: Batch, rewards: torch.Tensor, token_rewards: torch.Tensor | None) -> torch.Tensor:
+        """Per-token advantages from the configured estimator, added to the batch; returns them
+        on the trained tokens (for the metrics)."""
+        fn = self.advantage.load()
+        adv, _ = fn(scores=rewards, groups=batch.sample["group"], mask=batch.token["loss_mask"],
+                    cu_seqlens=batch.cu_seqlens, token_rewards=token_rewards, values=None,
+                    baseline=batch.sample.get("baseline"), **self.advantage.options)
+        batch.add_token("advantages", adv.float() * batch.token["loss_mask"])
+        return adv[batch.token["loss_mask"] > 0]
 
     def _update(self, batch: Batch) -> list[dict[str, float]]:
         """``ppo_epochs`` passes of ``mini_batches`` policy updates; returns each update's metrics."""
         c = self.config
-        loss_fn = GRPOLoss(
-            clip_low=c.clip_low,
-            clip_high=c.clip_high,
-            kl_beta=0.0 if c.kl_in_reward else c.kl_beta,
-            kl_estimator=c.kl_estimator,
+        loss_fn = PolicyObjective(
+            policy_loss=self.policy_loss,
+            kl=self.kl_part,
+            kl_beta=0.0 if c.kl.in_reward else c.kl.beta,
+            kl_clamp=c.kl.clamp,
             temperature=c.temperature,
             off_policy=c.off_policy,
         )
@@ -326,7 +399,7 @@ class GRPO(Algorithm):
             for part in split(order, c.mini_batches):
                 t1 = time.perf_counter()
                 mb = batch.shallow_copy() if part == list(range(len(batch))) else batch.select(part)
-                mb.add_token("token_weight", token_weights(mb, c.loss_agg))
+                mb.add_token("token_weight", token_weights(mb, self.loss_agg, max_len=c.max_new_tokens))
                 self._times["train/prepare"] += time.perf_counter() - t1
                 fut = self.ctx.roles["policy"].train(mb, loss_fn)
                 train_metrics.append(self._wait(fut))
@@ -342,10 +415,10 @@ class GRPO(Algorithm):
             "reward/mean": float(scores.mean()),
             "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
             "reward/shaped_mean": float(rewards.mean()),
-            "adv/mean": float(adv.mean()),
+            "adv/mean": float(adv.mean()) if len(adv) else 0.0,
             "adv/std": float(adv.std()) if len(adv) > 1 else 0.0,
-            "adv/min": float(adv.min()),
-            "adv/max": float(adv.max()),
+            "adv/min": float(adv.min()) if len(adv) else 0.0,
+            "adv/max": float(adv.max()) if len(adv) else 0.0,
             "response_len/mean": float(rlen.mean()),
             "response_len/max": float(rlen.max()),
             "response/truncated_frac": truncated_frac(batch.meta),
@@ -353,6 +426,9 @@ class GRPO(Algorithm):
             **{f"time/{k}": v for k, v in self._times.items()},
         }
         metrics.update(reward_breakdown(breakdown))
+        metrics.update(self._model_metrics)
+        if self._baseline_mean:
+            metrics["reward/greedy_mean"] = sum(self._baseline_mean) / len(self._baseline_mean)
         if need_old:
             gap = (batch.token["old_logprobs"] - batch.token["rollout_logprobs"]).abs()[batch.token["loss_mask"] > 0]
             metrics["logprob_gap"] = float(gap.mean()) if gap.numel() else 0.0
@@ -368,7 +444,20 @@ class GRPO(Algorithm):
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        if self._eval_reward() is None:
+            return {}
         return self.residency.during("eval", self._exact_match, records)
+
+    def _eval_reward(self) -> Any:
+        """``eval_reward`` (a rule by name) when set, else the run's rule rewards (None: none)."""
+        if self._eval_fn is None:
+            if self.config.eval_reward:
+                from rlweave.rewards import load_reward_fn
+
+                self._eval_fn = load_reward_fn(self.config.eval_reward)
+            else:
+                self._eval_fn = self._rules
+        return self._eval_fn
 
     def _exact_match(self, records: list[dict[str, Any]]) -> dict[str, float]:
         c = self.config
@@ -376,7 +465,7 @@ class GRPO(Algorithm):
             self.ctx.roles["rollout"],
             self.ctx.tokenizer,
             records,
-            self.ctx.rewards,
+            self._eval_reward(),
             max_new_tokens=c.eval_max_new_tokens,
             threshold=c.eval_threshold,
             greedy=c.eval_greedy,

@@ -1,13 +1,34 @@
-"""Settings of ``algorithm.name: grpo`` (the keys beside ``name`` in the ``algorithm`` section)."""
+"""Settings of ``algorithm.name: grpo`` (the keys beside ``name`` in the ``algorithm`` section).
+
+GRPO here is the family of critic-free group methods: the advantage estimator
+(``advantage``: grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, remax, or a
+plugin's), the policy loss (``policy_loss``: ppo_clip, gspo, cispo...), the loss aggregation
+and the KL estimator are named parts (:mod:`rlweave.algo_parts`), so RLOO or GSPO is one key,
+not another algorithm.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal, Optional
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from rlweave.algo_helpers.offpolicy import OffPolicyConfig
+from rlweave.algo_helpers.reward_models import RewardModelEntry, check_entries
 from rlweave.algo_helpers.sampling import SamplingConfig
+from rlweave.algo_parts.config import KLSection, checked, refuse_moved
+from rlweave.algo_parts.spec import PartSpec, resolve
+
+#: keys of earlier versions -> where their setting lives now
+MOVED = {
+    "clip_low": "use policy_loss: {name: ppo_clip, clip_low: ..., clip_high: ...}",
+    "clip_high": "use policy_loss: {name: ppo_clip, clip_low: ..., clip_high: ...}",
+    "scale_rewards": "use advantage: grpo (scaled) or advantage: dr_grpo (not scaled)",
+    "adv_eps": "use advantage: {name: grpo, eps: ...}",
+    "kl_beta": "use kl: {beta: ...}",
+    "kl_estimator": "use kl: {estimator: ...}",
+    "kl_in_reward": "use kl: {in_reward: true}",
+}
 
 
 class GRPOConfig(SamplingConfig):
@@ -19,25 +40,30 @@ class GRPOConfig(SamplingConfig):
     # sampling (the rest: SamplingConfig)
     n_samples: int = Field(8, ge=1, description="Responses sampled per prompt (the group size).")
     ignore_eos: bool = Field(False, description="Always generate max_new_tokens (benchmarks: equal work per sample).")
-    # policy loss
-    clip_low: float = Field(0.2, ge=0, description="Lower clip range: ratio >= 1 - clip_low.")
-    clip_high: float = Field(
-        0.2, ge=0, description="Upper clip range: ratio <= 1 + clip_high (DAPO clip-higher: 0.28)."
+    # named parts
+    advantage: PartSpec = Field(
+        PartSpec("grpo"), description="Advantage estimator: grpo, dr_grpo, rloo, reinforce_pp, "
+        "reinforce_pp_baseline, remax, a plugin's, or module:function; {name: ..., <options>} sets its options."
     )
-    loss_agg: Literal["token_mean", "seq_mean"] = Field(
-        "token_mean", description="Loss aggregation: mean over all response tokens, or per-sample mean then mean."
+    policy_loss: PartSpec = Field(
+        PartSpec("ppo_clip"), description="Policy loss: ppo_clip (options clip_low, clip_high, dual_clip), gspo, "
+        "cispo, a plugin's, or module:function."
     )
-    scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std (false: Dr.GRPO).")
-    adv_eps: float = Field(1e-6, gt=0, description="Added to the group std before dividing.")
+    loss_agg: Optional[PartSpec] = Field(
+        None, description="Loss aggregation: token_mean, seq_mean_token_mean, seq_mean_token_sum, "
+        "seq_mean_token_sum_norm, token_sum (null: the policy loss's or the estimator's own, else token_mean)."
+    )
+    kl: KLSection = Field(default_factory=KLSection, description="KL to the reference model.")
     off_policy: OffPolicyConfig = Field(
         default_factory=OffPolicyConfig,
         description="Off-policy correction of the policy loss against the engine's (behaviour) log-probs: "
         "truncated importance sampling or decoupled PPO (rlweave.algo_helpers.offpolicy).",
     )
-    # KL to the reference model
-    kl_beta: float = Field(0.0, ge=0, description="KL coefficient; 0 starts no reference role.")
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator.")
-    kl_in_reward: bool = Field(False, description="Subtract beta * sequence KL from the reward instead of a loss term.")
+    # rewards
+    reward_models: list[RewardModelEntry] = Field(
+        default_factory=list, description="Learned reward models (roles, model_type: reward) summed with weights; "
+        "the top-level 'rewards' rules are added on top."
+    )
     # DAPO extras
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards all agree and draw more prompts.")
     max_resample: int = Field(2, ge=0, description="Extra generation rounds at most when dynamic sampling.")
@@ -50,8 +76,39 @@ class GRPOConfig(SamplingConfig):
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass (the batch is split).")
     shuffle_mini_batches: bool = Field(True, description="Shuffle samples before splitting into mini-batches.")
     # evaluation
+    eval_reward: Optional[str] = Field(
+        None,
+        description="Rule reward (name or module:function) deciding held-out correctness; null: the 'rewards' set.",
+    )
     eval_max_new_tokens: int = Field(32, ge=1, description="Longest response at evaluation.")
     eval_threshold: float = Field(1.0, description="A held-out sample is correct when its reward is >= this.")
+
+    #: keys of earlier versions and where their setting lives now (the strict key check's hint)
+    moved_keys: ClassVar[dict[str, str]] = MOVED
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        return refuse_moved(data, MOVED)
+
+    @field_validator("advantage")
+    @classmethod
+    def _advantage(cls, v: PartSpec) -> PartSpec:
+        checked("advantage", v)
+        if "values" in resolve("advantage", v).needs:
+            raise ValueError(f"advantage estimator '{v.name}' needs a critic's values; grpo has no critic "
+                             "(use algorithm.name: ppo)")
+        return v
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _policy_loss(cls, v: PartSpec) -> PartSpec:
+        return checked("policy_loss", v)
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _loss_agg(cls, v: Optional[PartSpec]) -> Optional[PartSpec]:
+        return checked("loss_agg", v)
 
     @model_validator(mode="after")
     def _check(self) -> "GRPOConfig":
@@ -59,25 +116,38 @@ class GRPOConfig(SamplingConfig):
             raise ValueError(
                 f"overlong_buffer ({self.overlong_buffer}) must be smaller than max_new_tokens ({self.max_new_tokens})"
             )
-        if self.kl_in_reward and self.kl_beta == 0:
-            raise ValueError("kl_in_reward needs kl_beta > 0")
+        check_entries(self.reward_models)
+        if self.needs_baseline and self.dynamic_sampling:
+            raise ValueError(f"advantage '{self.advantage.name}' needs a greedy baseline per prompt, which "
+                             "dynamic_sampling does not keep: turn one of them off")
         return self
+
+    @property
+    def needs_baseline(self) -> bool:
+        """Whether the estimator needs the reward of a greedy response per prompt (ReMax)."""
+        return "baseline" in resolve("advantage", self.advantage).needs
+
+
+def _validated(cfg: Any) -> GRPOConfig:
+    return cfg if isinstance(cfg, GRPOConfig) else GRPOConfig.model_validate(dict(cfg))
 
 
 def grpo_roles(cfg: GRPOConfig) -> tuple[str, ...]:
-    """Roles GRPO needs: the trained policy, the rollout engine, and a reference model
-    only when the KL coefficient is non-zero."""
-    beta = cfg.kl_beta if isinstance(cfg, GRPOConfig) else float(dict(cfg).get("kl_beta", 0.0))
-    return ("policy", "rollout") + (("reference",) if beta > 0 else ())
+    """Roles GRPO needs: the trained policy, the rollout engine, a reference model only when
+    the KL coefficient is non-zero, and the reward-model roles it lists."""
+    cfg = _validated(cfg)
+    ref = ("reference",) if cfg.kl.beta > 0 else ()
+    return ("policy", "rollout") + ref + tuple(e.role for e in cfg.reward_models)
 
 
 def grpo_run_modes(cfg: GRPOConfig) -> tuple[str, ...]:
     """``run.mode`` values GRPO implements as configured: dynamic sampling draws prompts until a
-    step's groups disagree, which needs sync steps."""
-    dynamic = cfg.dynamic_sampling if isinstance(cfg, GRPOConfig) else bool(dict(cfg).get("dynamic_sampling", False))
-    return ("sync",) if dynamic else ("sync", "one_step_off", "async")
+    step's groups disagree, and ReMax generates a greedy baseline with each batch: both need sync
+    steps."""
+    cfg = _validated(cfg)
+    return ("sync",) if cfg.dynamic_sampling or cfg.needs_baseline else ("sync", "one_step_off", "async")
 
 
 def grpo_partial_rollout(cfg: GRPOConfig) -> bool:
-    """Whether ``rollout.partial`` works with this GRPO config (not with dynamic sampling)."""
+    """Whether ``rollout.partial`` works with this GRPO config (not with dynamic sampling or ReMax)."""
     return len(grpo_run_modes(cfg)) > 1

@@ -9,7 +9,7 @@ def rlweave_algorithms():
     return [
         AlgorithmRecord(
             name="grpo",
-            summary="GRPO: group-relative advantages, clipped surrogate (Dr.GRPO/DAPO options)",
+            summary="GRPO and the critic-free family: named advantage (grpo, rloo, reinforce_pp, remax...) and loss",
             target="rlweave_algo_grpo.algorithm:GRPO",
             config_model=GRPOConfig,
             roles=grpo_roles,

@@ -1,7 +1,8 @@
 """rlweave-algo-ppo: PPO for RLHF (policy, rollout, reference, critic, reward roles).
 
-Modules: ``plugin`` (light hook), ``config`` (PPOConfig), ``gae``, ``kl_controller``,
-``normalize``, ``loss`` (pure torch math), ``algorithm`` (the step's dataflow).
+Modules: ``plugin`` (light hook), ``config`` (PPOConfig), ``kl_controller``, ``normalize``,
+``loss`` (the critic's loss), ``sequences`` (ptx batches), ``algorithm`` (the step's dataflow).
+GAE, the policy loss and the KL estimators are named parts of :mod:`rlweave.algo_parts`.
 """
 
 __version__ = "0.1.0"

@@ -29,29 +29,26 @@ from typing import Any
 
 import torch
 
+from rlweave.algo_helpers import reward_models
 from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
-from rlweave.algo_helpers.kl import kl_penalty
 from rlweave.algo_helpers.minibatch import split
 from rlweave.algo_helpers.offpolicy import step_metrics as offpolicy_step_metrics
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
 from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, sampling_params
 from rlweave.algo_helpers.weights import token_weights
+from rlweave.algo_parts.kl import kl_value
+from rlweave.algo_parts.objective import PolicyObjective
+from rlweave.algo_parts.spec import choose_loss_agg, resolve
+from rlweave.algo_parts.stats import masked_moments, masked_whiten
 from rlweave.data.batch import Batch
 from rlweave.interfaces.algorithm import Algorithm
 from rlweave.interfaces.engine import SamplingParams
 from rlweave.residency import Residency
 from rlweave_algo_ppo.config import PPOConfig, ppo_roles
-from rlweave_algo_ppo.gae import compute_gae, token_rewards
 from rlweave_algo_ppo.kl_controller import make_kl_controller
-from rlweave_algo_ppo.loss import PolicyLoss, ValueLoss
-from rlweave_algo_ppo.normalize import (
-    RunningMoments,
-    explained_variance,
-    masked_mean_std,
-    masked_whiten,
-    normalize_scores,
-)
-from rlweave_algo_ppo.sequences import conform, scoring_batch, supervised_batch
+from rlweave_algo_ppo.loss import ValueLoss
+from rlweave_algo_ppo.normalize import RunningMoments, explained_variance, normalize_scores
+from rlweave_algo_ppo.sequences import conform, supervised_batch
 
 
 def wait_all(futures: dict[str, Any], t0: float, poll_s: float = 0.005) -> tuple[dict[str, Any], dict[str, float]]:
@@ -97,6 +94,10 @@ class PPO(Algorithm):
         if missing:
             raise ValueError(f"ppo: roles {missing} are not built (configure them under 'roles')")
         self.kl_ctl = make_kl_controller(c.kl_coef, c.kl_target, c.kl_horizon)
+        self.advantage = resolve("advantage", c.advantage)
+        self.policy_loss = resolve("policy_loss", c.policy_loss)
+        self.loss_agg = choose_loss_agg(c.loss_agg, self.policy_loss, self.advantage)
+        self.kl_part = resolve("kl", c.kl_estimator)
         self.reward_moments = RunningMoments()
         self.steps_done = 0
         self.phases = Residency.for_run(ctx, ppo_roles(c), PHASES)
@@ -158,10 +159,7 @@ class PPO(Algorithm):
         roles = self.ctx.roles
         t0 = time.perf_counter()
         futs: dict[str, Any] = {}
-        if c.reward_models:
-            sb = scoring_batch(batch, self._eos)
-            for e in c.reward_models:
-                futs[e.role] = roles[e.role].scores(sb)
+        futs.update(reward_models.issue_scores(roles, c.reward_models, batch, self._eos))
         if c.uses_reference:
             futs["reference"] = roles["reference"].logprobs(batch, temperature=c.temperature)
         futs["critic"] = roles["critic"].values(batch)
@@ -180,15 +178,11 @@ class PPO(Algorithm):
         batch.add_token("old_logprobs", res["policy"]["logprobs"].float() * mask)
         if "entropy" in res["policy"]:
             ent = res["policy"]["entropy"].float()
-            metrics["entropy"] = masked_mean_std(ent, mask)[0]
+            metrics["entropy"] = masked_moments(ent, mask)[0]
         ref = res["reference"]["logprobs"].float() * mask if c.uses_reference else batch.token["old_logprobs"]
         batch.add_token("ref_logprobs", ref)
         batch.add_token("old_values", res["critic"].float() * mask)
-        score = torch.zeros(len(batch), dtype=torch.float32)
-        for e in c.reward_models:
-            s = res[e.role].float().reshape(-1)
-            metrics[f"reward/{e.role}"] = float(s.mean())
-            score = score + e.weight * s
+        score = reward_models.combine(c.reward_models, res, len(batch), metrics)
         if rule is not None:
             metrics["reward/rules"] = float(rule.mean())
             metrics.update(reward_breakdown(breakdown))
@@ -241,12 +235,17 @@ class PPO(Algorithm):
         mask = batch.token["loss_mask"]
         score = normalize_scores(raw_score, c.reward_norm, self.reward_moments, c.reward_clip,
                                  groups=batch.sample["group"])
-        kl_tok = kl_penalty(batch.token["old_logprobs"], batch.token["ref_logprobs"], c.kl_estimator) * mask
+        kl_tok = kl_value(self.kl_part.load(), batch.token["old_logprobs"], batch.token["ref_logprobs"],
+                          c.kl_clamp) * mask
         seq_kl = torch.zeros(len(batch)).index_add_(0, batch.sample_index(), kl_tok)
         kl_coef = self.kl_ctl.value
-        rewards = token_rewards(score, mask, batch.cu_seqlens, kl=kl_tok, kl_coef=kl_coef)
-        adv, ret = compute_gae(rewards, batch.token["old_values"], mask, batch.cu_seqlens, c.gamma, c.lam)
-        adv_mean, adv_std = masked_mean_std(adv, mask)
+        adv, ret = self.advantage.load()(
+            scores=score, groups=batch.sample["group"], mask=mask, cu_seqlens=batch.cu_seqlens,
+            token_rewards=-kl_coef * kl_tok, values=batch.token["old_values"], baseline=None,
+            **self.advantage.options)
+        if ret is None:
+            raise ValueError(f"ppo: advantage estimator '{self.advantage.name}' returned no returns for the critic")
+        adv_mean, adv_std = masked_moments(adv, mask)
         if c.normalize_advantages:
             adv = masked_whiten(adv, mask)  # global statistics over the whole batch (see normalize.py)
         batch.add_token("advantages", adv)
@@ -267,7 +266,7 @@ class PPO(Algorithm):
                 rng.shuffle(order)
             for part in split(order, c.mini_batches):
                 mb = batch.select(part)
-                mb.add_token("token_weight", token_weights(mb, c.loss_agg))
+                mb.add_token("token_weight", token_weights(mb, self.loss_agg, max_len=c.max_new_tokens))
                 v_batches.append(mb)
                 if train_policy:
                     p_batches.append(self._with_ptx(mb) if c.ptx_coef > 0 else mb)
@@ -280,8 +279,9 @@ class PPO(Algorithm):
         update metrics and the seconds spent moving roles; sets ``time/train`` and
         ``time/critic_train``."""
         c, roles = self.config, self.ctx.roles
-        policy_loss = PolicyLoss(c.clip_low, c.clip_high, c.entropy_coef, c.ptx_coef, temperature=c.temperature,
-                                 off_policy=c.off_policy if c.off_policy.enabled else None)
+        policy_loss = PolicyObjective(self.policy_loss, entropy_coef=c.entropy_coef, ptx_coef=c.ptx_coef,
+                                      temperature=c.temperature,
+                                      off_policy=c.off_policy if c.off_policy.enabled else None)
         value_loss = ValueLoss(c.value_clip)
         p_batches, v_batches = self._mini_batches(batch, train_policy)
         p_metrics: list[dict[str, float]] = []
@@ -320,8 +320,8 @@ class PPO(Algorithm):
             "adv/std": a["adv_std"],
             "adv/min": float(adv[on].min()) if on.any() else 0.0,
             "adv/max": float(adv[on].max()) if on.any() else 0.0,
-            "returns/mean": masked_mean_std(ret, mask)[0],
-            "values/mean": masked_mean_std(batch.token["old_values"], mask)[0],
+            "returns/mean": masked_moments(ret, mask)[0],
+            "values/mean": masked_moments(batch.token["old_values"], mask)[0],
             "explained_variance": explained_variance(batch.token["old_values"], ret, mask),
             "kl": float(a["seq_kl"].mean()),
             "kl_coef": a["kl_coef"],

@@ -6,22 +6,23 @@ PPO config before any worker starts.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from rlweave.algo_helpers.offpolicy import OffPolicyConfig
+from rlweave.algo_helpers.reward_models import RewardModelEntry, check_entries
 from rlweave.algo_helpers.sampling import SamplingConfig
+from rlweave.algo_parts.config import checked, refuse_moved
+from rlweave.algo_parts.spec import PartSpec, resolve
 
-
-class RewardModelEntry(BaseModel):
-    """One learned reward model: a role (scalar-head model, ``model_type: reward``) whose
-    score of prompt+response is added to the reward with ``weight``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    role: str = Field("reward", description="Role name of the reward model (a key of 'roles', starting with 'reward').")
-    weight: float = Field(1.0, description="Weight of this model's score in the summed reward.")
+#: keys of earlier versions -> where their setting lives now
+MOVED = {
+    "clip_low": "use policy_loss: {name: ppo_clip, clip_low: ..., clip_high: ...}",
+    "clip_high": "use policy_loss: {name: ppo_clip, clip_low: ..., clip_high: ...}",
+    "gamma": "use advantage: {name: gae, gamma: ..., lam: ...}",
+    "lam": "use advantage: {name: gae, gamma: ..., lam: ...}",
+}
 
 
 class PPOConfig(SamplingConfig):
@@ -46,21 +47,29 @@ class PPOConfig(SamplingConfig):
     kl_coef: float = Field(
         0.05, ge=0, description="Initial per-token KL coefficient (0 without kl_target: no reference role)."
     )
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k1", description="Per-token KL estimator of the penalty.")
+    kl_estimator: PartSpec = Field(PartSpec("k1"), description="Per-token KL estimator of the penalty: k1, k2, "
+                                   "k3 or a plugin's.")
+    kl_clamp: Optional[float] = Field(10.0, gt=0, description="Clamp each token's KL estimate to [-clamp, clamp] "
+                                      "(null: no clamp).")
     kl_target: Optional[float] = Field(
         None, gt=0, description="Adaptive KL controller target (summed KL per sequence); null: fixed coefficient."
     )
     kl_horizon: float = Field(10000.0, gt=0, description="Adaptive KL controller horizon (in sequences).")
     # advantages
-    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
-    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    advantage: PartSpec = Field(
+        PartSpec("gae"), description="Advantage estimator using the critic's values: gae (options gamma, lam) "
+        "or a plugin's."
+    )
     normalize_advantages: bool = Field(True, description="Whiten advantages with global batch statistics.")
     # policy loss
-    clip_low: float = Field(0.2, ge=0, description="Lower clip range: ratio >= 1 - clip_low.")
-    clip_high: float = Field(0.2, ge=0, description="Upper clip range: ratio <= 1 + clip_high.")
+    policy_loss: PartSpec = Field(
+        PartSpec("ppo_clip"), description="Policy loss: ppo_clip (options clip_low, clip_high, dual_clip), gspo, "
+        "cispo, a plugin's, or module:function."
+    )
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient (0: off).")
-    loss_agg: Literal["token_mean", "seq_mean"] = Field(
-        "token_mean", description="Loss aggregation: mean over all response tokens, or per-sample mean then mean."
+    loss_agg: Optional[PartSpec] = Field(
+        None, description="Loss aggregation: token_mean, seq_mean_token_mean, seq_mean_token_sum, "
+        "seq_mean_token_sum_norm, token_sum (null: the policy loss's own, else token_mean)."
     )
     off_policy: OffPolicyConfig = Field(
         default_factory=OffPolicyConfig,
@@ -90,16 +99,43 @@ class PPOConfig(SamplingConfig):
     eval_max_new_tokens: int = Field(32, ge=1, description="Longest response at evaluation.")
     eval_threshold: float = Field(1.0, description="A held-out sample is correct when its reward is >= this.")
 
+    #: keys of earlier versions and where their setting lives now (the strict key check's hint)
+    moved_keys: ClassVar[dict[str, str]] = MOVED
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        return refuse_moved(data, MOVED)
+
+    @field_validator("advantage")
+    @classmethod
+    def _advantage(cls, v: PartSpec) -> PartSpec:
+        checked("advantage", v)
+        if "values" not in resolve("advantage", v).needs:
+            raise ValueError(f"advantage estimator '{v.name}' uses no critic, and ppo trains one: use "
+                             "algorithm.name: grpo for critic-free estimators")
+        return v
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _policy_loss(cls, v: PartSpec) -> PartSpec:
+        return checked("policy_loss", v)
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _loss_agg(cls, v: Optional[PartSpec]) -> Optional[PartSpec]:
+        return checked("loss_agg", v)
+
+    @field_validator("kl_estimator")
+    @classmethod
+    def _kl_estimator(cls, v: PartSpec) -> PartSpec:
+        return checked("kl", v)
+
     @model_validator(mode="after")
     def _check(self) -> "PPOConfig":
         if self.ptx_coef > 0 and not self.ptx_data:
             raise ValueError("ptx_coef > 0 needs ptx_data (a jsonl of {query, response})")
-        roles = [e.role for e in self.reward_models]
-        bad = [r for r in roles if not r.startswith("reward")]
-        if bad:
-            raise ValueError(f"reward_models: role names must start with 'reward', got {bad}")
-        if len(set(roles)) != len(roles):
-            raise ValueError(f"reward_models: a role is listed twice: {roles}")
+        check_entries(self.reward_models)
         return self
 
     @property

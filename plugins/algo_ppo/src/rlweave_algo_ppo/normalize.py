@@ -1,9 +1,12 @@
-"""Normalisation of PPO advantages and rewards.
+"""Normalisation of PPO advantages and rewards, with the one convention of
+:mod:`rlweave.algo_parts.stats` (float64, sample standard deviation, ``eps`` added to it, all
+equal values give exactly 0).
 
 **Advantages are whitened with global statistics.** The single controller holds the whole
-step's batch before anything is scattered to data-parallel ranks, so :func:`masked_whiten`
-computes the mean and standard deviation over *every* response token of the batch on the
-controller, and the ranks receive already-normalised advantages. This is the same result an
+step's batch before anything is scattered to data-parallel ranks, so
+:func:`~rlweave.algo_parts.stats.masked_whiten` computes the mean and standard deviation over
+*every* response token of the batch on the controller, and the ranks receive already-normalised
+advantages. This is the same result an
 all-reduce of (count, sum, sum of squares) across ranks would give, without a collective,
 and it does not depend on how the batch is later split into mini-batches or ranks.
 
@@ -18,32 +21,11 @@ from typing import Any
 
 import torch
 
-
-def masked_mean_std(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
-    """Mean and population standard deviation of ``x`` over ``mask > 0``."""
-    on = mask > 0
-    n = int(on.sum())
-    if n == 0:
-        return 0.0, 0.0
-    v = x[on].double()
-    mean = v.mean()
-    var = ((v - mean) ** 2).mean()
-    return float(mean), float(var.sqrt())
-
-
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
-    """``(x - mean) / (std + eps)`` on the mask (mean kept when ``shift_mean`` is False),
-    0 off the mask; statistics over all masked tokens of ``x`` (see module docstring)."""
-    mean, std = masked_mean_std(x, mask)
-    on = (mask > 0).to(x.dtype)
-    y = (x - mean) / (std + eps)
-    if not shift_mean:
-        y = y + mean
-    return y * on
+from rlweave.algo_parts.stats import DEFAULT_EPS, group_standardize, masked_moments
 
 
 class RunningMoments:
-    """Running mean/variance over every value seen (Chan et al. parallel update)."""
+    """Running mean and sample variance over every value seen (Chan et al. parallel update)."""
 
     def __init__(self) -> None:
         self.count = 0.0
@@ -52,7 +34,7 @@ class RunningMoments:
 
     @property
     def std(self) -> float:
-        return math.sqrt(self.m2 / self.count) if self.count > 0 else 1.0
+        return math.sqrt(self.m2 / (self.count - 1)) if self.count > 1 else 1.0
 
     def update(self, x: torch.Tensor) -> None:
         v = x.double().reshape(-1)
@@ -82,7 +64,7 @@ def normalize_scores(
     mode: str = "none",
     running: RunningMoments | None = None,
     clip: float | None = None,
-    eps: float = 1e-8,
+    eps: float = DEFAULT_EPS,
     groups: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sequence scores after normalisation then clipping.
@@ -96,8 +78,8 @@ def normalize_scores(
     """
     s = scores.float()
     if mode == "batch":
-        mean, std = masked_mean_std(s, torch.ones_like(s))
-        s = (s - mean) / (std + eps)
+        mean, std = masked_moments(s, torch.ones_like(s))
+        s = ((s.double() - mean) / (std + eps)).float() if std > 0 else torch.zeros_like(s)
     elif mode == "running":
         if running is None:
             raise ValueError("normalize_scores: mode 'running' needs a RunningMoments")
@@ -106,12 +88,7 @@ def normalize_scores(
     elif mode == "group":
         if groups is None:
             raise ValueError("normalize_scores: mode 'group' needs the group of every sample")
-        out = torch.zeros_like(s)
-        for g in torch.unique(groups):
-            idx = groups == g
-            mean, std = masked_mean_std(s[idx], torch.ones(int(idx.sum())))
-            out[idx] = (s[idx] - mean) / (std + eps) if std > 0 else 0.0
-        s = out
+        s = group_standardize(s, groups, eps).to(torch.float32)
     elif mode != "none":
         raise ValueError(f"unknown reward normalisation {mode!r}; choose one of {', '.join(REWARD_NORMS)}")
     if clip is not None:
@@ -122,8 +99,8 @@ def normalize_scores(
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
     """``1 - Var[R - V] / Var[R]`` over the mask (1: perfect critic, 0: no better than a
     constant, negative: worse). NaN when the returns have no variance."""
-    _, std_r = masked_mean_std(returns, mask)
-    _, std_d = masked_mean_std(returns - values, mask)
+    _, std_r = masked_moments(returns, mask)
+    _, std_d = masked_moments(returns - values, mask)
     if std_r == 0.0:
         return float("nan")
     return 1.0 - (std_d**2) / (std_r**2)

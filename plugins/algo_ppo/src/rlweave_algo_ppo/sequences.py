@@ -1,5 +1,5 @@
-"""Token sequences PPO builds besides the rollout batch: the reward models' view of a
-rollout (response closed by EOS, as reward models are trained) and ptx batches."""
+"""Token sequences PPO builds besides the rollout batch: ptx batches (the reward models' view of a
+rollout is :func:`rlweave.algo_helpers.reward_models.scoring_batch`)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,6 @@ from typing import Any, Sequence
 import torch
 
 from rlweave.data.batch import Batch
-
-
-def scoring_batch(batch: Batch, eos_id: int | None) -> Batch:
-    """Prompt + response of every sample, with exactly one EOS at the end (added when the
-    response stopped at the length limit, kept when the engine already emitted it), so the
-    reward model reads its score at an EOS token, as in reward-model training."""
-    if eos_id is None:
-        return batch
-    seqs = []
-    for s in batch.sequences():
-        ids = s.tolist()
-        if ids[-1] != eos_id:
-            ids.append(eos_id)
-        seqs.append(ids)
-    return Batch.from_sequences(seqs, ids=batch.ids, meta=batch.meta, prompt_lens=batch.sample["prompt_len"].tolist())
 
 
 def supervised_batch(tokenizer: Any, records: Sequence[dict[str, Any]], encode_prompt) -> Batch:

@@ -1,0 +1,1 @@
+"""A third-party advantage estimator, packaged outside rlweave (a test plugin)."""
