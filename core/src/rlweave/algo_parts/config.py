@@ -8,7 +8,7 @@ so a bad name is reported at its key path before any worker starts.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, ClassVar, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -57,3 +57,36 @@ class KLSection(BaseModel):
         if self.in_reward and self.beta == 0:
             raise ValueError("kl.in_reward needs kl.beta > 0")
         return self
+
+
+class PolicyParts(BaseModel):
+    """The named parts of a policy-gradient algorithm's update, for its config to inherit:
+    ``policy_loss`` and ``loss_agg``, both checked, and the refusal of keys listed in
+    ``moved_keys`` (old key -> where its setting lives now; also the strict key check's hint)."""
+
+    model_config = ConfigDict(extra="forbid")
+    moved_keys: ClassVar[dict[str, str]] = {}
+
+    policy_loss: PartSpec = Field(
+        PartSpec("ppo_clip"), description="Policy loss: ppo_clip (options clip_low, clip_high, dual_clip), gspo, "
+        "cispo, a plugin's, or module:function."
+    )
+    loss_agg: Optional[PartSpec] = Field(
+        None, description="Loss aggregation: token_mean, seq_mean_token_mean, seq_mean_token_sum, "
+        "seq_mean_token_sum_norm, token_sum (null: the policy loss's own, else the estimator's, else token_mean)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        return refuse_moved(data, cls.moved_keys)
+
+    @field_validator("policy_loss")
+    @classmethod
+    def _policy_loss(cls, v: PartSpec) -> PartSpec:
+        return checked("policy_loss", v)
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _loss_agg(cls, v: Optional[PartSpec]) -> Optional[PartSpec]:
+        return checked("loss_agg", v)

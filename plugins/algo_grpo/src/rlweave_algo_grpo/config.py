@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from rlweave.algo_helpers.offpolicy import OffPolicyConfig
 from rlweave.algo_helpers.reward_models import RewardModelEntry, check_entries
 from rlweave.algo_helpers.sampling import SamplingConfig
-from rlweave.algo_parts.config import KLSection, checked, refuse_moved
+from rlweave.algo_parts.config import KLSection, PolicyParts, checked
 from rlweave.algo_parts.spec import PartSpec, resolve
 
 #: keys of earlier versions -> where their setting lives now
@@ -31,8 +31,9 @@ MOVED = {
 }
 
 
-class GRPOConfig(SamplingConfig):
-    """The shared sampling keys (:class:`~rlweave.algo_helpers.sampling.SamplingConfig`) and GRPO's own."""
+class GRPOConfig(SamplingConfig, PolicyParts):
+    """The shared sampling keys (:class:`~rlweave.algo_helpers.sampling.SamplingConfig`), the policy
+    update's named parts (:class:`~rlweave.algo_parts.config.PolicyParts`) and GRPO's own."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -44,14 +45,6 @@ class GRPOConfig(SamplingConfig):
     advantage: PartSpec = Field(
         PartSpec("grpo"), description="Advantage estimator: grpo, dr_grpo, rloo, reinforce_pp, "
         "reinforce_pp_baseline, remax, a plugin's, or module:function; {name: ..., <options>} sets its options."
-    )
-    policy_loss: PartSpec = Field(
-        PartSpec("ppo_clip"), description="Policy loss: ppo_clip (options clip_low, clip_high, dual_clip), gspo, "
-        "cispo, a plugin's, or module:function."
-    )
-    loss_agg: Optional[PartSpec] = Field(
-        None, description="Loss aggregation: token_mean, seq_mean_token_mean, seq_mean_token_sum, "
-        "seq_mean_token_sum_norm, token_sum (null: the policy loss's or the estimator's own, else token_mean)."
     )
     kl: KLSection = Field(default_factory=KLSection, description="KL to the reference model.")
     off_policy: OffPolicyConfig = Field(
@@ -83,13 +76,7 @@ class GRPOConfig(SamplingConfig):
     eval_max_new_tokens: int = Field(32, ge=1, description="Longest response at evaluation.")
     eval_threshold: float = Field(1.0, description="A held-out sample is correct when its reward is >= this.")
 
-    #: keys of earlier versions and where their setting lives now (the strict key check's hint)
     moved_keys: ClassVar[dict[str, str]] = MOVED
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved(cls, data: Any) -> Any:
-        return refuse_moved(data, MOVED)
 
     @field_validator("advantage")
     @classmethod
@@ -99,16 +86,6 @@ class GRPOConfig(SamplingConfig):
             raise ValueError(f"advantage estimator '{v.name}' needs a critic's values; grpo has no critic "
                              "(use algorithm.name: ppo)")
         return v
-
-    @field_validator("policy_loss")
-    @classmethod
-    def _policy_loss(cls, v: PartSpec) -> PartSpec:
-        return checked("policy_loss", v)
-
-    @field_validator("loss_agg")
-    @classmethod
-    def _loss_agg(cls, v: Optional[PartSpec]) -> Optional[PartSpec]:
-        return checked("loss_agg", v)
 
     @model_validator(mode="after")
     def _check(self) -> "GRPOConfig":

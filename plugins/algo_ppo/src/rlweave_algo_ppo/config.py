@@ -6,14 +6,14 @@ PPO config before any worker starts.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from rlweave.algo_helpers.offpolicy import OffPolicyConfig
 from rlweave.algo_helpers.reward_models import RewardModelEntry, check_entries
 from rlweave.algo_helpers.sampling import SamplingConfig
-from rlweave.algo_parts.config import checked, refuse_moved
+from rlweave.algo_parts.config import PolicyParts, checked
 from rlweave.algo_parts.spec import PartSpec, resolve
 
 #: keys of earlier versions -> where their setting lives now
@@ -25,8 +25,9 @@ MOVED = {
 }
 
 
-class PPOConfig(SamplingConfig):
-    """The shared sampling keys (:class:`~rlweave.algo_helpers.sampling.SamplingConfig`) and PPO's own."""
+class PPOConfig(SamplingConfig, PolicyParts):
+    """The shared sampling keys (:class:`~rlweave.algo_helpers.sampling.SamplingConfig`), the policy
+    update's named parts (:class:`~rlweave.algo_parts.config.PolicyParts`) and PPO's own."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -62,15 +63,7 @@ class PPOConfig(SamplingConfig):
     )
     normalize_advantages: bool = Field(True, description="Whiten advantages with global batch statistics.")
     # policy loss
-    policy_loss: PartSpec = Field(
-        PartSpec("ppo_clip"), description="Policy loss: ppo_clip (options clip_low, clip_high, dual_clip), gspo, "
-        "cispo, a plugin's, or module:function."
-    )
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient (0: off).")
-    loss_agg: Optional[PartSpec] = Field(
-        None, description="Loss aggregation: token_mean, seq_mean_token_mean, seq_mean_token_sum, "
-        "seq_mean_token_sum_norm, token_sum (null: the policy loss's own, else token_mean)."
-    )
     off_policy: OffPolicyConfig = Field(
         default_factory=OffPolicyConfig,
         description="Off-policy correction of the policy loss against the engine's (behaviour) log-probs: "
@@ -99,13 +92,7 @@ class PPOConfig(SamplingConfig):
     eval_max_new_tokens: int = Field(32, ge=1, description="Longest response at evaluation.")
     eval_threshold: float = Field(1.0, description="A held-out sample is correct when its reward is >= this.")
 
-    #: keys of earlier versions and where their setting lives now (the strict key check's hint)
     moved_keys: ClassVar[dict[str, str]] = MOVED
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved(cls, data: Any) -> Any:
-        return refuse_moved(data, MOVED)
 
     @field_validator("advantage")
     @classmethod
@@ -115,16 +102,6 @@ class PPOConfig(SamplingConfig):
             raise ValueError(f"advantage estimator '{v.name}' uses no critic, and ppo trains one: use "
                              "algorithm.name: grpo for critic-free estimators")
         return v
-
-    @field_validator("policy_loss")
-    @classmethod
-    def _policy_loss(cls, v: PartSpec) -> PartSpec:
-        return checked("policy_loss", v)
-
-    @field_validator("loss_agg")
-    @classmethod
-    def _loss_agg(cls, v: Optional[PartSpec]) -> Optional[PartSpec]:
-        return checked("loss_agg", v)
 
     @field_validator("kl_estimator")
     @classmethod
