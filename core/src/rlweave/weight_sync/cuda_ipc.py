@@ -31,7 +31,7 @@ construction, so a source whose receiver is stuck frees itself.
 
 from __future__ import annotations
 
-import pickle
+import json
 import time
 import uuid
 from datetime import timedelta
@@ -88,6 +88,32 @@ def _device(worker: Any) -> "torch.device":
     return torch.device("cpu")
 
 
+def encode_message(meta: "BucketMeta", handle: tuple) -> bytes:
+    """A bucket's message on the channel: JSON of its meta and memory handle (never a pickle)."""
+    from dataclasses import asdict
+
+    from rlweave.weight_sync.handles import handle_to_json
+
+    return json.dumps({"meta": asdict(meta), "handle": handle_to_json(handle)}).encode()
+
+
+def decode_message(msg: bytes) -> tuple["BucketMeta", tuple]:
+    """``(meta, handle)`` of an :func:`encode_message` message; ``WeightSyncError`` when it is not one."""
+    from rlweave.weight_sync.buckets import BucketMeta
+    from rlweave.weight_sync.handles import handle_from_json
+
+    try:
+        data = json.loads(msg)
+        m = data["meta"]
+        meta = BucketMeta(int(m["index"]), tuple(m["names"]), tuple(tuple(x) for x in m["shapes"]),
+                          tuple(m["dtypes"]), tuple(m["offsets"]), int(m["nbytes"]), str(m["checksum"]))
+        return meta, handle_from_json(data["handle"])
+    except WeightSyncError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - anything malformed is one error
+        raise WeightSyncError(f"malformed cuda_ipc message on the channel ({type(exc).__name__}: {exc})") from None
+
+
 def wait_acks(store: Any, n: int, index: int, receivers: int, timeout_s: float) -> None:
     """Block until every destination rank acknowledged bucket ``index`` of sync ``n``."""
     keys = [f"{n}/a/{index}/{r}" for r in range(receivers)]
@@ -126,7 +152,7 @@ def send_buckets(store: Any, n: int, receivers: int, named: Any, bucket_bytes: i
             import torch
 
             torch.cuda.current_stream(flat.device).synchronize()
-        store.set(f"{n}/m/{i}", pickle.dumps((meta, handle)))
+        store.set(f"{n}/m/{i}", encode_message(meta, handle))
         stats["buckets"] += 1
         stats["bytes"] += meta.nbytes
         stats["tensors"] += len(meta.names)
@@ -152,7 +178,7 @@ def receive_buckets(store: Any, n: int, rank: int, load: Callable[[Iterator], An
         if msg == _END:
             return None
         state["next"] = i + 1
-        return pickle.loads(msg)
+        return decode_message(msg)
 
     def tensors() -> Iterator[tuple[str, Any]]:
         while (msg := next_message()) is not None:

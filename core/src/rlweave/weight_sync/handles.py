@@ -1,5 +1,7 @@
-"""Memory handles: a small picklable description of a flat ``uint8`` tensor another process
-on the same node maps without copying it.
+"""Memory handles: a small description of a flat ``uint8`` tensor another process on the same
+node maps without copying it, sent as JSON (:func:`handle_to_json` / :func:`handle_from_json`:
+plain numbers, strings and base64 bytes, never a pickle, so whoever can write to the channel
+cannot make a rank run code).
 
 * CUDA: torch's CUDA IPC reduction (:func:`torch.multiprocessing.reductions.reduce_tensor`:
   a ``cudaIpcMemHandle`` plus torch's producer reference counter and a CUDA event the opener
@@ -16,8 +18,9 @@ The owner must keep the tensor alive and unchanged until every opener is done wi
 
 from __future__ import annotations
 
+import base64
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlweave.weight_sync.interface import WeightSyncError
 
@@ -88,4 +91,61 @@ def open_handle(handle: tuple) -> "torch.Tensor":
         args = list(args)
         args[6] = uuids.index(uuid)  # the owner's device index -> this process's index of the same GPU
         return rebuild_cuda_tensor(*args)
+    raise WeightSyncError(f"unknown memory handle kind {kind!r}")
+
+
+#: the classes a CUDA handle may name (what :func:`share` produces for a plain uint8 tensor)
+_TENSOR_CLASSES = ("torch.Tensor",)
+_STORAGE_CLASSES = ("torch.storage.TypedStorage", "torch.storage.UntypedStorage", "torch.TypedStorage",
+                    "torch.UntypedStorage")
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def handle_to_json(handle: tuple) -> dict[str, Any]:
+    """A :func:`share` handle as JSON-ready data (CUDA: torch's reduction arguments with its
+    classes and dtype named and its IPC handles base64-encoded)."""
+    if handle[0] == "cpu":
+        _, pid, fd, size, offset, numel = handle
+        return {"kind": "cpu", "pid": int(pid), "fd": int(fd), "size": int(size), "offset": int(offset),
+                "numel": int(numel)}
+    if handle[0] == "cuda":
+        _, uuid, args = handle
+        (tensor_cls, size, stride, offset, storage_cls, dtype, device, storage_handle, storage_bytes,
+         storage_offset, requires_grad, ref_handle, ref_offset, event_handle, event_sync) = args
+        b64 = (lambda b: None if b is None else base64.b64encode(bytes(b)).decode("ascii"))
+        return {"kind": "cuda", "uuid": str(uuid), "tensor_cls": _qualname(tensor_cls), "size": list(size),
+                "stride": list(stride), "offset": int(offset), "storage_cls": _qualname(storage_cls),
+                "dtype": str(dtype).removeprefix("torch."), "device": int(device),
+                "storage_handle": b64(storage_handle), "storage_bytes": int(storage_bytes),
+                "storage_offset": int(storage_offset), "requires_grad": bool(requires_grad),
+                "ref_handle": b64(ref_handle), "ref_offset": int(ref_offset), "event_handle": b64(event_handle),
+                "event_sync": bool(event_sync)}
+    raise WeightSyncError(f"unknown memory handle kind {handle[0]!r}")
+
+
+def handle_from_json(data: dict[str, Any]) -> tuple:
+    """The handle :func:`handle_to_json` described; refuses classes and dtypes a bucket buffer
+    never has (a CUDA handle names ``torch.Tensor``, a torch storage class and ``uint8``)."""
+    kind = data.get("kind")
+    if kind == "cpu":
+        return ("cpu", int(data["pid"]), int(data["fd"]), int(data["size"]), int(data["offset"]),
+                int(data["numel"]))
+    if kind == "cuda":
+        import torch
+
+        if data["tensor_cls"] not in _TENSOR_CLASSES or data["storage_cls"] not in _STORAGE_CLASSES \
+                or data["dtype"] != "uint8":
+            raise WeightSyncError(f"refusing a CUDA handle of {data['tensor_cls']}/{data['storage_cls']}/"
+                                  f"{data['dtype']}: bucket buffers are uint8 torch tensors")
+        module, _, name = data["storage_cls"].rpartition(".")
+        storage_cls = getattr(torch.storage if module == "torch.storage" else torch, name)
+        raw = (lambda s: None if s is None else base64.b64decode(s))
+        args = (torch.Tensor, torch.Size(data["size"]), tuple(data["stride"]), int(data["offset"]), storage_cls,
+                torch.uint8, int(data["device"]), raw(data["storage_handle"]), int(data["storage_bytes"]),
+                int(data["storage_offset"]), bool(data["requires_grad"]), raw(data["ref_handle"]),
+                int(data["ref_offset"]), raw(data["event_handle"]), bool(data["event_sync"]))
+        return ("cuda", str(data["uuid"]), args)
     raise WeightSyncError(f"unknown memory handle kind {kind!r}")
