@@ -61,3 +61,20 @@ def test_the_config_side_imports_no_torch():
             "print(sorted(m for m in ('torch', 'ray', 'vllm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_algo_parts_sit_below_the_rest_of_the_core():
+    """The math layer imports only the plugin contract: algorithms and helpers build on it, never
+    the other way round (no import cycle through it)."""
+    import ast
+    from pathlib import Path
+
+    import rlweave.algo_parts as pkg
+
+    found = set()
+    for f in Path(pkg.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            found |= {m.split(".")[1] for m in mods if m.startswith("rlweave.")}
+    assert found <= {"algo_parts", "plugins"}, found

@@ -1,4 +1,4 @@
-"""rlweave.algo_helpers.offpolicy: the ``algorithm.off_policy`` settings, behaviour weights,
+"""rlweave.algo_parts.offpolicy: the ``algorithm.off_policy`` settings, behaviour weights,
 truncation / dropping, metrics and their reduction, against hand-computed values."""
 
 import math
@@ -9,7 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rlweave.algo_helpers.offpolicy import (
+from rlweave.algo_parts.offpolicy import (
     OffPolicyConfig,
     apply_correction,
     correction_metrics,
@@ -81,7 +81,7 @@ def test_config_is_picklable_and_frozen():
 
 
 def test_import_is_light():
-    code = ("import sys; import rlweave.algo_helpers.offpolicy; "
+    code = ("import sys; import rlweave.algo_parts.offpolicy; "
             "sys.exit(1 if any(m in sys.modules for m in ('torch', 'ray', 'vllm')) else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

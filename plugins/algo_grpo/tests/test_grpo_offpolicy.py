@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from rlweave.algo_helpers.offpolicy import OffPolicyConfig
+from rlweave.algo_parts.offpolicy import OffPolicyConfig
 from rlweave.algo_parts.objective import PolicyObjective
 from rlweave.algo_parts.spec import resolve
 from rlweave.data.batch import Batch

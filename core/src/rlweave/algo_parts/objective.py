@@ -9,7 +9,7 @@ aggregation (:mod:`rlweave.algo_parts.aggregation`)::
          + ptx_coef * sum_t p_t * (-logp_t)             pre-training (ptx) term, weights p_t
 
 ``pg_t`` comes from the policy loss (``ppo_clip``, ``gspo``, ``cispo`` or a plugin's), ``c_t``
-from ``algorithm.off_policy`` (:mod:`rlweave.algo_helpers.offpolicy`; 1 when off). Without
+from ``algorithm.off_policy`` (:mod:`rlweave.algo_parts.offpolicy`; 1 when off). Without
 ``old_logprobs`` in the batch (one update per batch) the old policy is the current one,
 detached. The ptx term reads token field ``ptx_weight`` (PPO's InstructGPT mix).
 
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from rlweave.algo_helpers.offpolicy import OffPolicyConfig, policy_correction
+from rlweave.algo_parts.offpolicy import OffPolicyConfig, policy_correction
 from rlweave.algo_parts.kl import kl_value
 from rlweave.algo_parts.spec import ResolvedPart
 

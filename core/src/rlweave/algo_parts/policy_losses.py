@@ -7,7 +7,7 @@ with one update per batch, giving ratio 1), ``advantages`` per token, ``mask`` t
 tokens. ``info`` holds ``clipped`` (0/1, where the clip cut the gradient) and ``ratio`` (the
 importance ratio the loss used) for the metrics. The caller aggregates ``loss_t`` with the
 token weights of a loss aggregation (:mod:`rlweave.algo_parts.aggregation`) and may multiply
-it by an off-policy correction first (:mod:`rlweave.algo_helpers.offpolicy`).
+it by an off-policy correction first (:mod:`rlweave.algo_parts.offpolicy`).
 """
 
 from __future__ import annotations

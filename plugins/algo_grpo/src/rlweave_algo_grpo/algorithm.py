@@ -31,7 +31,7 @@ import torch
 from rlweave.algo_helpers import reward_models
 from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.algo_helpers.minibatch import split
-from rlweave.algo_helpers.offpolicy import step_metrics as offpolicy_step_metrics
+from rlweave.algo_parts.offpolicy import step_metrics as offpolicy_step_metrics
 from rlweave.algo_helpers.pipeline import RolloutPipeline, pipelined
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
 from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, sampling_params

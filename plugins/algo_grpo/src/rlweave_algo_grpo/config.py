@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from rlweave.algo_helpers.offpolicy import OffPolicyConfig
+from rlweave.algo_parts.offpolicy import OffPolicyConfig
 from rlweave.algo_helpers.reward_models import RewardModelEntry, check_entries
 from rlweave.algo_helpers.sampling import SamplingConfig
 from rlweave.algo_parts.config import KLSection, PolicyParts, checked
@@ -50,7 +50,7 @@ class GRPOConfig(SamplingConfig, PolicyParts):
     off_policy: OffPolicyConfig = Field(
         default_factory=OffPolicyConfig,
         description="Off-policy correction of the policy loss against the engine's (behaviour) log-probs: "
-        "truncated importance sampling or decoupled PPO (rlweave.algo_helpers.offpolicy).",
+        "truncated importance sampling or decoupled PPO (rlweave.algo_parts.offpolicy).",
     )
     # rewards
     reward_models: list[RewardModelEntry] = Field(

@@ -13,7 +13,7 @@ critic. Dataflow of one step (each arrow is a call on a role handle)::
 
 The old log-probs are always recomputed by the policy, so they are the proximal policy of an
 off-policy correction (``algorithm.off_policy``: truncated importance sampling or decoupled
-PPO against the engine's log-probs, see :mod:`rlweave.algo_helpers.offpolicy`).
+PPO against the engine's log-probs, see :mod:`rlweave.algo_parts.offpolicy`).
 
 Why this shape: the controller holds the whole batch, so global statistics (advantage
 whitening, reward normalisation) are computed once here before anything is scattered,
@@ -32,7 +32,7 @@ import torch
 from rlweave.algo_helpers import reward_models
 from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.algo_helpers.minibatch import split
-from rlweave.algo_helpers.offpolicy import step_metrics as offpolicy_step_metrics
+from rlweave.algo_parts.offpolicy import step_metrics as offpolicy_step_metrics
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
 from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, sampling_params
 from rlweave.algo_helpers.weights import token_weights

@@ -10,7 +10,7 @@ from typing import ClassVar, Literal, Optional
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from rlweave.algo_helpers.offpolicy import OffPolicyConfig
+from rlweave.algo_parts.offpolicy import OffPolicyConfig
 from rlweave.algo_helpers.reward_models import RewardModelEntry, check_entries
 from rlweave.algo_helpers.sampling import SamplingConfig
 from rlweave.algo_parts.config import PolicyParts, checked
@@ -67,7 +67,7 @@ class PPOConfig(SamplingConfig, PolicyParts):
     off_policy: OffPolicyConfig = Field(
         default_factory=OffPolicyConfig,
         description="Off-policy correction of the policy loss against the engine's (behaviour) log-probs: "
-        "truncated importance sampling or decoupled PPO (rlweave.algo_helpers.offpolicy).",
+        "truncated importance sampling or decoupled PPO (rlweave.algo_parts.offpolicy).",
     )
     # critic
     value_clip: Optional[float] = Field(
