@@ -160,3 +160,26 @@ def test_policy_objective_handles_an_empty_micro_batch():
     obj = PolicyObjective(resolve("policy_loss", "ppo_clip"))
     loss, m = obj(SimpleNamespace(logprobs=torch.zeros(0, requires_grad=True), entropy=None), None)
     assert loss.item() == 0.0 and m["pg_loss"] == 0.0
+
+
+def test_off_policy_correction_composes_with_any_policy_loss():
+    """tis multiplies each token's loss by min(pi_old / pi_behaviour, cap), whichever loss made it."""
+    from rlweave.algo_parts.offpolicy import OffPolicyConfig
+
+    w = [0.0, 0.25, 0.25, 0.0, 0.5]
+    behav = [0.0, math.log(0.5), 0.0, 0.0, math.log(2.0)]  # iw = exp(0 - behav): 2.0 (capped 1.5), 1, 0.5
+    coef = [1.0, 1.5, 1.0, 1.0, 0.5]
+    for name in ("ppo_clip", "gspo", "cispo"):
+        logp = torch.tensor([0.0, 0.1, -0.2, 0.0, 0.3], requires_grad=True)
+        batch = _batch([0.0] * 5, [0.0, 1.0, -1.0, 0.0, 2.0], w)
+        batch.add_token("rollout_logprobs", torch.tensor(behav))
+        out = SimpleNamespace(logprobs=logp, entropy=None)
+        plain, _ = PolicyObjective(resolve("policy_loss", name))(out, batch)
+        corrected, m = PolicyObjective(resolve("policy_loss", name),
+                                       off_policy=OffPolicyConfig(correction="tis", cap=1.5))(out, batch)
+        part = resolve("policy_loss", name)
+        pg, _ = part.load()(logp.detach(), torch.zeros(5), batch.token["advantages"], mask=batch.token["loss_mask"],
+                            cu_seqlens=batch.cu_seqlens, **part.options)
+        assert corrected.item() == pytest.approx(sum(a * b * c for a, b, c in zip(w, coef, pg.tolist())), rel=1e-5)
+        assert plain.item() == pytest.approx(sum(a * c for a, c in zip(w, pg.tolist())), rel=1e-5), name
+        assert "offpolicy/iw_mean" in m
