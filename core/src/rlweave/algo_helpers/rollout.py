@@ -14,6 +14,17 @@ from rlweave.data.batch import Batch
 from rlweave.interfaces.engine import Generation, SamplingParams
 
 
+def reward_samples(tokenizer: Any, batch: Batch) -> list[dict[str, Any]]:
+    """What the rule rewards score for each sample of a rollout batch: the prompt text, the
+    decoded response (special tokens skipped) and the record's reward fields from ``meta``."""
+    samples = []
+    for m in batch.meta:
+        fields = {k: v for k, v in m.items() if k not in ("prompt", "response_ids", "finish_reason")}
+        text = tokenizer.decode(m["response_ids"], skip_special_tokens=True)
+        samples.append({"prompt": m["prompt"], "response": text, **fields})
+    return samples
+
+
 def sampling_params(config: Any, tokenizer: Any, seed: int, ignore_eos: bool = False) -> SamplingParams:
     """Rollout sampling settings from an RL algorithm's config (``n_samples``, ``temperature``,
     ``top_p``, ``top_k``, ``max_new_tokens``), stopping at the tokenizer's EOS when it has one,

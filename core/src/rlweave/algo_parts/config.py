@@ -65,7 +65,10 @@ class PolicyParts(BaseModel):
     ``moved_keys`` (old key -> where its setting lives now; also the strict key check's hint)."""
 
     model_config = ConfigDict(extra="forbid")
-    moved_keys: ClassVar[dict[str, str]] = {}
+    moved_keys: ClassVar[dict[str, str]] = {
+        "clip_low": "use policy_loss: {name: ppo_clip, clip_low: ..., clip_high: ...}",
+        "clip_high": "use policy_loss: {name: ppo_clip, clip_low: ..., clip_high: ...}",
+    }
 
     policy_loss: PartSpec = Field(
         PartSpec("ppo_clip"), description="Policy loss: ppo_clip (options clip_low, clip_high, dual_clip), gspo, "

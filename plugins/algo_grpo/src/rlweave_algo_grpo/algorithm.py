@@ -31,13 +31,13 @@ import torch
 from rlweave.algo_helpers import reward_models
 from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.algo_helpers.minibatch import split
-from rlweave.algo_parts.offpolicy import step_metrics as offpolicy_step_metrics
 from rlweave.algo_helpers.pipeline import RolloutPipeline, pipelined
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
-from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, sampling_params
+from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, reward_samples, sampling_params
 from rlweave.algo_helpers.weights import token_weights
 from rlweave.algo_parts.kl import kl_value
 from rlweave.algo_parts.objective import PolicyObjective
+from rlweave.algo_parts.offpolicy import step_metrics as offpolicy_step_metrics
 from rlweave.algo_parts.spec import choose_loss_agg, resolve
 from rlweave.algo_parts.stats import group_std
 from rlweave.data.batch import Batch
@@ -189,11 +189,7 @@ class GRPO(Algorithm):
         breakdown: list[dict] = [{} for _ in range(len(batch))]
         t3 = t4 = time.perf_counter()
         if self._rules is not None:
-            samples = []
-            for m in batch.meta:
-                fields = {k: v for k, v in m.items() if k not in ("prompt", "response_ids", "finish_reason")}
-                text = tok.decode(m["response_ids"], skip_special_tokens=True)
-                samples.append({"prompt": m["prompt"], "response": text, **fields})
+            samples = reward_samples(tok, batch)
             t3 = time.perf_counter()
             rule_totals, breakdown = self._rules.score(samples)
             t4 = time.perf_counter()

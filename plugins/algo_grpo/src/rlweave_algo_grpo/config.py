@@ -13,16 +13,15 @@ from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from rlweave.algo_parts.offpolicy import OffPolicyConfig
 from rlweave.algo_helpers.reward_models import RewardModelEntry, check_entries
 from rlweave.algo_helpers.sampling import SamplingConfig
-from rlweave.algo_parts.config import KLSection, PolicyParts, checked
+from rlweave.algo_parts.config import KLSection, PolicyParts
+from rlweave.algo_parts.offpolicy import OffPolicyConfig
 from rlweave.algo_parts.spec import PartSpec, resolve
 
 #: keys of earlier versions -> where their setting lives now
 MOVED = {
-    "clip_low": "use policy_loss: {name: ppo_clip, clip_low: ..., clip_high: ...}",
-    "clip_high": "use policy_loss: {name: ppo_clip, clip_low: ..., clip_high: ...}",
+    **PolicyParts.moved_keys,
     "scale_rewards": "use advantage: grpo (scaled) or advantage: dr_grpo (not scaled)",
     "adv_eps": "use advantage: {name: grpo, eps: ...}",
     "kl_beta": "use kl: {beta: ...}",
@@ -81,8 +80,7 @@ class GRPOConfig(SamplingConfig, PolicyParts):
     @field_validator("advantage")
     @classmethod
     def _advantage(cls, v: PartSpec) -> PartSpec:
-        checked("advantage", v)
-        if "values" in resolve("advantage", v).needs:
+        if "values" in resolve("advantage", v).needs:  # an unknown name or bad options raise here
             raise ValueError(f"advantage estimator '{v.name}' needs a critic's values; grpo has no critic "
                              "(use algorithm.name: ppo)")
         return v

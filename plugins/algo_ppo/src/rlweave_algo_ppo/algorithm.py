@@ -32,12 +32,12 @@ import torch
 from rlweave.algo_helpers import reward_models
 from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.algo_helpers.minibatch import split
-from rlweave.algo_parts.offpolicy import step_metrics as offpolicy_step_metrics
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
-from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, sampling_params
+from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, reward_samples, sampling_params
 from rlweave.algo_helpers.weights import token_weights
 from rlweave.algo_parts.kl import kl_value
 from rlweave.algo_parts.objective import PolicyObjective
+from rlweave.algo_parts.offpolicy import step_metrics as offpolicy_step_metrics
 from rlweave.algo_parts.spec import choose_loss_agg, resolve
 from rlweave.algo_parts.stats import masked_moments, masked_whiten
 from rlweave.data.batch import Batch
@@ -143,13 +143,7 @@ class PPO(Algorithm):
         rs = self.ctx.rewards
         if rs is None or not getattr(rs, "entries", True):
             return None, []
-        tok = self.ctx.tokenizer
-        samples = []
-        for m in batch.meta:
-            fields = {k: v for k, v in m.items() if k not in ("prompt", "response_ids", "finish_reason")}
-            text = tok.decode(m["response_ids"], skip_special_tokens=True)
-            samples.append({"prompt": m["prompt"], "response": text, **fields})
-        totals, breakdown = rs.score(samples)
+        totals, breakdown = rs.score(reward_samples(self.ctx.tokenizer, batch))
         return torch.tensor(totals, dtype=torch.float32), list(breakdown)
 
     def _experience(self, batch: Batch, metrics: dict[str, float]) -> torch.Tensor:

@@ -10,16 +10,15 @@ from typing import ClassVar, Literal, Optional
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from rlweave.algo_parts.offpolicy import OffPolicyConfig
 from rlweave.algo_helpers.reward_models import RewardModelEntry, check_entries
 from rlweave.algo_helpers.sampling import SamplingConfig
 from rlweave.algo_parts.config import PolicyParts, checked
+from rlweave.algo_parts.offpolicy import OffPolicyConfig
 from rlweave.algo_parts.spec import PartSpec, resolve
 
 #: keys of earlier versions -> where their setting lives now
 MOVED = {
-    "clip_low": "use policy_loss: {name: ppo_clip, clip_low: ..., clip_high: ...}",
-    "clip_high": "use policy_loss: {name: ppo_clip, clip_low: ..., clip_high: ...}",
+    **PolicyParts.moved_keys,
     "gamma": "use advantage: {name: gae, gamma: ..., lam: ...}",
     "lam": "use advantage: {name: gae, gamma: ..., lam: ...}",
 }
@@ -97,8 +96,7 @@ class PPOConfig(SamplingConfig, PolicyParts):
     @field_validator("advantage")
     @classmethod
     def _advantage(cls, v: PartSpec) -> PartSpec:
-        checked("advantage", v)
-        if "values" not in resolve("advantage", v).needs:
+        if "values" not in resolve("advantage", v).needs:  # an unknown name or bad options raise here
             raise ValueError(f"advantage estimator '{v.name}' uses no critic, and ppo trains one: use "
                              "algorithm.name: grpo for critic-free estimators")
         return v

@@ -23,6 +23,7 @@ import torch
 
 from rlweave.algo_helpers.evaluate import exact_match
 from rlweave.algo_helpers.weights import token_weights
+from rlweave.algo_parts.spec import resolve
 from rlweave.data.batch import Batch
 from rlweave.interfaces.algorithm import Algorithm
 from rlweave.residency import EVAL_PHASES, Residency
@@ -46,6 +47,7 @@ class SFT(Algorithm):
         super().__init__(config, ctx)
         self.steps_done = 0
         self.tokens_seen = 0
+        self.loss_agg = resolve("loss_agg", self.config.loss_agg)  # the aggregation's weights, every step
         self.residency = Residency.for_run(ctx, ("policy", "rollout"), EVAL_PHASES)
 
     def setup(self) -> None:
@@ -77,7 +79,7 @@ class SFT(Algorithm):
             mask = torch.ones_like(mask)
         mask[batch.cu_seqlens[:-1]] = 0.0  # the first token of a sample is never predicted
         batch.token["loss_mask"] = mask
-        batch.add_token("token_weight", token_weights(batch, c.loss_agg))
+        batch.add_token("token_weight", token_weights(batch, self.loss_agg))
         return batch
 
     def step(self, records: list[dict[str, Any]]) -> dict[str, float]:
