@@ -14,7 +14,7 @@ import yaml
 from rlweave.config.errors import ConfigError
 from rlweave.config.loader import load_config
 from rlweave.config.schema import RunConfig
-from rlweave.runner.loggers import LoggerUnavailable
+from rlweave.loggers import LoggerUnavailable
 from rlweave.runner.metrics import MetricsLogger, read_metrics
 
 

@@ -14,7 +14,7 @@ so that a missing path fails ``rlweave validate`` instead of a worker minutes la
   field; an empty file is an error too); records in chat form need a chat template
   (``data.chat_template`` or the tokenizer's own);
 * metrics backends: each selected logger's package must be installed
-  (:func:`rlweave.runner.loggers.missing_packages`);
+  (:func:`rlweave.loggers.missing_packages`);
 * a user reward given as ``path/file.py:function`` must name an existing file;
 * rewards: each one is dry-run on the first record of the data it scores
   (:mod:`rlweave.config.reward_dryrun`).
@@ -182,7 +182,7 @@ def collect_input_issues(cfg: RunConfig, resolved: ResolvedPlugins, source: str,
         if not skip(key):
             issue(key, message)
     if not skip("logging.backends"):
-        from rlweave.runner.loggers import missing_packages
+        from rlweave.loggers import missing_packages
 
         for hint in missing_packages(list(cfg.logging.backends)).values():
             issue("logging.backends", hint)

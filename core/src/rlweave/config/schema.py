@@ -255,7 +255,7 @@ class LoggingSection(Strict):
     @field_validator("backends")
     @classmethod
     def _known_backends(cls, names: list[str]) -> list[str]:
-        from rlweave.runner.loggers import BACKENDS
+        from rlweave.loggers import BACKENDS
 
         unknown = []
         for name in names:

@@ -1,6 +1,6 @@
 """Per-step metrics: one JSON line per :meth:`MetricsLogger.log` in ``<run_dir>/metrics.jsonl``,
 and the numeric values to the backends ``logging.backends`` selects (TensorBoard under
-``<run_dir>/tensorboard`` by default; Weights & Biases, MLflow: :mod:`rlweave.runner.loggers`).
+``<run_dir>/tensorboard`` by default; Weights & Biases, MLflow: :mod:`rlweave.loggers`).
 
 Contract: each line is ``{"step": int, "time": unix seconds, **metrics}``; values that are
 tensors/numpy scalars become floats; non-finite floats are written as ``null``; values that
@@ -8,7 +8,7 @@ are neither numbers nor JSON-able become strings. Backends get the finite number
 (no bools, strings or nulls). The jsonl is always written. TensorBoard is optional: when
 neither ``torch.utils.tensorboard`` nor ``tensorboardX`` imports, a warning is logged once and
 it is skipped; a selected W&B or MLflow whose package is missing raises
-:class:`~rlweave.runner.loggers.LoggerUnavailable` (``rlweave validate`` reports it earlier).
+:class:`~rlweave.loggers.LoggerUnavailable` (``rlweave validate`` reports it earlier).
 ``start_step`` (resume) drops rows after that step from an existing file, so a resumed run
 does not leave duplicate steps, and continues the same W&B / MLflow run (their ids are kept
 in ``<run_dir>/loggers.json``).
@@ -68,8 +68,8 @@ def _open_backends(run_dir: Path, names: list[str], start_step: int | None, conf
     """Open each selected backend (jsonl excluded); ``loggers.json`` keeps their run ids."""
     import importlib
 
-    from rlweave.runner.loggers import BACKENDS
-    from rlweave.runner.loggers.base import BackendContext
+    from rlweave.loggers import BACKENDS
+    from rlweave.loggers.base import BackendContext
 
     settings = getattr(config, "logging", None)
     run_name = (getattr(settings, "run_name", None) or getattr(getattr(config, "run", None), "name", None)

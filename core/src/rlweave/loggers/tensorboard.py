@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rlweave.runner.loggers.base import BackendContext, MetricsBackend
+from rlweave.loggers.base import BackendContext, MetricsBackend
 
 log = logging.getLogger("rlweave.metrics")
 

@@ -17,8 +17,8 @@ import re
 import time
 from typing import Any
 
-from rlweave.runner.loggers import LoggerUnavailable, install_hint
-from rlweave.runner.loggers.base import BackendContext, MetricsBackend
+from rlweave.loggers import LoggerUnavailable, install_hint
+from rlweave.loggers.base import BackendContext, MetricsBackend
 
 _BAD_KEY_CHARS = re.compile(r"[^\w\-. /]")
 

@@ -9,7 +9,7 @@ then :meth:`MetricsBackend.log` once per row in increasing step order, then
 A backend that needs to continue the same external run after a resume keeps its ids in
 ``ctx.state`` (saved by the logger as ``<run_dir>/loggers.json``); ``ctx.resumed`` says
 whether earlier ids should be reused. Failures: ``open`` raises
-:class:`~rlweave.runner.loggers.LoggerUnavailable` when its package is missing; any other
+:class:`~rlweave.loggers.LoggerUnavailable` when its package is missing; any other
 error of ``open`` stops the run before its first step; errors of ``log`` propagate.
 """
 

@@ -1,7 +1,7 @@
 """Metrics backends of a run, selected by ``logging.backends``.
 
 Each optional backend is a small module here with an ``open(ctx)`` function returning a
-:class:`~rlweave.runner.loggers.base.MetricsBackend`; it imports its package only inside
+:class:`~rlweave.loggers.base.MetricsBackend`; it imports its package only inside
 ``open``, so choosing none of the optional ones costs nothing. :data:`BACKENDS` is the table
 the config validation and the runner share: name -> (module, pip package, import name).
 
@@ -31,9 +31,9 @@ class BackendInfo:
 
 BACKENDS: dict[str, BackendInfo] = {
     "jsonl": BackendInfo(None, None, None),
-    "tensorboard": BackendInfo("rlweave.runner.loggers.tensorboard", "tensorboard", None),
-    "wandb": BackendInfo("rlweave.runner.loggers.wandb", "wandb", "wandb"),
-    "mlflow": BackendInfo("rlweave.runner.loggers.mlflow", "mlflow-skinny", "mlflow"),
+    "tensorboard": BackendInfo("rlweave.loggers.tensorboard", "tensorboard", None),
+    "wandb": BackendInfo("rlweave.loggers.wandb", "wandb", "wandb"),
+    "mlflow": BackendInfo("rlweave.loggers.mlflow", "mlflow-skinny", "mlflow"),
 }
 
 

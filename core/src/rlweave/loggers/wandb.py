@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rlweave.runner.loggers import LoggerUnavailable, install_hint
-from rlweave.runner.loggers.base import BackendContext, MetricsBackend
+from rlweave.loggers import LoggerUnavailable, install_hint
+from rlweave.loggers.base import BackendContext, MetricsBackend
 
 
 class WandbBackend(MetricsBackend):
