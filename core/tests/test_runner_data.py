@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from rlweave.runner.data import DataIterator, JsonlDataset
+from rlweave.data.records import JsonlDataset
+from rlweave.runner.data import DataIterator
 
 
 def _write(path, rows):

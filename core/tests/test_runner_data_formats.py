@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from rlweave.runner.data import DataError, DataIterator, RecordDataset, load_records, open_data
+from rlweave.data.records import DataError, RecordDataset, load_records
+from rlweave.runner.data import DataIterator, open_data
 
 ROWS = [{"prompt": "1+1=", "answer": 2, "id": None}, {"prompt": "2+3=", "answer": 5, "id": "own"},
         {"prompt": "4+4=", "answer": 8, "id": None}]  # a table's columns: every row has every key

@@ -92,8 +92,8 @@ def test_modules_stay_light():
     code = (
         "import sys\n"
         "import rlweave.rewards, rlweave.rewards.plugin, rlweave.rewards.rules, rlweave.rewards.reward_set\n"
-        "import rlweave.runner.data, rlweave.runner.checkpoint, rlweave.runner.metrics\n"
-        "import rlweave.runner.plot, rlweave.runner.progress, rlweave.runner.chat, rlweave.runner.data_formats\n"
+        "import rlweave.runner.data, rlweave.data.records, rlweave.runner.checkpoint, rlweave.runner.metrics\n"
+        "import rlweave.runner.plot, rlweave.runner.progress, rlweave.data.chat, rlweave.data.formats\n"
         "import rlweave.loggers.tensorboard, rlweave.loggers.wandb, rlweave.loggers.mlflow\n"
         "import rlweave.config.hub, rlweave.config.inputs\n"
         "heavy = [m for m in ('torch', 'ray', 'vllm', 'matplotlib', 'tensorboard', 'transformers', 'wandb', 'mlflow',\n"

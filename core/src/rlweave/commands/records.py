@@ -1,6 +1,6 @@
 """Prompt records for ``generate`` and ``eval``: the project's data loader, errors as one line.
 
-Records come from :func:`rlweave.runner.data.load_records`, as a run reads them: jsonl,
+Records come from :func:`rlweave.data.records.load_records`, as a run reads them: jsonl,
 parquet or a saved ``datasets`` directory; a stable ``id`` (the record's own, else ``<file
 stem>:<line or row number>``); chat records (``messages``, or a ``prompt`` given as a message
 list) rendered into ``prompt`` with the tokenizer's chat template. Each record needs one of
@@ -26,10 +26,10 @@ def load_records(path: Path, tokenizer: Any = None, chat_template: str | None = 
 
     Raises :class:`CommandError` naming the file (and line, row or record) when the file is
     missing, a record is malformed or has no prompt field, an id repeats, or it is empty."""
-    from rlweave.runner import data
+    from rlweave.data.records import load_records
 
     try:
-        return data.load_records(path, require_any=PROMPT_FIELDS, tokenizer=tokenizer, chat_template=chat_template)
+        return load_records(path, require_any=PROMPT_FIELDS, tokenizer=tokenizer, chat_template=chat_template)
     except FileNotFoundError as exc:
         raise CommandError(f"{option}: {exc}") from None
     except ValueError as exc:

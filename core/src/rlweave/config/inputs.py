@@ -10,7 +10,7 @@ so that a missing path fails ``rlweave validate`` instead of a worker minutes la
   ``model.revision`` with a local directory is an error;
 * data files: ``data.train`` and ``data.eval`` must exist (jsonl, parquet, or a directory
   written by ``datasets``' ``save_to_disk``), and their first :data:`HEAD` records must be
-  well-formed (:mod:`rlweave.runner.data`: a bad record is named by file and line or row, and
+  well-formed (:mod:`rlweave.data.records`: a bad record is named by file and line or row, and
   field; an empty file is an error too); records in chat form need a chat template
   (``data.chat_template`` or the tokenizer's own);
 * metrics backends: each selected logger's package must be installed
@@ -58,9 +58,9 @@ class DataHead:
 
 def read_head(path: str, n: int = HEAD) -> tuple[list[tuple[int, dict[str, Any]]], str | None]:
     """Up to ``n`` checked records from the top of a data file (any format of
-    :mod:`rlweave.runner.data_formats`) as ``(line or row number, record)``, or the first
+    :mod:`rlweave.data.formats`) as ``(line or row number, record)``, or the first
     problem found."""
-    from rlweave.runner.data import DataError, iter_records
+    from rlweave.data.records import DataError, iter_records
 
     records: list[tuple[int, dict[str, Any]]] = []
     try:
@@ -137,14 +137,14 @@ def has_chat_template(tokenizer_dir: str) -> bool:
 
 
 def _is_jsonl(path: str) -> bool:
-    from rlweave.runner.data_formats import detect_format
+    from rlweave.data.formats import detect_format
 
     return detect_format(path) == "jsonl"
 
 
 def _chat_problem(cfg: RunConfig, head: DataHead) -> str | None:
     """A chat record among the first ones while no chat template is there to render it."""
-    from rlweave.runner.data import chat_field
+    from rlweave.data.records import chat_field
 
     first = next(((i, f) for i, (_, rec) in enumerate(head.records) if (f := chat_field(rec))), None)
     if first is None or cfg.data.chat_template:

@@ -123,7 +123,8 @@ class PPO(Algorithm):
         self._sync()
         self.phases.enter("rest")
         if self.config.ptx_coef > 0:
-            from rlweave.runner.data import DataIterator, JsonlDataset
+            from rlweave.data.records import JsonlDataset
+            from rlweave.runner.data import DataIterator
 
             ds = JsonlDataset(self.config.ptx_data, required=("response",))
             self._ptx_iter = DataIterator(ds, self.config.ptx_batch_size, seed=int(self.ctx.seed) + 17, shuffle=True)

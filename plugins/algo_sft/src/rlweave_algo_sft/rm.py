@@ -73,7 +73,8 @@ class RewardModelTraining(Algorithm):
     def setup(self) -> None:
         """Open ``extra_data`` (restoring its position after a resume)."""
         if self.config.extra_data:
-            from rlweave.runner.data import DataIterator, JsonlDataset
+            from rlweave.data.records import JsonlDataset
+            from rlweave.runner.data import DataIterator
 
             ds = JsonlDataset(self.config.extra_data)
             self._extra = DataIterator(ds, self.config.extra_batch_size, seed=int(self.ctx.seed) + 29, shuffle=True)

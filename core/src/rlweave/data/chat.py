@@ -1,7 +1,7 @@
 """Records in chat form: checking ``messages`` and rendering them with a chat template.
 
 A chat record carries ``messages``: a list of ``{"role": str, "content": str}`` (TRL's
-conversational form). The data loader (:mod:`rlweave.runner.data`) renders its prompt once,
+conversational form). The data loader (:mod:`rlweave.data.records`) renders its prompt once,
 with the tokenizer's chat template (or ``data.chat_template``) and the generation prompt:
 ``prompt`` becomes the conversation up to, not including, a last assistant turn. The
 conversation itself stays in ``messages`` (SFT trains on its assistant turns). A ``prompt``
