@@ -13,7 +13,7 @@ import pytest
 import yaml
 from rlweave import cli
 from rlweave.deps import INSTALL, MissingDependency, check_installed, missing_dependency, require
-from rlweave.scheduler.errors import WorkerError
+from rlweave.worker_errors import WorkerError
 
 _spec = importlib.util.spec_from_file_location("rlweave_test_fakes", Path(__file__).parent / "plugin_dists" / "fakes.py")
 fakes = importlib.util.module_from_spec(_spec)
@@ -141,7 +141,7 @@ def test_other_errors_keep_their_traceback(cli_run, monkeypatch):
 
 
 def test_a_worker_s_missing_dependency_keeps_its_hint():
-    from rlweave.scheduler.errors import RemoteFailure
+    from rlweave.worker_errors import RemoteFailure
 
     sent = pickle.loads(pickle.dumps(MissingDependency("vllm", hint="or select engine: hf")))
     failure = RemoteFailure("rollout", 0, "init_engine", "MissingDependency", str(sent), "tb", sent)

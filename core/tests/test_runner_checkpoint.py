@@ -272,7 +272,7 @@ def test_controller_refuses_pickles_without_running_them(tmp_path, where):
 
 
 def test_a_role_refusing_its_checkpoint_becomes_a_checkpoint_error(tmp_path):
-    from rlweave.scheduler.errors import WorkerError
+    from rlweave.worker_errors import WorkerError
 
     class _Failing:
         def result(self, timeout=None):

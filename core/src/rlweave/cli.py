@@ -45,8 +45,8 @@ import rlweave
 from rlweave.deps import check_installed, missing_dependency
 from rlweave.rewards.failures import RewardFailureError
 from rlweave.runner.shared_fs import SharedFilesystemError
-from rlweave.scheduler.errors import WorkerError, WorkerTimeout
 from rlweave.weight_sync.interface import WeightSyncError
+from rlweave.worker_errors import WorkerError, WorkerTimeout
 
 #: how a run can end because of its workers or rewards (printed as one error, exit code 1)
 _RUN_FAILURES = (WorkerError, WorkerTimeout, WeightSyncError, RewardFailureError, SharedFilesystemError)

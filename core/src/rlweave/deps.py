@@ -13,7 +13,7 @@ Two ways lead there:
   the pip requirement that provides it;
 * any other ``ModuleNotFoundError`` of a package outside rlweave that reaches the command line,
   also one raised on a worker and carried back in a
-  :class:`~rlweave.scheduler.errors.WorkerError`, is read by :func:`missing_dependency`, which
+  :class:`~rlweave.worker_errors.WorkerError`, is read by :func:`missing_dependency`, which
   takes the pip requirement from :data:`INSTALL`.
 
 Standard library only: this module is imported by the command line before anything else.

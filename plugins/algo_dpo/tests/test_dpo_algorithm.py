@@ -140,7 +140,7 @@ def test_split_pairs_match_whole_pairs(tiny, tmp_path):
         assert s["dpo_loss"] == pytest.approx(w["dpo_loss"], abs=1e-5)
         assert s["rewards/margin"] == pytest.approx(w["rewards/margin"], abs=1e-5)
         assert p["dpo_loss"] == pytest.approx(w["dpo_loss"], abs=1e-5)
-    from rlweave.scheduler.errors import WorkerError
+    from rlweave.worker_errors import WorkerError
 
     with pytest.raises(WorkerError, match="without its pair partner"):
         dpo_run(tiny, tmp_path / "c", steps=1, budget=8, records=few, partner_logprobs="never", share=False)

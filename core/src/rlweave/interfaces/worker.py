@@ -10,7 +10,7 @@ allocator) is the scheduler's business and not part of the context.
 Failure: a method that meets bad input or a bug raises an ordinary exception; the controller
 gets it as a ``WorkerError`` naming role, rank and method, and the run stops. A worker whose
 own machinery is gone while its process lives (an engine whose engine process died) raises
-:class:`rlweave.scheduler.errors.WorkerLost`: like a dead process, that rank is rebuilt when
+:class:`rlweave.worker_errors.WorkerLost`: like a dead process, that rank is rebuilt when
 the run allows restarts (``run.max_restarts``).
 """
 

@@ -187,7 +187,7 @@ class _Run:
         another form (a pickle included: never unpickled) or a role refusing its state raises
         :class:`~rlweave.runner.checkpoint.CheckpointError` naming the file."""
         from rlweave.runner.checkpoint import CheckpointError, read_state_json, refuse_pickle
-        from rlweave.scheduler.errors import WorkerError
+        from rlweave.worker_errors import WorkerError
 
         state = read_state_json(path / "state.json")
         if not isinstance(state, dict) or type(state.get("step")) is not int:

@@ -1,9 +1,9 @@
 """Which failures a run can recover from, and which roles they cost.
 
 A run recovers (``run.max_restarts``) only from a *lost* worker: a rank whose process died
-(:class:`~rlweave.scheduler.errors.WorkerError` with ``lost``, e.g. SIGKILL, OOM killer, a
+(:class:`~rlweave.worker_errors.WorkerError` with ``lost``, e.g. SIGKILL, OOM killer, a
 segfault, or an engine whose engine process died) or a rank that hung past its call timeout
-(:class:`~rlweave.scheduler.errors.WorkerTimeout`). An exception a worker method raised is a
+(:class:`~rlweave.worker_errors.WorkerTimeout`). An exception a worker method raised is a
 bug or bad input: retrying would fail again, so it is never retried.
 
 :func:`lost_roles` reads the exception, its causes and contexts (a weight-sync error wraps the
@@ -31,7 +31,7 @@ def lost_roles(exc: BaseException, roles: list[str] | None = None) -> dict[str, 
     """Role -> short reason for every role that lost a rank, from ``exc`` and (when Ray runs)
     the ranks Ray reports dead; empty when ``exc`` is not about a lost worker. ``roles``
     limits the answer to the run's roles."""
-    from rlweave.scheduler.errors import WorkerError, WorkerTimeout
+    from rlweave.worker_errors import WorkerError, WorkerTimeout
 
     found: dict[str, str] = {}
     for e in _chain(exc):

@@ -2,8 +2,9 @@
 
 Light at import: names are resolved on first use, and only the Ray parts import Ray.
 
-* :class:`RoleHandle`, :class:`RoleFuture`, :class:`WorkerError`, :class:`WorkerTimeout`
-  (framework-agnostic, :mod:`rlweave.scheduler.handle` etc.);
+* :class:`RoleHandle`, :class:`RoleFuture` (framework-agnostic, :mod:`rlweave.scheduler.handle`
+  etc.) and the errors their calls raise, :class:`WorkerError`, :class:`WorkerTimeout`,
+  :class:`WorkerLost` (defined in :mod:`rlweave.worker_errors`, below the scheduler);
 * :func:`start_ray`, :func:`shutdown_ray`, :func:`ray_session`, :func:`build_roles`,
   :class:`RoleBuilder` (Ray, :mod:`rlweave.scheduler.ray_impl`).
 """
@@ -16,8 +17,8 @@ from typing import Any
 _EXPORTS = {
     "RoleHandle": "rlweave.scheduler.handle",
     "RoleFuture": "rlweave.scheduler.future",
-    "WorkerError": "rlweave.scheduler.errors",
-    "WorkerTimeout": "rlweave.scheduler.errors",
+    "WorkerError": "rlweave.worker_errors",
+    "WorkerTimeout": "rlweave.worker_errors",
     "WorkerGroup": "rlweave.scheduler.group",
     "LocalWorkerGroup": "rlweave.scheduler.local",
     "start_ray": "rlweave.scheduler.ray_impl.cluster",
@@ -25,7 +26,7 @@ _EXPORTS = {
     "ray_session": "rlweave.scheduler.ray_impl.cluster",
     "build_roles": "rlweave.scheduler.ray_impl.build",
     "RoleBuilder": "rlweave.scheduler.ray_impl.build",
-    "WorkerLost": "rlweave.scheduler.errors",
+    "WorkerLost": "rlweave.worker_errors",
 }
 
 __all__ = list(_EXPORTS)

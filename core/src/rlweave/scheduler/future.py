@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from rlweave.scheduler.errors import WorkerTimeout
+from rlweave.worker_errors import WorkerTimeout
 from rlweave.scheduler.group import WorkerGroup
 
 _UNSET = object()
@@ -16,10 +16,10 @@ class RoleFuture:
 
     ``result(timeout=None)`` blocks until every called rank finished and returns the
     combined result (what the handle method documents). A failing rank raises
-    :class:`~rlweave.scheduler.errors.WorkerError` naming role, rank and the remote
+    :class:`~rlweave.worker_errors.WorkerError` naming role, rank and the remote
     traceback. ``timeout`` (seconds; ``None``: the call's own limit, ``default_timeout``, which
     a handle sets from ``roles.<role>.timeouts``) raises
-    :class:`~rlweave.scheduler.errors.WorkerTimeout` naming the ranks still running and the
+    :class:`~rlweave.worker_errors.WorkerTimeout` naming the ranks still running and the
     setting, and leaves the call running (call ``result`` again to keep waiting). A future
     with neither waits for ever. ``done()`` never blocks. Results are computed once and cached.
     """

@@ -12,9 +12,9 @@ Contract:
   returns at once with one opaque pending entry per rank (calls on one rank run in
   submission order).
 * :meth:`wait` returns the ranks' results in the order of ``pending``. It raises
-  :class:`~rlweave.scheduler.errors.WorkerError` as soon as any rank fails (without waiting
+  :class:`~rlweave.worker_errors.WorkerError` as soon as any rank fails (without waiting
   for the others, which may be stuck in a collective with the failed rank) and
-  :class:`~rlweave.scheduler.errors.WorkerTimeout` when ``timeout`` runs out.
+  :class:`~rlweave.worker_errors.WorkerTimeout` when ``timeout`` runs out.
 * :meth:`kill` ends every rank; it is idempotent and never raises.
 
 Generic calls: with ``fn`` given, each rank runs ``fn(worker, rank, *args, **kwargs)`` in its

@@ -11,7 +11,7 @@ import traceback
 from typing import Any, Callable, Sequence
 
 from rlweave.interfaces.worker import WorkerContext
-from rlweave.scheduler.errors import WorkerError
+from rlweave.worker_errors import WorkerError
 from rlweave.scheduler.group import RankArgs, WorkerGroup
 
 

@@ -48,7 +48,7 @@ from unittest import mock
 
 from pydantic import BaseModel
 
-from rlweave.scheduler.errors import RemoteFailure, WorkerError
+from rlweave.worker_errors import RemoteFailure, WorkerError
 from rlweave.scheduler.local import SyncWorkerGroup
 from rlweave.scheduler.handle import RoleHandle
 from rlweave.testing.config_reach import AttrView, ModelView, Recorder, RecordingDict

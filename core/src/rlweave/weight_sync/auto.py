@@ -90,7 +90,7 @@ def pick_transport(src: Mapping[str, Any] | None, dst: Sequence[Mapping[str, Any
 
 def resolve_auto(src: "RoleHandle", dst: "RoleHandle", timeout_s: float) -> str:
     """:func:`pick_transport` for two running roles (asks their ranks where they are)."""
-    from rlweave.scheduler.errors import WorkerError, WorkerTimeout
+    from rlweave.worker_errors import WorkerError, WorkerTimeout
 
     try:
         here = locate(src, [0], timeout_s)[0]

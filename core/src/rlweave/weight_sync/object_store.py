@@ -97,7 +97,7 @@ def dtype_end(worker: Any, rank: int) -> str | None:  # noqa: ARG001
 def destination_dtype(dst: "RoleHandle", timeout_s: float) -> str | None:
     """The destination's ``weight_dtype()`` (asked of its rank 0, :func:`dtype_end`), or None;
     every transport sends floating tensors in it."""
-    from rlweave.scheduler.errors import WorkerError, WorkerTimeout
+    from rlweave.worker_errors import WorkerError, WorkerTimeout
 
     try:
         return dst.submit_ranks("weight_dtype", [0], [((), {})], lambda v: v[0], fn=dtype_end).result(
@@ -123,7 +123,7 @@ class ObjectStoreTransport(WeightTransport):
              dtype: str | None = None) -> list[tuple[BucketMeta, Any]]:
         """Phase 1: buckets of the source's weights in the object store (rank 0's list),
         floating tensors cast to ``dtype`` when given."""
-        from rlweave.scheduler.errors import WorkerError, WorkerTimeout
+        from rlweave.worker_errors import WorkerError, WorkerTimeout
 
         ranks = list(range(src.world_size))
         rank_args = [((bucket_bytes, dtype), {})] * len(ranks)
@@ -152,7 +152,7 @@ class ObjectStoreTransport(WeightTransport):
 
     def _wait_receive(self, dst: "RoleHandle", sent: list[tuple[BucketMeta, Any]], fut: Any, timeout_s: float,
                       wait_s: float) -> list[dict[str, Any]]:
-        from rlweave.scheduler.errors import WorkerError, WorkerTimeout
+        from rlweave.worker_errors import WorkerError, WorkerTimeout
 
         total = sum(m.nbytes for m, _ in sent)
         try:

@@ -45,7 +45,7 @@ def run_both_ends(transport: str, src: "RoleHandle", dst: "RoleHandle", send_fn:
     within ``timeout_s`` from ``start`` (a ``time.monotonic()`` reading). ``transport`` names
     the transport in errors. Returns rank 0's stats plus ``seconds``, ``bytes_per_s`` and
     ``dtype``."""
-    from rlweave.scheduler.errors import WorkerError, WorkerTimeout
+    from rlweave.worker_errors import WorkerError, WorkerTimeout
 
     deadline = start + timeout_s
     src_ranks, dst_ranks = list(range(src.world_size)), list(range(dst.world_size))
@@ -75,7 +75,7 @@ def run_both_ends(transport: str, src: "RoleHandle", dst: "RoleHandle", send_fn:
 def channel_errors(where: str, timeout_s: float) -> Iterator[None]:
     """Turn a rank's timeout into :class:`WeightSyncTimeout` and its error into
     :class:`WeightSyncError`, both prefixed with ``where`` (the channel being set up)."""
-    from rlweave.scheduler.errors import WorkerError, WorkerTimeout
+    from rlweave.worker_errors import WorkerError, WorkerTimeout
 
     try:
         yield

@@ -67,7 +67,7 @@ from typing import Any, Iterable
 from rlweave.deps import require
 from rlweave.devices.cpu import slow_bf16_warning
 from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
-from rlweave.scheduler.errors import WorkerLost
+from rlweave.worker_errors import WorkerLost
 from rlweave.engine_helpers.requests import (
     CallRegistry,
     eos_token_ids,
@@ -100,7 +100,7 @@ def _model_max_len(path: str) -> int:
 
 class EngineDeadError(WorkerLost):
     """vLLM's engine process is gone; the message names role and rank. A
-    :class:`~rlweave.scheduler.errors.WorkerLost`: the rank must be rebuilt (``run.max_restarts``)."""
+    :class:`~rlweave.worker_errors.WorkerLost`: the rank must be rebuilt (``run.max_restarts``)."""
 
 
 class VLLMEngine(RolloutEngine):

@@ -3,7 +3,7 @@
 The actor is created empty (cheap), tells the controller its node address and a free port
 (rank 0's become the role's rendezvous), then :meth:`WorkerActor.setup` builds
 ``worker_cls(WorkerContext)``. Calls are forwarded by name through :meth:`call`. Any
-exception leaves the actor as a :class:`~rlweave.scheduler.errors.RemoteFailure` carrying
+exception leaves the actor as a :class:`~rlweave.worker_errors.RemoteFailure` carrying
 role, rank, method and the formatted traceback, so the controller can name them.
 
 :meth:`WorkerActor.apply` runs a module-level function on the worker instead of one of its
@@ -19,7 +19,7 @@ import sys
 import traceback
 from typing import Any, Callable
 
-from rlweave.scheduler.errors import RemoteFailure, WorkerLost
+from rlweave.worker_errors import RemoteFailure, WorkerLost
 from rlweave.scheduler.faults import FaultPlan
 from rlweave.scheduler.ray_impl import process
 from rlweave.scheduler.ray_impl.process import ProcessSettings

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from rlweave.scheduler.errors import RemoteFailure, WorkerError, WorkerTimeout
+from rlweave.worker_errors import RemoteFailure, WorkerError, WorkerTimeout
 from rlweave.scheduler.group import RankArgs, WorkerGroup
 from rlweave.scheduler.ray_impl.liveness import LIVENESS, DeadRank
 

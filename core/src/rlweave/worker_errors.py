@@ -1,4 +1,10 @@
-"""Errors a role handle raises on the controller (pure Python, picklable)."""
+"""Errors of calls on a role's workers (pure Python, picklable; imports nothing).
+
+A role handle (:mod:`rlweave.scheduler`) raises :class:`WorkerError` and :class:`WorkerTimeout`
+on the controller; a worker raises :class:`WorkerLost` when its own machinery is gone; the Ray
+actor wrapper carries a worker-side exception back as :class:`RemoteFailure`. The weight sync
+and the runner catch them. They live below all of those, so each can import them.
+"""
 
 from __future__ import annotations
 
