@@ -6,9 +6,9 @@ import textwrap
 from collections import Counter
 
 import pytest
-from rlweave.config.schema import RewardEntry, RewardsRuntime
 from rlweave.rewards import RewardFailureError, RewardSet
 from rlweave.rewards.failures import failure_stop
+from rlweave.rewards.sections import RewardEntry, RewardsRuntime
 
 USER = textwrap.dedent(
     """

@@ -12,9 +12,9 @@ import textwrap
 import time
 
 import pytest
-from rlweave.config.schema import RewardSandbox
 from rlweave.rewards._sandbox import SandboxLimits
 from rlweave.rewards.pool import RewardPool, RewardWorkerError
+from rlweave.rewards.sections import RewardSandbox
 
 REWARDS = textwrap.dedent(
     """

@@ -5,10 +5,10 @@ import textwrap
 
 import pytest
 
-from rlweave.config.schema import RewardEntry, RewardsRuntime
 from rlweave.rewards import RewardSet, load_reward_fn, reward_records
 from rlweave.rewards.pool import RewardWorkerError
 from rlweave.rewards.rules import arith_exact
+from rlweave.rewards.sections import RewardEntry, RewardsRuntime
 
 USER_REWARDS = textwrap.dedent(
     """

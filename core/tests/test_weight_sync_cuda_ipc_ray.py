@@ -11,7 +11,8 @@ import pytest
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 
-from rlweave.config.schema import RaySection, RunConfig, WeightSyncSection  # noqa: E402
+from rlweave.config.schema import RaySection, RunConfig  # noqa: E402
+from rlweave.weight_sync.section import WeightSyncSection  # noqa: E402
 from rlweave.scheduler import build_roles, shutdown_ray, start_ray  # noqa: E402
 from rlweave.testing.workers import PROBE, PROBE_ENGINE as ENGINE, STUCK, make_state_dict  # noqa: E402
 from rlweave.weight_sync import CudaIpcTransport, WeightSync, WeightSyncError, WeightSyncTimeout  # noqa: E402

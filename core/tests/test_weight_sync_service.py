@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rlweave.config.schema import RunConfig, WeightSyncSection
+from rlweave.config.schema import RunConfig
 from rlweave.weight_sync.interface import WeightTransport
+from rlweave.weight_sync.section import WeightSyncSection
 from rlweave.weight_sync.service import WeightSync, make_transport
 
 SCHEDULER = Path(__file__).resolve().parents[1] / "src" / "rlweave" / "scheduler"
@@ -136,7 +137,7 @@ def test_rank_actor_has_no_weight_sync_methods():
 
 
 def test_generic_call_runs_a_function_on_each_rank_and_names_failures():
-    from rlweave.scheduler.errors import WorkerError
+    from rlweave.worker_errors import WorkerError
     from rlweave.scheduler.handle import RoleHandle
     from rlweave.scheduler.local import LocalWorkerGroup
 

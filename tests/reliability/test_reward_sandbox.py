@@ -99,7 +99,7 @@ def pool_of(tmp_path, monkeypatch):
 
         kw = {}
         if sandbox:  # as a run gets it: reward_runtime.sandbox
-            from rlweave.config.schema import RewardSandbox
+            from rlweave.rewards.sections import RewardSandbox
 
             kw["sandbox"] = RewardSandbox(**sandbox)
         pools.append(RewardPool([f"sandbox_probe_r:{n}" for n in NAMES], workers=1, timeout_s=timeout_s, **kw))

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlweave.config.schema import RewardEntry, RewardsRuntime
 from rlweave.interfaces.algorithm import RunContext
 from rlweave.interfaces.worker import WorkerContext
+from rlweave.rewards.sections import RewardEntry, RewardsRuntime
 from rlweave.scheduler.handle import RoleHandle
 from rlweave.scheduler.local import LocalWorkerGroup
 from rlweave.testing.transports import InProcessTransport

@@ -1,6 +1,10 @@
 """Core config sections (pass one of validation).
 
 Strict: an unknown key is an error. Every field has a default and a one-line description.
+Sections that belong to one component live beside its code and are used here: ``roles.<r>.optim``
+(:mod:`rlweave.interfaces.optim`), ``rewards`` and ``reward_runtime`` (:mod:`rlweave.rewards.sections`),
+``weight_sync`` (:mod:`rlweave.weight_sync.section`).
+
 Plugin-owned parts are validated in pass two against the selected plugin's own model:
 
 * ``algorithm``: ``name`` plus the algorithm's own keys, flat beside it.
@@ -14,6 +18,10 @@ import difflib
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rlweave.interfaces.optim import OptimSection
+from rlweave.rewards.sections import RewardEntry, RewardsRuntime
+from rlweave.weight_sync.section import WeightSyncSection
 
 
 class Strict(BaseModel):
@@ -98,20 +106,6 @@ class ModelSection(Strict):
     trust_remote_code: bool = Field(False, description="Allow model code from the model directory.")
 
 
-class OptimSection(Strict):
-    lr: float = Field(1e-5, gt=0, description="Peak learning rate (AdamW).")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
-    eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
-    grad_clip: float = Field(1.0, ge=0, description="Max global grad norm (0: no clipping).")
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up optimizer steps.")
-    schedule: Literal["constant", "cosine"] = Field("constant", description="LR schedule after warm-up.")
-    total_steps: Optional[int] = Field(
-        None, description="Optimizer steps for the cosine schedule (null: run.total_steps x the algorithm's updates per step)."
-    )
-    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
-
-
 class CallTimeouts(Strict):
     """Seconds a call on a role may take before the run stops with an error naming role, rank and method."""
 
@@ -144,64 +138,6 @@ class RoleSection(Strict):
         default_factory=dict,
         description="Kernels for this role by name, over the top-level kernels: true turns one on for this role "
         "(its backend must use it), false turns a top-level one off.",
-    )
-
-
-class RewardEntry(Strict):
-    name: str = Field(..., description="Reward plugin name, or 'module:function' for a user function.")
-    weight: float = Field(1.0, description="Weight in the summed reward.")
-    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the function.")
-
-
-class RewardSandbox(Strict):
-    """Limits of each reward worker process (``rlweave.rewards.pool``). They guard against accidents and runaway
-    reward code (a huge allocation, an endless loop, a fork bomb, a stray request), not against deliberately
-    malicious native code: process and network refusal are Python audit hooks, which C code can bypass. A reward
-    that uses CUDA in its worker needs ``memory_mb: null`` (CUDA reserves far more address space than it uses)."""
-
-    memory_mb: Optional[int] = Field(
-        4096, ge=64, description="Address space of each worker in MiB (RLIMIT_AS; BLAS/OpenMP pools default to 1 "
-        "thread): a larger allocation fails the call with MemoryError. null: no limit.",
-    )
-    cpu_s: Optional[float] = Field(
-        None, gt=0, description="CPU seconds one call may use (RLIMIT_CPU, rounded up to whole seconds): the call "
-        "fails and the worker is kept. null: timeout_s.",
-    )
-    private_dir: bool = Field(
-        True, description="Each worker runs in its own temporary directory (cwd and TMPDIR), removed when it ends; "
-        "relative paths in reward code resolve there. false: the run's cwd.",
-    )
-    network: bool = Field(
-        True, description="Reward code may open IP sockets and resolve names (LLM judges, remote code sandboxes). "
-        "false: refused with PermissionError.",
-    )
-    processes: bool = Field(
-        False, description="Reward code may start processes (code-execution rewards); what a call leaves running "
-        "is killed when it returns. false: refused with PermissionError, so a fork bomb stops at its first fork.",
-    )
-
-
-class RewardsRuntime(Strict):
-    timeout_s: float = Field(5.0, gt=0, description="Per-call timeout of a reward function.")
-    failure_reward: float = Field(0.0, description="Reward given to a sample whose reward call fails.")
-    workers: int = Field(2, ge=1, description="Reward worker processes.")
-    sandbox: RewardSandbox = Field(default_factory=RewardSandbox, description="Limits of each reward worker process.")
-    max_failed_share: float = Field(
-        0.5, ge=0, le=1, description="Stop the run (RewardFailureError) when more than this share of one reward's "
-        "calls in one scoring (a step's batch, an evaluation) fail: error, timeout, crash. 1.0: never stop.",
-    )
-
-
-class WeightSyncSection(Strict):
-    transport: Literal["auto", "object_store", "broadcast", "cuda_ipc"] = Field(
-        "auto", description="How weights move between roles: object_store (Ray's object store, works everywhere), "
-        "broadcast (a group between the source's rank 0 and the destination ranks: NCCL on GPU, gloo otherwise), "
-        "cuda_ipc (memory handles between roles on one node: CUDA IPC on a shared GPU, shared memory on CPU); "
-        "auto: cuda_ipc for colocated GPU roles, broadcast for other GPU roles, object_store otherwise.",
-    )
-    bucket_mb: float = Field(64.0, gt=0, description="Size of a weight bucket in MiB (a larger tensor travels alone).")
-    timeout_s: Optional[float] = Field(
-        None, gt=0, description="Seconds a whole sync may take; null: the destination's roles.<role>.timeouts.sync.",
     )
 
 

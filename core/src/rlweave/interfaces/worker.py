@@ -42,7 +42,7 @@ class WorkerContext:
         parallel: parallel sizes for this role (``{"dp": 2, "tp": 1}``): the
             ``roles.<role>.parallel`` mapping, already checked against the dimensions the
             plugin declares (a dimension it does not list never reaches it).
-        optim: the role's validated ``optim`` section (:class:`rlweave.config.schema.OptimSection`,
+        optim: the role's validated ``optim`` section (:class:`rlweave.interfaces.optim.OptimSection`,
             defaults defined there alone) when the role trains, else None. A dict given here or
             as ``extra["optim"]`` (tests, embedders) is validated into one.
         optim_total_steps: optimizer steps of the whole run, for a schedule whose
@@ -73,7 +73,7 @@ class WorkerContext:
         if self.optim is None and extra.get("optim") is not None:
             self.optim = extra["optim"]
         if isinstance(self.optim, dict):
-            from rlweave.config.schema import OptimSection
+            from rlweave.interfaces.optim import OptimSection
 
             self.optim = OptimSection.model_validate(self.optim)
         if self.optim_total_steps is None and extra.get("total_steps"):

@@ -42,7 +42,7 @@ _M_ARENA_MAX = -8
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """What a reward worker may do (the defaults match ``RewardSandbox`` in the config).
+    """What a reward worker may do (the defaults match :class:`~rlweave.rewards.sections.RewardSandbox`).
 
     ``memory_mb``: address space in MiB, ``None`` = unlimited. ``cpu_s``: CPU seconds per
     call, ``None`` = unlimited (the pool fills in its ``timeout_s``). ``private_dir``: own

@@ -22,10 +22,10 @@ import logging
 from collections import Counter
 from typing import Any
 
-from rlweave.config.schema import RewardEntry, RewardsRuntime
 from rlweave.rewards.failures import failure_stop
 from rlweave.rewards.loader import load_reward_fn, resolve_reward_target
 from rlweave.rewards.pool import RewardPool
+from rlweave.rewards.sections import RewardEntry, RewardsRuntime
 
 log = logging.getLogger("rlweave.rewards")
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from rlweave.weight_sync.sync import sync_timeout, sync_weights
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rlweave.config.schema import WeightSyncSection
     from rlweave.weight_sync.interface import WeightTransport
+    from rlweave.weight_sync.section import WeightSyncSection
 
 #: ``weight_sync.transport`` value -> ``module:class`` of the transport
 TRANSPORTS = {
@@ -74,7 +74,7 @@ class WeightSync:
     def __init__(self, roles: Mapping[str, Any], section: "WeightSyncSection | None" = None,
                  transport_factory: Callable[[str, str], "WeightTransport"] | None = None):
         if section is None:
-            from rlweave.config.schema import WeightSyncSection
+            from rlweave.weight_sync.section import WeightSyncSection
 
             section = WeightSyncSection()
         self.roles = roles

@@ -1,0 +1,27 @@
+"""The ``weight_sync`` config section, beside the code it configures.
+
+:class:`~rlweave.config.schema.RunConfig` holds it as ``weight_sync``; :class:`WeightSync
+<rlweave.weight_sync.service.WeightSync>` falls back to its defaults when given none. Strict,
+as every core section: an unknown key is an error.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class WeightSyncSection(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    transport: Literal["auto", "object_store", "broadcast", "cuda_ipc"] = Field(
+        "auto", description="How weights move between roles: object_store (Ray's object store, works everywhere), "
+        "broadcast (a group between the source's rank 0 and the destination ranks: NCCL on GPU, gloo otherwise), "
+        "cuda_ipc (memory handles between roles on one node: CUDA IPC on a shared GPU, shared memory on CPU); "
+        "auto: cuda_ipc for colocated GPU roles, broadcast for other GPU roles, object_store otherwise.",
+    )
+    bucket_mb: float = Field(64.0, gt=0, description="Size of a weight bucket in MiB (a larger tensor travels alone).")
+    timeout_s: Optional[float] = Field(
+        None, gt=0, description="Seconds a whole sync may take; null: the destination's roles.<role>.timeouts.sync.",
+    )
