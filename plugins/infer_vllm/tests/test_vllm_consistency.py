@@ -85,7 +85,7 @@ def test_vllm_vs_transformers(rollout):
 
 @pytest.mark.skipif(importlib.util.find_spec("rlweave_backend_fsdp") is None, reason="rlweave-backend-fsdp not installed")
 def test_vllm_vs_fsdp_backend(rollout):
-    from rlweave.plugins.types import import_target
+    from rlweave.targets import import_target
 
     model_dir, params, gens, _ = rollout
     worker_cls = import_target("rlweave_backend_fsdp.worker:FSDPWorker")

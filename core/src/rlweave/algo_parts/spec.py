@@ -23,7 +23,7 @@ from typing import Any, Callable, Union
 from pydantic import RootModel, ValidationError, model_validator
 
 from rlweave.plugins.status import KIND_LABELS
-from rlweave.plugins.types import import_target
+from rlweave.targets import import_target
 
 
 class PartSpec(RootModel[Union[str, dict[str, Any]]]):

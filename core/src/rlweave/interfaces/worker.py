@@ -87,7 +87,7 @@ class WorkerContext:
         target = self.kernels.get(name)
         if target is None:
             return None
-        from rlweave.plugins.types import import_target
+        from rlweave.targets import import_target
 
         try:
             return import_target(target)

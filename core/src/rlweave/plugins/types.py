@@ -25,28 +25,13 @@ Example (in a plugin's light ``plugin.py`` module)::
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 from pydantic import BaseModel
 
 from rlweave import PLUGIN_API_VERSION
-
-
-def import_target(target: str) -> Any:
-    """Import ``"package.module:attr.sub"`` and return the attribute.
-
-    Raises ImportError/AttributeError with the target named, so a broken selection
-    says which plugin object could not be loaded.
-    """
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"import target {target!r} must look like 'package.module:attribute'")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+from rlweave.targets import import_target
 
 
 def _always_available() -> str | None:

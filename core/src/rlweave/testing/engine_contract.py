@@ -56,7 +56,8 @@ import pytest
 
 from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
 from rlweave.interfaces.worker import WorkerContext
-from rlweave.plugins.types import EngineRecord, import_target
+from rlweave.plugins.types import EngineRecord
+from rlweave.targets import import_target
 from rlweave.engine_helpers.consistency import logprob_gap
 from rlweave.testing.reference import load_reference_model, reference_greedy, reference_logprobs
 

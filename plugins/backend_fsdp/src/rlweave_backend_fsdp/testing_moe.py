@@ -39,7 +39,7 @@ class ForcedKernel:
         self.impl = impl
 
     def apply(self, model, device: str) -> dict:
-        from rlweave.plugins.types import import_target
+        from rlweave.targets import import_target
 
         return import_target(KERNEL_TARGET).apply(model, device, impl=self.impl)
 
