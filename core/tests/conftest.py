@@ -27,9 +27,9 @@ def use_plugins(monkeypatch):
     test plugins of ``plugin_dists/fakes.py``) and every placement passes; returns ``pm``."""
 
     def install(pm):
-        from rlweave import cli
+        from rlweave.commands import plugins
 
-        monkeypatch.setattr(cli, "plugin_manager", lambda: pm)
+        monkeypatch.setattr(plugins, "plugin_manager", lambda: pm)
         fake = types.ModuleType("rlweave.config.placement")
         fake.check_placement = lambda cfg, roles, supported=None, rank_spans=None: []
         fake.spans_of = lambda record: ()

@@ -42,6 +42,7 @@ from rich.text import Text
 from typer.core import TyperCommand
 
 import rlweave
+from rlweave.commands import evaluate as _evaluate, export as _export, generate as _generate, plugins
 from rlweave.deps import check_installed, missing_dependency
 from rlweave.rewards.failures import RewardFailureError
 from rlweave.runner.shared_fs import SharedFilesystemError
@@ -57,13 +58,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
                   help="rlweave: LLM post-training built from plugins.")
 STATUS_STYLE = {"ok": "green", "broken": "red", "incompatible": "yellow", "disabled": "dim", "conflict": "magenta",
                 "unavailable": "cyan"}
-
-
-def plugin_manager() -> Any:
-    """The plugin manager the commands use (tests may replace this function)."""
-    from rlweave.plugins.manager import get_plugin_manager
-
-    return get_plugin_manager()
 
 
 def _version(value: bool) -> None:
@@ -82,7 +76,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 def list_plugins(as_json: bool = typer.Option(False, "--json", help="Print JSON rows instead of a table.")) -> None:
     """List installed plugins: name, kind, distribution, version, status, summary."""
     try:
-        rows = plugin_manager().rows()
+        rows = plugins.plugin_manager().rows()
     except Exception as exc:  # a bug in discovery itself: still answer
         rows = [{"name": "<discovery>", "kind": "-", "distribution": "?", "version": "?", "entry_point": "-",
                  "status": "broken", "summary": "", "api_version": None, "error": f"{type(exc).__name__}: {exc}"}]
@@ -107,7 +101,7 @@ def _load(config: Path, overrides: List[str], check_inputs: bool = True) -> tupl
     from rlweave.config.errors import ConfigError
     from rlweave.config.loader import load_config
 
-    pm = plugin_manager()
+    pm = plugins.plugin_manager()
     try:
         cfg, resolved = load_config(config, overrides, pm, check_inputs=check_inputs)
     except ConfigError as exc:
@@ -239,8 +233,6 @@ def train(config: Path = typer.Argument(..., help="Run config YAML."),
 
 
 # generate, export, eval: commands that use a trained model (rlweave.commands; light at import)
-from rlweave.commands import evaluate as _evaluate, export as _export, generate as _generate  # noqa: E402
-
 app.command("generate")(_generate.generate)
 app.command("export")(_export.export)
 app.command("eval")(_evaluate.evaluate)

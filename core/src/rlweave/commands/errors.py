@@ -39,10 +39,3 @@ def user_errors() -> Iterator[None]:
     except RewardFailureError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-
-
-def plugin_manager():
-    """The plugin manager of the CLI (:func:`rlweave.cli.plugin_manager`, which tests may replace)."""
-    from rlweave import cli
-
-    return cli.plugin_manager()

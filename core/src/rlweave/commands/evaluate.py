@@ -26,7 +26,8 @@ from typing import Any, List, Optional
 
 import typer
 
-from rlweave.commands.errors import CommandError, plugin_manager, user_errors
+from rlweave.commands import plugins
+from rlweave.commands.errors import CommandError, user_errors
 
 EVAL_MAX_NEW_TOKENS = 32  # exact_match's default, when no run says otherwise
 
@@ -183,7 +184,7 @@ def _evaluate(source, data, rewards, n, ks, temperature, top_p, max_tokens, thre
     ks = sorted(set(ks or ([1, n] if n > 1 else [])))
     if any(not 1 <= x <= n for x in ks) or (ks and n == 1):
         raise CommandError(f"--k {', '.join(map(str, ks))}: pass@k needs --n samples with 1 <= k <= --n (--n is {n})")
-    pm = plugin_manager()
+    pm = plugins.plugin_manager()
     src = read_source(source, pm)
     p = plan(src, data, rewards, limit, max_tokens, threshold)
     records = load_records(p.data)[: p.limit]

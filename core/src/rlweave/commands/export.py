@@ -29,8 +29,9 @@ from typing import Any, Optional
 import typer
 
 from rlweave.commands.checkpoints import select_checkpoint
-from rlweave.commands.errors import CommandError, plugin_manager, user_errors
-from rlweave.commands.source import RUN_CONFIG, load_run_config
+from rlweave.commands import plugins
+from rlweave.commands.errors import CommandError, user_errors
+from rlweave.commands.run_config import RUN_CONFIG, load_run_config
 
 INFO_FILE = "rlweave_export.json"
 
@@ -112,7 +113,7 @@ def export_checkpoint(run_dir: Path, out: Path, step: int | None = None, role: s
         raise CommandError(f"{run_dir} is not a run directory (no {RUN_CONFIG})")
     check_out(out, overwrite)
     checkpoint = select_checkpoint(run_dir, step)
-    cfg, resolved = load_run_config(config, pm if pm is not None else plugin_manager())
+    cfg, resolved = load_run_config(config, pm if pm is not None else plugins.plugin_manager())
     record, model = _role_section(cfg, resolved, role, checkpoint, config)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.export-tmp")

@@ -34,7 +34,8 @@ from typing import Any, Optional
 
 import typer
 
-from rlweave.commands.errors import CommandError, plugin_manager, user_errors
+from rlweave.commands import plugins
+from rlweave.commands.errors import CommandError, user_errors
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -143,7 +144,7 @@ def _generate(source, data, out, n, temperature, top_p, top_k, max_tokens, engin
     if not todo:
         typer.echo(f"nothing to do: every prompt of {data} is in {out}")
         return
-    pm = plugin_manager()
+    pm = plugins.plugin_manager()
     src = read_source(source, pm)
     record, options = engine_choice(engine, src, pm)
     t0 = time.perf_counter()

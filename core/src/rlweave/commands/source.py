@@ -25,8 +25,7 @@ from typing import Any
 
 from rlweave.commands.checkpoints import complete_steps
 from rlweave.commands.errors import CommandError
-
-RUN_CONFIG = "config.resolved.yaml"
+from rlweave.commands.run_config import RUN_CONFIG, load_run_config
 
 
 @dataclass
@@ -52,14 +51,6 @@ class ModelSource:
         """``runs/x/hf (step 3)``-style, for messages."""
         where = str(self.hf_dir) if self.hf_dir is not None else f"{self.run_dir} checkpoint"
         return where + (f" (step {self.step})" if self.step is not None else "")
-
-
-def load_run_config(path: Path, pm: Any) -> tuple[Any, Any]:
-    """``(cfg, resolved)`` of a run config (a YAML file), validated without its inputs (the data
-    files of a finished run may be gone). Raises ``ConfigError`` listing every problem."""
-    from rlweave.config.loader import load_config
-
-    return load_config(path, (), pm, check_inputs=False)
 
 
 def _hf_step(run_dir: Path) -> int | None:
