@@ -35,10 +35,10 @@ TRANSPORTS = ("object_store", "broadcast", "cuda_ipc")
 
 def measure(size_mb: float, dst_ranks: int, bucket_mb: float, repeats: int) -> dict[str, dict[str, float]]:
     from rlweave.config.schema import RaySection, RunConfig
-    from rlweave.weight_sync.section import WeightSyncSection
     from rlweave.plugins.types import BackendRecord, EngineRecord
     from rlweave.scheduler import build_roles, shutdown_ray, start_ray
     from rlweave.weight_sync import WeightSync
+    from rlweave.weight_sync.section import WeightSyncSection
 
     probe = BackendRecord(name="probe", summary="bench", target="rlweave.testing.workers:ProbeWorker")
     engine = EngineRecord(name="probe-engine", summary="bench", target="rlweave.testing.workers:ProbeEngine")

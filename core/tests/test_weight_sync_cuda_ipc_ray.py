@@ -12,10 +12,10 @@ ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 
 from rlweave.config.schema import RaySection, RunConfig  # noqa: E402
-from rlweave.weight_sync.section import WeightSyncSection  # noqa: E402
 from rlweave.scheduler import build_roles, shutdown_ray, start_ray  # noqa: E402
 from rlweave.testing.workers import PROBE, PROBE_ENGINE as ENGINE, STUCK, make_state_dict  # noqa: E402
 from rlweave.weight_sync import CudaIpcTransport, WeightSync, WeightSyncError, WeightSyncTimeout  # noqa: E402
+from rlweave.weight_sync.section import WeightSyncSection  # noqa: E402
 
 MB, SEED, BUCKET = 4, 11, 256 << 10
 

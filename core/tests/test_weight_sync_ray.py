@@ -64,8 +64,8 @@ def test_round_trip_between_groups(roles):
 def test_run_weight_sync_reuses_one_transport_per_pair(roles):
     """The runner's WeightSync: bucket size from the config section, one transport per
     (source, destination) pair set up once, and every sync lands in every rank."""
-    from rlweave.weight_sync.section import WeightSyncSection
     from rlweave.weight_sync import WeightSync
+    from rlweave.weight_sync.section import WeightSyncSection
 
     ws = WeightSync(roles, WeightSyncSection(bucket_mb=0.25, timeout_s=60))
     try:

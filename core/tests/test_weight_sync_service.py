@@ -137,9 +137,9 @@ def test_rank_actor_has_no_weight_sync_methods():
 
 
 def test_generic_call_runs_a_function_on_each_rank_and_names_failures():
-    from rlweave.worker_errors import WorkerError
     from rlweave.scheduler.handle import RoleHandle
     from rlweave.scheduler.local import LocalWorkerGroup
+    from rlweave.worker_errors import WorkerError
 
     class W:
         def __init__(self, ctx):

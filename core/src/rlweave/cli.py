@@ -42,7 +42,10 @@ from rich.text import Text
 from typer.core import TyperCommand
 
 import rlweave
-from rlweave.commands import evaluate as _evaluate, export as _export, generate as _generate, plugins
+from rlweave.commands import evaluate as _evaluate
+from rlweave.commands import export as _export
+from rlweave.commands import generate as _generate
+from rlweave.commands import plugins
 from rlweave.deps import check_installed, missing_dependency
 from rlweave.rewards.failures import RewardFailureError
 from rlweave.runner.shared_fs import SharedFilesystemError

@@ -28,8 +28,8 @@ from typing import Any, Optional
 
 import typer
 
-from rlweave.commands.checkpoints import select_checkpoint
 from rlweave.commands import plugins
+from rlweave.commands.checkpoints import select_checkpoint
 from rlweave.commands.errors import CommandError, user_errors
 from rlweave.commands.run_config import RUN_CONFIG, load_run_config
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from rlweave.worker_errors import WorkerTimeout
 from rlweave.scheduler.group import WorkerGroup
+from rlweave.worker_errors import WorkerTimeout
 
 _UNSET = object()
 

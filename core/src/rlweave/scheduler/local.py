@@ -11,8 +11,8 @@ import traceback
 from typing import Any, Callable, Sequence
 
 from rlweave.interfaces.worker import WorkerContext
-from rlweave.worker_errors import WorkerError
 from rlweave.scheduler.group import RankArgs, WorkerGroup
+from rlweave.worker_errors import WorkerError
 
 
 class SyncWorkerGroup(WorkerGroup):

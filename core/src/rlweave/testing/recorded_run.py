@@ -48,10 +48,10 @@ from unittest import mock
 
 from pydantic import BaseModel
 
-from rlweave.worker_errors import RemoteFailure, WorkerError
 from rlweave.scheduler.local import SyncWorkerGroup
 from rlweave.scheduler.handle import RoleHandle
 from rlweave.testing.config_reach import AttrView, ModelView, Recorder, RecordingDict
+from rlweave.worker_errors import RemoteFailure, WorkerError
 
 #: methods after which a worker's copies of recorded dicts are adopted
 _BUILD_METHODS = ("setup", "init_model", "init_engine")

@@ -19,10 +19,10 @@ import sys
 import traceback
 from typing import Any, Callable
 
-from rlweave.worker_errors import RemoteFailure, WorkerLost
 from rlweave.scheduler.faults import FaultPlan
 from rlweave.scheduler.ray_impl import process
 from rlweave.scheduler.ray_impl.process import ProcessSettings
+from rlweave.worker_errors import RemoteFailure, WorkerLost
 
 
 def _free_port(host: str) -> int:

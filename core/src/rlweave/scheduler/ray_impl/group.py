@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from rlweave.worker_errors import RemoteFailure, WorkerError, WorkerTimeout
 from rlweave.scheduler.group import RankArgs, WorkerGroup
 from rlweave.scheduler.ray_impl.liveness import LIVENESS, DeadRank
+from rlweave.worker_errors import RemoteFailure, WorkerError, WorkerTimeout
 
 
 def to_worker_error(exc: BaseException, role: str, rank: int, method: str) -> WorkerError:
