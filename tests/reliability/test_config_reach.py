@@ -76,7 +76,7 @@ EXEMPT = {
         "validation refuses true (megatron's sequence parallelism is not supported yet; "
         "plugins/backend_megatron/tests/test_megatron_config.py), so no run can set it",
     Key("logging.entity"): "read only by the wandb backend, which needs W&B's offline mode to run here "
-        "(core/tests/test_runner_loggers.py)",
+        "(core/tests/test_loggers.py)",
 }
 
 #: misnamed reads that are known (the reader asks for a key its section lacks while a key of a
