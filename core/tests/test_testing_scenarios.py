@@ -1,7 +1,11 @@
 """``rlweave.testing.scenarios``: the shared batches split over any number of ranks without loss
-or overlap, weigh every loss token equally, and a worker is looked up by backend name."""
+or overlap, weigh every loss token equally, a worker is looked up by backend name, and importing
+the scenario and tiny-model helpers imports no torch, transformers, tokenizers or ray."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
@@ -34,3 +38,12 @@ def test_an_unknown_backend_is_named_with_the_choices():
 
     with pytest.raises(PluginError, match="nosuchbackend"):
         sc.train_worker("nosuchbackend", {"rank": 0, "world_size": 1, "master_port": 1, "device": "cpu"}, {})
+
+
+def test_importing_the_helpers_stays_light():
+    code = ("import sys, rlweave.testing.scenarios, rlweave.testing.ranks, rlweave.testing.helper_modules, "
+            "rlweave.testing.tiny_model, rlweave.testing.tiny_tokenizer\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'tokenizers', 'ray') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -1,5 +1,6 @@
 """Single-process transformers references for the scenario batches: what a backend's
-per-sample outputs and gradients must equal, whatever its ranks and sharding."""
+per-sample outputs and gradients must equal, whatever its ranks and sharding. (The engine
+suites' references, one prompt and response at a time, are :mod:`rlweave.testing.reference`.)"""
 
 from __future__ import annotations
 
