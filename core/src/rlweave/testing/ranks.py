@@ -13,7 +13,6 @@ thread per rank so two ranks share a 2-core machine fairly.
 
 from __future__ import annotations
 
-import importlib
 import io
 import os
 import socket
@@ -21,6 +20,7 @@ import sys
 import traceback
 from typing import Any, Callable
 
+from rlweave.plugins.types import import_target
 from rlweave.testing.helper_modules import HELPER_FILE, import_helper
 
 
@@ -40,10 +40,9 @@ def function_ref(fn: Callable) -> tuple[str, str, str | None]:
 def resolve_ref(ref: tuple[str, str, str | None]) -> Callable:
     """The function :func:`function_ref` described, imported (or its helper file loaded) here."""
     name, qualname, helper = ref
-    obj: Any = import_helper(helper, name) if helper else importlib.import_module(name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
+    if helper:
+        import_helper(helper, name)  # registered under ``name``, where the import finds it
+    return import_target(f"{name}:{qualname}")
 
 
 def _entry(rank: int, ref: tuple, world: int, port: int, device: str, threads: int, q, args) -> None:
