@@ -7,7 +7,7 @@ untimed steps, then ``--steps`` timed ones. Prints tokens/s (real tokens only: p
 counted), the ratio to ``fsdp`` and model FLOP/s as a fraction of the ceiling, with the FLOP count
 of ``fsdp_throughput.step_flops`` (padding charged to the layout that wastes it).
 
-Configurations (``--backends``), each in fresh processes (``rlweave_backend_fsdp.testing.run_ranks``):
+Configurations (``--backends``), each in fresh processes (``rlweave.testing.ranks.run_ranks``):
 
 * ``fsdp``: ``FSDPWorker`` on one rank, packed micro-batches (the backend's default).
 * ``fsdp-padded`` (optional): the same, right-padded rows (``use_packing: false``): the FSDP
@@ -72,15 +72,13 @@ def _build(ctx_kw: dict, name: str, model_dir: str, opts: dict):
     """The worker of configuration ``name`` on this rank."""
     backend, _, tp = CONFIGS[name]
     budget, bf16 = opts["micro_tokens"], opts["precision"] == "bf16"
+    from rlweave.testing.scenarios import train_worker
+
     if backend == "fsdp":
-        from rlweave_backend_fsdp import testing_scenarios as sc
-
-        return sc._worker(ctx_kw, {"path": model_dir}, OPTIM, mixed_precision="bf16" if bf16 else "none",
-                          use_packing=name == "fsdp", max_tokens_per_micro_batch=budget)
-    from rlweave_backend_megatron.testing import worker
-
-    return worker(ctx_kw, {"path": model_dir, "dtype": "bfloat16" if bf16 else "float32"}, {"tp": tp},
-                  optim=OPTIM, max_tokens_per_micro_batch=budget)
+        return train_worker("fsdp", ctx_kw, {"path": model_dir}, OPTIM, mixed_precision="bf16" if bf16 else "none",
+                            use_packing=name == "fsdp", max_tokens_per_micro_batch=budget)
+    return train_worker("megatron", ctx_kw, {"path": model_dir, "dtype": "bfloat16" if bf16 else "float32"}, OPTIM,
+                        {"tp": tp}, max_tokens_per_micro_batch=budget)
 
 
 def _grid_tokens(w, name: str, lens: list[int], budget: int) -> int:
@@ -215,7 +213,7 @@ def main(argv=None) -> int:
     import torch
 
     from rlweave.testing.tiny_model import build_tiny_qwen2
-    from rlweave_backend_fsdp.testing import run_ranks
+    from rlweave.testing.ranks import run_ranks
 
     if args.device == "cuda":
         if not torch.cuda.is_available():

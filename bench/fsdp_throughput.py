@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     import torch
 
     from rlweave.testing.tiny_model import build_tiny_qwen2
-    from rlweave_backend_fsdp.testing import free_port
+    from rlweave.testing.ranks import free_port
 
     if args.device == "cpu":
         torch.set_num_threads(args.threads)

@@ -33,7 +33,7 @@ def measure(opts: dict, model: Path, rounds: int, micro_tokens: int) -> dict:
     torch.set_num_threads(os.cpu_count() or 1)
     from rlweave.data.batch import Batch
     from rlweave.interfaces.worker import WorkerContext
-    from rlweave_backend_fsdp.testing import free_port
+    from rlweave.testing.ranks import free_port
     from rlweave_backend_fsdp.worker import FSDPWorker
 
     rng = random.Random(0)

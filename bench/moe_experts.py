@@ -92,11 +92,14 @@ def main() -> None:
             torch.set_num_threads(args.threads)
 
     import transformers
+    from rlweave.testing.helper_modules import import_helper
     from rlweave_kernel_moe import experts
     from rlweave_kernel_moe.kernel import KERNEL
-    from rlweave_kernel_moe.testing import Problem, forward_backward, max_diff
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    problems = import_helper(Path(__file__).resolve().parents[1] / "plugins/kernel_moe/tests/experts_problems.py")
+    Problem, forward_backward, max_diff = problems.Problem, problems.forward_backward, problems.max_diff
 
     preset = args.preset or ("qwen3-30b-a3b-layer" if args.device == "cuda" else "cpu-default")
     shape = dict(PRESETS[preset])

@@ -11,12 +11,14 @@ import argparse
 import importlib.util
 from pathlib import Path
 
+from rlweave.testing.tiny_model import build_tiny_qwen3_moe
+
 HERE = Path(__file__).resolve().parent
 ARITH = HERE.parent / "arith"
 
 
 def arith_module():
-    """``examples/arith/build_model.py`` as a module: its tokenizer and saving helpers."""
+    """``examples/arith/build_model.py`` as a module: its tokenizer and vLLM check."""
     spec = importlib.util.spec_from_file_location("arith_build_model", ARITH / "build_model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -29,36 +31,13 @@ def build(out: str | Path, data_dir: str | Path = ARITH / "data", seed: int = 0,
     """Write tokenizer + random Qwen3-MoE into ``out``; returns ``out``. Every layer is sparse
     (``experts`` experts of width ``expert_ffn``, ``top_k`` per token, routing weights
     renormalised over the top-k); head size ``hidden / heads``; untied embeddings (vLLM-CPU
-    updates tied ones wrongly). Same arguments -> same files."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    if hidden % heads or heads % kv_heads:
-        raise ValueError(f"hidden={hidden}, heads={heads}, kv_heads={kv_heads} do not divide")
-    out = Path(out)
-    arith = arith_module()
-    tokenizer = arith.train_tokenizer(Path(data_dir))
-    cfg = Qwen3MoeConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=hidden // heads,
-        intermediate_size=4 * hidden,  # dense MLP width; unused: no layer is dense
-        moe_intermediate_size=expert_ffn,
-        num_experts=experts,
-        num_experts_per_tok=top_k,
-        norm_topk_prob=True,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        router_aux_loss_coef=0.001,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=False,
-        rope_theta=10000.0,
-        use_cache=True,
-        **arith.special_ids(tokenizer),
-    )
-    return arith.save_random(Qwen3MoeForCausalLM, cfg, tokenizer, out, seed)
+    updates tied ones wrongly), transformers' own initialisation, greedy generation defaults.
+    Same arguments -> same files."""
+    tokenizer = arith_module().train_tokenizer(Path(data_dir))
+    return build_tiny_qwen3_moe(out, None, hidden, layers, heads, kv_heads, expert_ffn, seed, num_experts=experts,
+                                top_k=top_k, norm_topk_prob=True, ffn=4 * hidden,  # dense MLP width: no layer is dense
+                                router_aux_loss_coef=0.001, max_positions=max_positions, init_std=None,
+                                tokenizer=tokenizer, extra_config={"head_dim": hidden // heads})
 
 
 def main() -> None:

@@ -25,8 +25,6 @@ OPTIONAL = {
     ("core", "safetensors"): "rlweave.testing: the engine contract suite",
     ("core", "tensorboardX"): "fallback TensorBoard writer when torch's is missing",
     ("backend_fsdp", "flash_attn"): "attention: used when installed on CUDA, else SDPA",
-    ("backend_megatron", "rlweave_backend_fsdp"): "rlweave_backend_megatron.testing: scenarios that compare with the "
-        "fsdp backend (its tests install both)",
 }
 #: modules whose distribution is not installed here (so metadata cannot name it)
 KNOWN = {"vllm": "vllm", "flash_attn": "flash-attn", "tensorboardX": "tensorboardX", "sglang": "sglang",

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow
 CKPT = Path("checkpoints") / "step_000001"
 POLICY = CKPT / "roles" / "policy"
 LR_ITEM = "optim.param_groups.0.lr"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _plant(run: Path, place: str, trap: Path) -> str:
@@ -44,7 +45,9 @@ def _plant(run: Path, place: str, trap: Path) -> str:
     if place == ".metadata":
         (run / POLICY / ".metadata").write_bytes(malicious_pickle(trap))
         return ".metadata"
-    from rlweave_backend_fsdp.testing_tamper import plant_byte_item
+    from rlweave.testing.helper_modules import import_helper
+
+    plant_byte_item = import_helper(REPO / "plugins/backend_fsdp/tests/dcp_tamper.py").plant_byte_item
 
     plant_byte_item(run / POLICY, LR_ITEM, malicious_pickle(trap, torch_format=True))
     return LR_ITEM

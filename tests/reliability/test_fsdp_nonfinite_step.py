@@ -1,19 +1,23 @@
 """A NaN in one rank's loss skips the optimizer step on every rank of an FSDP role (CPU, 2
 ranks over gloo), and no non-finite value reaches a checkpoint: saving refuses on every rank
-before anything is written. Scenario: ``rlweave_backend_fsdp.testing_reliability``."""
+before anything is written. Scenario: ``plugins/backend_fsdp/tests/reliability_scenarios.py``."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
-tr = pytest.importorskip("rlweave_backend_fsdp.testing_reliability")
+from rlweave.testing.helper_modules import import_helper
+
+pytest.importorskip("rlweave_backend_fsdp")
+tr = import_helper(Path(__file__).parents[2] / "plugins/backend_fsdp/tests/reliability_scenarios.py")
 
 
 def test_nan_on_one_rank_skips_everywhere_and_never_reaches_a_checkpoint(guarantee, tmp_path):
     from rlweave.testing.tiny_model import build_tiny_qwen2
-    from rlweave_backend_fsdp.testing import run_ranks
+    from rlweave.testing.ranks import run_ranks
 
     tiny = str(build_tiny_qwen2(tmp_path / "model", seed=1))
     ranks = run_ranks(tr.nonfinite_scenario, 2, tiny, str(tmp_path), timeout_s=300)

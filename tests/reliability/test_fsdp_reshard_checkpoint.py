@@ -1,19 +1,24 @@
 """An FSDP checkpoint (DCP) saved by 2 ranks loads on 1 rank with bitwise-equal parameters,
 AdamW state and LR schedule, and the next training step gives the same loss (CPU, gloo).
-Scenario: ``rlweave_backend_fsdp.testing_reliability``; the reverse direction (1 -> 2) is in
-``plugins/backend_fsdp/tests/test_fsdp_reliability_cpu.py``."""
+Scenario: ``plugins/backend_fsdp/tests/reliability_scenarios.py``; the reverse direction
+(1 -> 2) is in ``plugins/backend_fsdp/tests/test_fsdp_reliability_cpu.py``."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
-tr = pytest.importorskip("rlweave_backend_fsdp.testing_reliability")
+from rlweave.testing.helper_modules import import_helper
+
+pytest.importorskip("rlweave_backend_fsdp")
+tr = import_helper(Path(__file__).parents[2] / "plugins/backend_fsdp/tests/reliability_scenarios.py")
 
 
 def test_two_rank_checkpoint_reloads_bitwise_on_one_rank(guarantee, tmp_path):
     from rlweave.testing.tiny_model import build_tiny_qwen2
-    from rlweave_backend_fsdp.testing import run_ranks
+    from rlweave.testing.ranks import run_ranks
 
     tiny = str(build_tiny_qwen2(tmp_path / "model", seed=1))
     ckpt = str(tmp_path / "ckpt")

@@ -20,8 +20,8 @@ from rlweave.interfaces.worker import WorkerContext
 from rlweave.rewards.sections import RewardEntry, RewardsRuntime
 from rlweave.scheduler.handle import RoleHandle
 from rlweave.scheduler.local import LocalWorkerGroup
+from rlweave.testing.ranks import free_port
 from rlweave.testing.transports import InProcessTransport
-from rlweave_backend_fsdp.testing import free_port
 from rlweave.weight_sync import WeightSync
 
 REPO = Path(__file__).resolve().parents[3]

@@ -88,7 +88,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture()
 def roles(model_dir):
-    from rlweave_backend_fsdp.testing import free_port
+    from rlweave.testing.ranks import free_port
 
     port = free_port()
     return {

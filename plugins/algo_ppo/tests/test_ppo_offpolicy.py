@@ -172,7 +172,7 @@ def stale_roles(tmp_path):
     from rlweave.scheduler.handle import RoleHandle
     from rlweave.scheduler.local import LocalWorkerGroup
     from rlweave.testing.tiny_model import build_tiny_qwen2
-    from rlweave_backend_fsdp.testing import free_port
+    from rlweave.testing.ranks import free_port
     from rlweave_backend_fsdp.worker import FSDPWorker
     from rlweave_infer_hf.engine import HFEngine
 

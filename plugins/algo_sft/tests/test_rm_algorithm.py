@@ -57,7 +57,7 @@ def test_rm_learns_preferences_and_saves_a_loadable_reward_model(sft_dir, tmp_pa
     from rlweave.config.schema import RunConfig
     from rlweave.data.batch import Batch
     from rlweave_algo_sft.rm import RewardModelTraining
-    from rlweave_backend_fsdp.testing import free_port
+    from rlweave.testing.ranks import free_port
 
     port = free_port()
     policy = _fsdp_role("policy", sft_dir, "reward", 3e-3, port)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,9 +142,11 @@ def test_workers_of_a_role_resolve_with_the_slowest_ranks_speed_and_warn_once(tm
     """Two ranks, bf16 mixed precision on CPU, rank 0 injected fast and rank 1 slow: both take
     the fp32 paths (no rlweave kernels, attention fp32 forward and backward), rank 0 logs one
     warning naming the slowdown, and training works."""
+    from rlweave.testing.helper_modules import import_helper
+    from rlweave.testing.ranks import run_ranks
     from rlweave.testing.tiny_model import build_tiny_qwen2
-    from rlweave_backend_fsdp import testing_scenarios as sc
-    from rlweave_backend_fsdp.testing import run_ranks
+
+    sc = import_helper(Path(__file__).with_name("fsdp_scenarios.py"))
 
     tiny = str(build_tiny_qwen2(tmp_path / "model", seed=1))
     ranks = run_ranks(sc.cpu_choices_scenario, 2, tiny, str(tmp_path), [0.15, 97.0], timeout_s=600)["ranks"]

@@ -6,12 +6,16 @@ promise of the issue on the scenario's results.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from rlweave.testing.helper_modules import import_helper
+from rlweave.testing.ranks import run_ranks
 from rlweave.testing.tiny_model import build_tiny_qwen2
-from rlweave_backend_fsdp import testing_scenarios as sc
-from rlweave_backend_fsdp.testing import run_ranks
+
+sc = import_helper(Path(__file__).with_name("fsdp_scenarios.py"))
 
 TOL = 1e-5
 

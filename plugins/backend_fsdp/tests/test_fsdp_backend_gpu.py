@@ -5,12 +5,16 @@ Skipped without CUDA. fp32 with TF32 off, so the 1e-5 tolerances of the CPU test
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from rlweave.testing.helper_modules import import_helper
+from rlweave.testing.ranks import run_ranks
 from rlweave.testing.tiny_model import build_tiny_qwen2
-from rlweave_backend_fsdp import testing_scenarios as sc
-from rlweave_backend_fsdp.testing import run_ranks
+
+sc = import_helper(Path(__file__).with_name("fsdp_scenarios.py"))
 
 pytestmark = [
     pytest.mark.gpu,

@@ -13,16 +13,20 @@ import io
 import json
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 from rlweave.runner.checkpoint import CheckpointError
+from rlweave.testing.helper_modules import import_helper
 from rlweave.testing.tamper import malicious_pickle
 from rlweave_backend_fsdp import checkpoint, safe_dcp
 from rlweave_backend_fsdp.schedule import WarmupSchedule
-from rlweave_backend_fsdp.testing_tamper import byte_items, plant_byte_item
+
+_tamper = import_helper(Path(__file__).with_name("dcp_tamper.py"))
+byte_items, plant_byte_item = _tamper.byte_items, _tamper.plant_byte_item
 
 
 @pytest.fixture(scope="module", autouse=True)

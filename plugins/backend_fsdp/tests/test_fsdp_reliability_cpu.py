@@ -1,17 +1,20 @@
 """Failure guarantees of the FSDP backend on CPU over gloo: a NaN in one rank's loss skips the
 step on every rank, non-finite state never reaches a checkpoint, and DCP checkpoints reload
-bitwise across world sizes (2 -> 1 -> 2). Scenarios: rlweave_backend_fsdp.testing_reliability."""
+bitwise across world sizes (2 -> 1 -> 2). Scenarios: reliability_scenarios.py beside this file."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
+from rlweave.testing.helper_modules import import_helper
+from rlweave.testing.ranks import run_ranks
 from rlweave.testing.tiny_model import build_tiny_qwen2
-from rlweave_backend_fsdp import testing_reliability as tr
-from rlweave_backend_fsdp.testing import run_ranks
+
+tr = import_helper(Path(__file__).with_name("reliability_scenarios.py"))
 
 
 @pytest.fixture(scope="module")

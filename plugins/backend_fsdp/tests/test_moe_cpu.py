@@ -8,21 +8,24 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
 
+from rlweave.testing import scenarios as sc
+from rlweave.testing.helper_modules import import_helper
+from rlweave.testing.ranks import run_ranks
 from rlweave.testing.tiny_model import build_tiny_qwen2, build_tiny_qwen2_moe, build_tiny_qwen3_moe
-from rlweave_backend_fsdp import testing_moe as tm
-from rlweave_backend_fsdp import testing_scenarios as sc
-from rlweave_backend_fsdp.testing import run_ranks
+
+tm = import_helper(Path(__file__).with_name("moe_scenarios.py"))
 
 TOL = 1e-5
 COEF = 0.05  # the scenarios' moe_aux_loss_coef (large enough to move the loss visibly)
 CONFIG_COEF = 0.02  # the tiny Qwen3-MoE's router_aux_loss_coef
 HAS_KERNEL = importlib.util.find_spec("rlweave_kernel_moe") is not None
 KERNELS = {"kernel_auto": "rlweave_kernel_moe.kernel:KERNEL",
-           "kernel_reference": "rlweave_backend_fsdp.testing_moe:REFERENCE_KERNEL"} if HAS_KERNEL else {}
+           "kernel_reference": f"{tm.__name__}:REFERENCE_KERNEL"} if HAS_KERNEL else {}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,7 @@ def one_rank(models, dense, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ranks(models, one_rank, tmp_path_factory):
-    """``{1: (results, work dir), 2: (...)}`` of :func:`.testing_moe.ranks_scenario`."""
+    """``{1: (results, work dir), 2: (...)}`` of :func:`moe_scenarios.ranks_scenario`."""
     work = str(tmp_path_factory.mktemp("moe_ranks2"))
     two = run_ranks(tm.ranks_scenario, 2, models, work, COEF, timeout_s=600)
     return {1: (one_rank[0]["ranks"], one_rank[1]), 2: (two, work)}
@@ -68,7 +71,7 @@ def eager(path: str):
 @functools.cache
 def reference_logprobs(path: str) -> dict[int, torch.Tensor]:
     m = eager(path)
-    return {i: sc._sample_logprobs(m, s, "cpu") for i, s in enumerate(sc.fixed_batch().sequences("input_ids"))}
+    return {i: sc.sample_logprobs(m, s, "cpu") for i, s in enumerate(sc.fixed_batch().sequences("input_ids"))}
 
 
 def maxdiff(a: dict, b: dict) -> float:

@@ -13,26 +13,30 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
 
+from rlweave.testing import scenarios as sc
+from rlweave.testing.helper_modules import import_helper
+from rlweave.testing.ranks import run_ranks
 from rlweave.testing.tiny_model import build_tiny_qwen2, build_tiny_qwen2_moe, build_tiny_qwen3_moe
-from rlweave_backend_fsdp import testing_moe as tm
-from rlweave_backend_fsdp import testing_scenarios as sc
-from rlweave_backend_fsdp.testing import run_ranks
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
+
+tm = import_helper(Path(__file__).with_name("moe_scenarios.py"))
+
 TOL = 1e-5
 TRITON_TOL = 1e-4
 COEF = 0.05
 HAS_KERNEL = importlib.util.find_spec("rlweave_kernel_moe") is not None
 KERNELS = {"kernel_auto": "rlweave_kernel_moe.kernel:KERNEL",
-           "kernel_triton": "rlweave_backend_fsdp.testing_moe:TRITON_KERNEL",
-           "kernel_reference": "rlweave_backend_fsdp.testing_moe:REFERENCE_KERNEL"} if HAS_KERNEL else {}
+           "kernel_triton": f"{tm.__name__}:TRITON_KERNEL",
+           "kernel_reference": f"{tm.__name__}:REFERENCE_KERNEL"} if HAS_KERNEL else {}
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +60,7 @@ def reference_logprobs(path: str) -> dict[int, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
     m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, experts_implementation="eager").cuda().eval()
-    return {i: sc._sample_logprobs(m, s, "cuda") for i, s in enumerate(sc.fixed_batch().sequences("input_ids"))}
+    return {i: sc.sample_logprobs(m, s, "cuda") for i, s in enumerate(sc.fixed_batch().sequences("input_ids"))}
 
 
 def maxdiff(a: dict, b: dict) -> float:

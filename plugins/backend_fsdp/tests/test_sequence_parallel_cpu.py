@@ -13,9 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from rlweave.testing.helper_modules import import_helper
+from rlweave.testing.ranks import run_ranks
 from rlweave.testing.tiny_model import build_tiny_qwen2
-from rlweave_backend_fsdp import testing_sp
-from rlweave_backend_fsdp.testing import run_ranks
+
+testing_sp = import_helper(Path(__file__).with_name("sp_scenarios.py"))
 
 TOL = 1e-5
 

@@ -170,10 +170,10 @@ from rlweave_backend_megatron import cpu_shim
 import rlweave_backend_megatron.worker  # noqa: F401
 from megatron.core.utils import GlobalMemoryBuffer
 after_import = cpu_shim.applied() or GlobalMemoryBuffer.get_tensor.__module__ != "megatron.core.utils"
-from rlweave_backend_fsdp.testing import free_port
-from rlweave_backend_megatron.testing import worker
-w = worker({"rank": 0, "world_size": 1, "master_port": free_port(), "device": "cpu"},
-           {"path": sys.argv[1], "dtype": "float32"}, {"tp": 1, "pp": 1}, optim=None)
+from rlweave.testing.ranks import free_port
+from rlweave.testing.scenarios import train_worker
+w = train_worker("megatron", {"rank": 0, "world_size": 1, "master_port": free_port(), "device": "cpu"},
+                 {"path": sys.argv[1], "dtype": "float32"}, None, {"tp": 1, "pp": 1})
 after_init = cpu_shim.applied() and GlobalMemoryBuffer.get_tensor.__module__ == "rlweave_backend_megatron.cpu_shim"
 w.shutdown()
 print(json.dumps({"after_import": after_import, "after_init": after_init}))

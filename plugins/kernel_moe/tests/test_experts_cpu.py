@@ -4,11 +4,16 @@ and both weight tensors agree within 1e-5 (relative to the largest entry when th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from rlweave.testing.helper_modules import import_helper
 from rlweave_kernel_moe import experts, routing, torch_grouped
-from rlweave_kernel_moe.testing import forward_backward, make_problem, max_diff
 from torch.func import functional_call
+
+_problems = import_helper(Path(__file__).with_name("experts_problems.py"))
+forward_backward, make_problem, max_diff = _problems.forward_backward, _problems.make_problem, _problems.max_diff
 
 TOL = 1e-5
 

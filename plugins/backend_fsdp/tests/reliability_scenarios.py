@@ -1,5 +1,6 @@
-"""Scenarios of the backend's failure guarantees, run on every rank by
-:func:`rlweave_backend_fsdp.testing.run_ranks` (spawned ranks import them by name):
+"""Scenarios of the FSDP backend's failure guarantees, run on every rank by
+:func:`rlweave.testing.ranks.run_ranks` (each rank loads this file again); the backend's
+tests and ``tests/reliability/`` load it with :func:`rlweave.testing.helper_modules.import_helper`:
 
 * :func:`nonfinite_scenario`: a NaN in one rank's loss skips the step on every rank, and a
   checkpoint of non-finite state is refused;
@@ -16,8 +17,9 @@ import os
 import torch
 import torch.distributed as dist
 
-from rlweave_backend_fsdp.testing_scenarios import _worker, fixed_batch, nll_loss, shard_indices
+from rlweave.testing.scenarios import fixed_batch, nll_loss, shard_indices, train_worker
 
+BACKEND = "fsdp"
 MODEL = {"dtype": "float32", "model_type": "causal_lm"}
 OPTIM = {"lr": 3e-3, "grad_clip": 1.0, "warmup_steps": 3, "schedule": "cosine", "total_steps": 10}
 BAD_RANK = 1
@@ -86,8 +88,8 @@ def nonfinite_scenario(ctx_kw: dict, model_dir: str, work: str) -> list[dict]:
     rank, world = ctx_kw["rank"], ctx_kw["world_size"]
     shard = fixed_batch().select(shard_indices(world, rank, 6))
     model = {"path": model_dir, **MODEL}
-    w = _worker(ctx_kw, model, OPTIM, max_tokens_per_micro_batch=32)
-    ref = _worker(ctx_kw, model, OPTIM, max_tokens_per_micro_batch=32)
+    w = train_worker(BACKEND, ctx_kw, model, OPTIM, max_tokens_per_micro_batch=32)
+    ref = train_worker(BACKEND, ctx_kw, model, OPTIM, max_tokens_per_micro_batch=32)
     res: dict = {"rank": rank, "first": w.train_step(shard, nll_loss)}
     ref.train_step(shard, nll_loss)
     before, epoch = local_state(w), w.scheduler.last_epoch
@@ -138,7 +140,7 @@ def reshard_scenario(ctx_kw: dict, model_dir: str, load: str | None, save: str |
     metrics."""
     rank, world = ctx_kw["rank"], ctx_kw["world_size"]
     shard = fixed_batch().select(shard_indices(world, rank, 6))
-    w = _worker(ctx_kw, {"path": model_dir, **MODEL}, OPTIM, max_tokens_per_micro_batch=32)
+    w = train_worker(BACKEND, ctx_kw, {"path": model_dir, **MODEL}, OPTIM, max_tokens_per_micro_batch=32)
     if load:
         w.load_checkpoint(load)
     else:

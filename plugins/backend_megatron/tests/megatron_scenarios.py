@@ -1,9 +1,10 @@
-"""Multi-rank scenarios for the megatron backend's tests (spawned ranks import them by name).
+"""Multi-rank scenarios of the megatron backend's tests (each rank loads this file again, see
+:func:`rlweave.testing.ranks.run_ranks`).
 
-Each builds the real :class:`~.worker.MegatronWorker` on every rank (gloo on CPU, NCCL on
-CUDA), runs the operations on the batches of :mod:`rlweave_backend_fsdp.testing_scenarios`
-and returns plain tensors from rank 0; the tests compare them with transformers and with the
-FSDP backend.
+Each builds the real ``MegatronWorker`` on every rank (gloo on CPU, NCCL on CUDA), runs the
+operations on the batches of :mod:`rlweave.testing.scenarios` and returns plain tensors from
+rank 0; the tests compare them with transformers and with the FSDP backend (:func:`fsdp_policy`,
+the same worker contract driven by backend name).
 """
 
 from __future__ import annotations
@@ -12,19 +13,14 @@ from typing import Any
 
 import torch
 
+from rlweave.testing import scenarios as sc
+
 OPTIM = {"lr": 1e-2, "grad_clip": 1.0, "weight_decay": 0.01, "eps": 1e-3}
 
 
 def worker(ctx_kw: dict, model: dict, parallel: dict, optim: dict | None = OPTIM, **options):
     """A built ``MegatronWorker`` of role ``policy`` (seed 3) with ``parallel`` sizes and ``options``."""
-    from rlweave.interfaces.worker import WorkerContext
-    from rlweave_backend_megatron.worker import MegatronWorker
-
-    ctx = WorkerContext(role="policy", options=options, model=model, seed=3, parallel=dict(parallel),
-                        extra={"optim": optim} if optim else {}, **ctx_kw)
-    w = MegatronWorker(ctx)
-    w.init_model()
-    return w
+    return sc.train_worker("megatron", ctx_kw, model, optim, parallel, **options)
 
 
 def replica_shard(w, batch):
@@ -43,8 +39,6 @@ def policy_scenario(ctx_kw: dict, model_dir: str, work: str, parallel: dict, bud
     """Log-probs and entropy of the fixed batch, one NLL train step, the streamed weights after
     it and an HF export under ``work``."""
     import torch.distributed as dist
-
-    from rlweave_backend_fsdp import testing_scenarios as sc
 
     w = worker(ctx_kw, {"path": model_dir, "dtype": "float32"}, parallel, max_tokens_per_micro_batch=budget)
     batch = sc.fixed_batch()
@@ -79,8 +73,6 @@ def policy_scenario(ctx_kw: dict, model_dir: str, work: str, parallel: dict, bud
 def heads_scenario(ctx_kw: dict, model_dir: str, kind: str, parallel: dict) -> dict[str, Any]:
     """Values (``value``) or scores (``reward``) of the fixed batch, then one train step on a
     squared-error loss and the streamed weights after it."""
-    from rlweave_backend_fsdp import testing_scenarios as sc
-
     w = worker(ctx_kw, {"path": model_dir, "dtype": "float32", "model_type": kind}, parallel)
     batch = sc.fixed_batch()
     res: dict[str, Any] = {}
@@ -97,10 +89,8 @@ def heads_scenario(ctx_kw: dict, model_dir: str, kind: str, parallel: dict) -> d
 def fsdp_policy(ctx_kw: dict, model_dir: str, kind: str = "causal_lm") -> dict[str, Any]:
     """The FSDP backend on one rank, same batch, loss and optimizer: outputs, step metrics and
     the weights after the step."""
-    from rlweave_backend_fsdp import testing_scenarios as sc
-
-    w = sc._worker(ctx_kw, {"path": model_dir, "dtype": "float32", "model_type": kind}, OPTIM,
-                   max_tokens_per_micro_batch=64)
+    w = sc.train_worker("fsdp", ctx_kw, {"path": model_dir, "dtype": "float32", "model_type": kind}, OPTIM,
+                        max_tokens_per_micro_batch=64)
     batch = sc.fixed_batch()
     res: dict[str, Any] = {}
     if kind == "value":
@@ -119,8 +109,6 @@ def resume_scenario(ctx_kw: dict, model_dir: str, ckpt: str, parallel: dict, sav
     """``save``: one step, checkpoint into ``ckpt``, then a second step; else: load ``ckpt``
     and take the second step. Returns the second step's metrics, log-probs of a third batch
     and the weights after it."""
-    from rlweave_backend_fsdp import testing_scenarios as sc
-
     w = worker(ctx_kw, {"path": model_dir, "dtype": "float32"}, parallel, max_tokens_per_micro_batch=64)
     if save:
         w.train_step(sc.fixed_batch(), sc.nll_loss)

@@ -1,135 +1,38 @@
-"""Multi-rank scenarios shared by the CPU (gloo) and GPU (NCCL) tests.
+"""Multi-rank scenarios of the FSDP backend, shared by the CPU (gloo) and GPU (NCCL) tests.
 
-They live in the package (not in ``tests/``) because spawned ranks import them by name.
-Each runs the real :class:`FSDPWorker` on every rank and returns plain tensors/floats from
-rank 0; the tests compare them with single-process transformers references.
+Each runs the real ``FSDPWorker`` on every rank (through
+:func:`rlweave.testing.ranks.run_ranks`, which loads this file in each rank) and returns plain
+tensors/floats from rank 0; the tests compare them with the single-process transformers
+references of :mod:`rlweave.testing.scenarios`, re-exported here with the batches the tests
+read (``sc.fixed_batch``, ``sc.reference_logprobs``...).
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import torch
 
+from rlweave.testing.scenarios import (  # noqa: F401 - the tests read the batches and references here
+    TemperedLogprobSum,
+    fixed_batch,
+    gather_by_sample,
+    group_batch,
+    nll_loss,
+    reference_grad_norm,
+    reference_logprobs,
+    shard_indices,
+    train_worker,
+    value_loss,
+)
 
-def fixed_batch(vocab: int = 128, seed: int = 0):
-    """Six samples of skewed lengths with prompts; ``token_weight`` = token-mean over the batch."""
-    from rlweave.data.batch import Batch
-
-    g = torch.Generator().manual_seed(seed)
-    lens = [5, 17, 9, 30, 3, 12]
-    seqs = [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lens]
-    prompt = [2, 5, 3, 10, 1, 4]
-    b = Batch.from_sequences(seqs, prompt_lens=prompt)
-    b.add_token("token_weight", b.token["loss_mask"] / b.token["loss_mask"].sum())
-    return b
-
-
-def group_batch(vocab: int = 128, seed: int = 1):
-    """Nine samples, three per prompt (GRPO-style groups, prompt-major), responses of mixed
-    lengths including an empty one; ``token_weight`` = token-mean over the batch."""
-    from rlweave.data.batch import Batch
-
-    g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(2, vocab, (n,), generator=g).tolist() for n in (4, 7, 2)]
-    rlens = [[6, 6, 3], [9, 0, 5], [11, 11, 11]]
-    seqs = [p + torch.randint(2, vocab, (r,), generator=g).tolist() for p, rs in zip(prompts, rlens) for r in rs]
-    b = Batch.from_sequences(seqs, prompt_lens=[len(p) for p, rs in zip(prompts, rlens) for _ in rs])
-    b.add_token("token_weight", b.token["loss_mask"] / b.token["loss_mask"].sum())
-    return b
-
-
-def nll_loss(outputs, mb):
-    """Token-weighted negative log-likelihood (token-weight convention)."""
-    loss = -(mb.token["token_weight"] * outputs.logprobs).sum()
-    return loss, {"nll": float(loss.detach())}
-
-
-nll_loss.needs_entropy = False
-
-
-def value_loss(outputs, mb):
-    """Token-weighted squared error of values to 1.0."""
-    loss = (mb.token["token_weight"] * (outputs.values - 1.0) ** 2).sum()
-    return loss, {"vloss": float(loss.detach())}
-
-
-value_loss.needs_entropy = False
-
-
-class TemperedLogprobSum:
-    """Loss whose ``temperature`` the backend must honour; its metric ``wlp`` is the
-    token-weighted sum of the training forward's log-probs (a loss of zero: no update)."""
-
-    needs_entropy = False
-
-    def __init__(self, temperature: float):
-        self.temperature = temperature
-
-    def __call__(self, outputs, mb):
-        wlp = (mb.token["token_weight"] * outputs.logprobs).sum()
-        return wlp * 0.0, {"wlp": float(wlp.detach())}
-
-
-def shard_indices(world: int, rank: int, n: int) -> list[int]:
-    """Deliberately uneven: rank 0 gets one sample, the others share the rest, so ranks
-    run different micro-batch counts and the padding with empty micro-batches is exercised."""
-    if world == 1:
-        return list(range(n))
-    if rank == 0:
-        return [0]
-    rest = list(range(1, n))
-    return rest[rank - 1 :: world - 1]
+BACKEND = "fsdp"
 
 
 def _worker(ctx_kw: dict, model: dict, optim: dict | None, parallel: dict | None = None, **cfg):
     """A built :class:`FSDPWorker` of role ``policy`` (seed 3): backend options ``cfg``,
     ``roles.policy.parallel`` sizes ``parallel``."""
-    from rlweave.interfaces.worker import WorkerContext
-    from rlweave_backend_fsdp.worker import FSDPWorker
-
-    ctx = WorkerContext(role="policy", options=cfg, model=model, seed=3, parallel=dict(parallel or {}),
-                        extra={"optim": optim} if optim else {}, **ctx_kw)
-    w = FSDPWorker(ctx)
-    w.init_model()
-    return w
-
-
-def full_grads(model) -> dict[str, torch.Tensor]:
-    """Every parameter's full gradient (gathered from its shards), on CPU; collective."""
-    from torch.distributed.tensor import DTensor
-
-    return {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).detach().clone().cpu()
-            for n, p in model.named_parameters() if p.grad is not None}
-
-
-def train_step_with_grads(w, batch, loss) -> tuple[dict, dict[str, torch.Tensor]]:
-    """``(metrics, full gradients)`` of one ``train_step`` of worker ``w``, the gradients read
-    just before the optimizer applies them."""
-    grads: dict = {}
-    step = w.optimizer.step
-
-    def capture(*a, **k):
-        grads.update(full_grads(w.model))
-        return step(*a, **k)
-
-    w.optimizer.step = capture
-    try:
-        return w.train_step(batch, loss), grads
-    finally:
-        w.optimizer.step = step
-
-
-def _gather_by_sample(local: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-    import torch.distributed as dist
-
-    out: list = [None] * dist.get_world_size()
-    dist.all_gather_object(out, {k: v.cpu() for k, v in local.items()})
-    merged: dict[int, torch.Tensor] = {}
-    for d in out:
-        merged.update(d)
-    return merged
+    return train_worker(BACKEND, ctx_kw, model, optim, parallel, **cfg)
 
 
 def policy_scenario(ctx_kw: dict, model_dir: str, work: str, budget: int = 32) -> dict:
@@ -151,10 +54,10 @@ def policy_scenario(ctx_kw: dict, model_dir: str, work: str, budget: int = 32) -
         return {i: x[cu[k] : cu[k + 1]].clone() for k, i in enumerate(idx)}
 
     out = a.compute_logprobs(shard, with_entropy=True)
-    res["logprobs"] = _gather_by_sample(per_sample(out["logprobs"]))
-    res["entropy"] = _gather_by_sample(per_sample(out["entropy"]))
+    res["logprobs"] = gather_by_sample(per_sample(out["logprobs"]))
+    res["entropy"] = gather_by_sample(per_sample(out["entropy"]))
     a.packing = False
-    res["logprobs_padded"] = _gather_by_sample(per_sample(a.compute_logprobs(shard)["logprobs"]))
+    res["logprobs_padded"] = gather_by_sample(per_sample(a.compute_logprobs(shard)["logprobs"]))
     a.packing = True
     # shared prompts (GRPO groups) against the same samples unshared, forward and one step
     grp = group_batch()
@@ -168,8 +71,8 @@ def policy_scenario(ctx_kw: dict, model_dir: str, work: str, budget: int = 32) -
     for share in (True, False):
         a.cfg.share_prompts = share
         o = a.compute_logprobs(gs, with_entropy=True)
-        res[f"group_logprobs_{share}"] = _gather_by_sample(per_group_sample(o["logprobs"]))
-        res[f"group_entropy_{share}"] = _gather_by_sample(per_group_sample(o["entropy"]))
+        res[f"group_logprobs_{share}"] = gather_by_sample(per_group_sample(o["logprobs"]))
+        res[f"group_entropy_{share}"] = gather_by_sample(per_group_sample(o["entropy"]))
         w = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=budget, share_prompts=share)
         res[f"group_step_{share}"] = [w.train_step(gs, nll_loss) for _ in range(2)]
     a.cfg.share_prompts = True
@@ -189,12 +92,12 @@ def policy_scenario(ctx_kw: dict, model_dir: str, work: str, budget: int = 32) -
         metrics.append(a.train_step(shard, nll_loss))
     res["metrics"] = metrics
     res["streamed1"] = dict(a.named_weights())
-    res["logprobs_after"] = _gather_by_sample(per_sample(a.compute_logprobs(shard)["logprobs"]))
+    res["logprobs_after"] = gather_by_sample(per_sample(a.compute_logprobs(shard)["logprobs"]))
     a.save_hf(os.path.join(work, "hf"))
     off = a.offload()
     on = a.onload()
     res["offload"], res["onload"] = off, on
-    res["logprobs_onload"] = _gather_by_sample(per_sample(a.compute_logprobs(shard)["logprobs"]))
+    res["logprobs_onload"] = gather_by_sample(per_sample(a.compute_logprobs(shard)["logprobs"]))
     b = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=budget)
     b.load_checkpoint(ckpt)
     res["metrics_resumed"] = [b.train_step(shard, nll_loss) for _ in range(2)]
@@ -215,7 +118,7 @@ def heads_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
     res: dict = {}
     rm = _worker(ctx_kw, {"path": model_dir, "model_type": "reward"}, None, max_tokens_per_micro_batch=32)
     scores = rm.compute_scores(shard)
-    res["scores"] = _gather_by_sample({i: scores[k : k + 1] for k, i in enumerate(idx)})
+    res["scores"] = gather_by_sample({i: scores[k : k + 1] for k, i in enumerate(idx)})
     rm_dir = os.path.join(work, "rm")
     rm.save_hf(rm_dir)
     critic = _worker(ctx_kw, {"path": rm_dir, "model_type": "value"}, {"lr": 1e-2}, max_tokens_per_micro_batch=32)
@@ -224,7 +127,7 @@ def heads_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
     ext = Batch.from_sequences([s.tolist() + [7] for s in shard.sequences("input_ids")])
     vals = critic.compute_values(ext)
     last = ext.cu_seqlens[1:] - 1
-    res["critic_last"] = _gather_by_sample({i: vals[last[k] : last[k] + 1] for k, i in enumerate(idx)})
+    res["critic_last"] = gather_by_sample({i: vals[last[k] : last[k] + 1] for k, i in enumerate(idx)})
     # scores and values with shared prompts against the same samples unshared
     gidx = shard_indices(world, rank, 9)
     gs = group_batch().select(gidx)
@@ -232,9 +135,9 @@ def heads_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
     for share in (True, False):
         rm.cfg.share_prompts = critic.cfg.share_prompts = share
         sc = rm.compute_scores(gs)
-        res[f"group_scores_{share}"] = _gather_by_sample({i: sc[k : k + 1] for k, i in enumerate(gidx)})
+        res[f"group_scores_{share}"] = gather_by_sample({i: sc[k : k + 1] for k, i in enumerate(gidx)})
         v = critic.compute_values(gs)
-        res[f"group_values_{share}"] = _gather_by_sample({i: v[gcu[k] : gcu[k + 1]] for k, i in enumerate(gidx)})
+        res[f"group_values_{share}"] = gather_by_sample({i: v[gcu[k] : gcu[k + 1]] for k, i in enumerate(gidx)})
     critic.cfg.share_prompts = True
     res["critic_metrics"] = [critic.train_step(shard, value_loss) for _ in range(3)]
     critic.save_hf(os.path.join(work, "critic"))
@@ -243,46 +146,11 @@ def heads_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
                   mixed_precision="bf16", activation_checkpointing=True)
     lp = pol.compute_logprobs(shard)["logprobs"]
     cu = shard.cu_seqlens.tolist()
-    res["bf16_logprobs"] = _gather_by_sample({i: lp[cu[k] : cu[k + 1]] for k, i in enumerate(idx)})
+    res["bf16_logprobs"] = gather_by_sample({i: lp[cu[k] : cu[k + 1]] for k, i in enumerate(idx)})
     res["bf16_metrics"] = [pol.train_step(shard, nll_loss) for _ in range(3)]
     res["bf16_param_dtype"] = str(next(iter(pol.model.parameters())).dtype)
     dist.barrier()
     return res if rank == 0 else {}
-
-
-def reference_logprobs(model_dir: str, device: str = "cpu") -> dict[int, torch.Tensor]:
-    """Single-process transformers reference: each sample alone, log p of its tokens."""
-    from transformers import AutoModelForCausalLM
-
-    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
-    return {i: _sample_logprobs(m, s, device) for i, s in enumerate(fixed_batch().sequences("input_ids"))}
-
-
-def _sample_logprobs(m, s: torch.Tensor, device: str) -> torch.Tensor:
-    with torch.no_grad():
-        logits = m(s.view(1, -1).to(device)).logits[0].float()
-    lp = torch.log_softmax(logits[:-1], -1).gather(-1, s[1:].view(-1, 1).to(device)).squeeze(-1)
-    return torch.cat([lp.new_zeros(1), lp]).cpu()
-
-
-def reference_grad_norm(model_dir: str) -> tuple[float, float]:
-    """Loss and grad norm of the batch's token-weighted NLL on one unsharded model."""
-    from transformers import AutoModelForCausalLM
-
-    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    b = fixed_batch()
-    loss = 0.0
-    for s, w in zip(b.sequences("input_ids"), b.sequences("token_weight")):
-        logits = m(s.view(1, -1)).logits[0]
-        lp = torch.log_softmax(logits[:-1], -1).gather(-1, s[1:].view(-1, 1)).squeeze(-1)
-        loss = loss - (w[1:] * lp).sum()
-    loss.backward()
-    norm = torch.sqrt(sum((p.grad**2).sum() for p in m.parameters() if p.grad is not None))
-    return float(loss.detach()), float(norm)
-
-
-def hf_dir_exists(p: str) -> bool:
-    return (Path(p) / "config.json").exists()
 
 
 def compile_scenario(ctx_kw: dict, model_dir: str, work: str, scope: str = "auto") -> dict:

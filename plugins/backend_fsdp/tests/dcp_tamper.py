@@ -1,4 +1,6 @@
-"""Test helper: plant bytes as one non-tensor (BYTE_IO) item of a DCP checkpoint.
+"""Test helper: plant bytes as one non-tensor (BYTE_IO) item of a DCP checkpoint (the FSDP
+backend's tests and ``tests/reliability/`` load it with
+:func:`rlweave.testing.helper_modules.import_helper`).
 
 :func:`plant_byte_item` appends ``payload`` to the shard file holding item ``fqn`` (e.g.
 ``optim.param_groups.0.lr``) and points the item's storage entry in ``.metadata`` at it, so

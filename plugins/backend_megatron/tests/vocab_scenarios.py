@@ -1,9 +1,10 @@
-"""A two-rank scenario for the vocabulary-parallel log-probs tests (spawned ranks import it by name).
+"""A two-rank scenario for the vocabulary-parallel log-probs tests (each rank loads this file
+again, see :func:`rlweave.testing.ranks.run_ranks`).
 
 :func:`vocab_parallel_scenario` runs on every rank of a tensor-parallel group of megatron-core
 (gloo on CPU, the CPU redirections applied): each rank holds its slice of the columns of the
-same padded logits, computes :func:`~.vocab.logprobs_entropy` on it and back-propagates the
-log-probs and the entropy separately; rank 0 returns every rank's results.
+same padded logits, computes :func:`rlweave_backend_megatron.vocab.logprobs_entropy` on it and
+back-propagates the log-probs and the entropy separately; rank 0 returns every rank's results.
 """
 
 from __future__ import annotations
