@@ -40,6 +40,13 @@ class RunSection(Strict):
         1, ge=0, description="one_step_off and async: no trained token was generated more than this many policy "
         "versions before the update that uses it (older samples are generated again).",
     )
+    scheduler: Literal["ray", "in_process"] = Field(
+        "ray", description="Where the roles' workers run. ray: one Ray actor per rank, with placement groups, per-call "
+        "deadlines (roles.<role>.timeouts) and restarts. in_process: every role's worker in this process, one rank per "
+        "role, without Ray (a GPU machine without Ray, small models): the roles share this process's device (its "
+        "current GPU on gpu pools), weights move in process (weight_sync.transport auto or in_process), calls run "
+        "without deadlines, and run.max_restarts must be 0 (docs/in_process.md).",
+    )
     max_restarts: int = Field(
         0, ge=0, description="Times a run recovers from a dead or hung worker: the lost roles are rebuilt, every "
         "trained role reloads the newest complete checkpoint (one is written at step 0 when there is none) and the run "
@@ -193,11 +200,13 @@ class RewardsRuntime(Strict):
 
 
 class WeightSyncSection(Strict):
-    transport: Literal["auto", "object_store", "broadcast", "cuda_ipc"] = Field(
+    transport: Literal["auto", "object_store", "broadcast", "cuda_ipc", "in_process"] = Field(
         "auto", description="How weights move between roles: object_store (Ray's object store, works everywhere), "
         "broadcast (a group between the source's rank 0 and the destination ranks: NCCL on GPU, gloo otherwise), "
-        "cuda_ipc (memory handles between roles on one node: CUDA IPC on a shared GPU, shared memory on CPU); "
-        "auto: cuda_ipc for colocated GPU roles, broadcast for other GPU roles, object_store otherwise.",
+        "cuda_ipc (memory handles between roles on one node: CUDA IPC on a shared GPU, shared memory on CPU), "
+        "in_process (checksummed buckets handed over through the controller: roles of run.scheduler in_process); "
+        "auto: in_process for roles in one process, cuda_ipc for colocated GPU roles, broadcast for other GPU roles, "
+        "object_store otherwise.",
     )
     bucket_mb: float = Field(64.0, gt=0, description="Size of a weight bucket in MiB (a larger tensor travels alone).")
     timeout_s: Optional[float] = Field(

@@ -5,7 +5,9 @@ Light at import: names are resolved on first use, and only the Ray parts import 
 * :class:`RoleHandle`, :class:`RoleFuture`, :class:`WorkerError`, :class:`WorkerTimeout`
   (framework-agnostic, :mod:`rlweave.scheduler.handle` etc.);
 * :func:`start_ray`, :func:`shutdown_ray`, :func:`ray_session`, :func:`build_roles`,
-  :class:`RoleBuilder` (Ray, :mod:`rlweave.scheduler.ray_impl`).
+  :class:`RoleBuilder` (Ray, :mod:`rlweave.scheduler.ray_impl`);
+* :class:`InProcessRoleBuilder` (every role in this process, no Ray:
+  :mod:`rlweave.scheduler.in_process`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ _EXPORTS = {
     "build_roles": "rlweave.scheduler.ray_impl.build",
     "RoleBuilder": "rlweave.scheduler.ray_impl.build",
     "WorkerLost": "rlweave.scheduler.errors",
+    "InProcessRoleBuilder": "rlweave.scheduler.in_process",
 }
 
 __all__ = list(_EXPORTS)
