@@ -294,7 +294,7 @@ def test_no_key_is_read_under_a_misspelt_name(runs):
 
 def test_exemption_reasons_hold(universe):
     """Each reason in EXEMPT is checked against the code it names."""
-    build = (REPO / "core/src/rlweave/scheduler/ray_impl/build.py").read_text()
+    build = (REPO / "core/src/rlweave/scheduler/contexts.py").read_text()
     assert "role_kernels(cfg, role, record)" in build, "kernels reach the ranks another way now: update EXEMPT"
     assert set(EXEMPT) <= set(universe.keys), "an exemption names a key that does not exist"
 
