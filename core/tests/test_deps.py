@@ -149,3 +149,13 @@ def test_a_worker_s_missing_dependency_keeps_its_hint():
     assert str(missing_dependency(error)) == VLLM_LINE[len("rlweave: "):] + "; or select engine: hf"
     lost = WorkerError("rollout", 0, "init_engine", f"MissingDependency: {sent}", "tb")  # the cause did not travel
     assert missing_dependency(lost).module == "vllm"
+
+
+def test_an_in_process_run_needs_no_ray(cli_run, monkeypatch):
+    calls = []
+    fake_runner(monkeypatch, lambda cfg, **kw: calls.append(cfg.run.scheduler))
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if ray were not installed
+    code, _, err = cli_run("train", "c.yaml", "run.scheduler=in_process")
+    assert (code, calls) == (0, ["in_process"]), err
+    code, _, err = cli_run("train", "c.yaml", "run.scheduler=in_process", "run.name=other", "--address", "ray://x:1")
+    assert code == 2 and "--address joins a Ray cluster" in err and calls == ["in_process"]

@@ -5,6 +5,7 @@ and what ``transport: auto`` picks. The CUDA path carries the ``gpu`` marker."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -175,9 +176,13 @@ def test_shared_memory_handle_maps_without_copy():
         open_handle(("cpu", 2**22 + 7, 999, 16, 0, 16))  # no such process
 
 
-def place(node="n1", device="cuda", gpu="g0", visible=("g0",)):
-    return {"node": node, "node_ip": None, "pid": 1, "device": device, "gpu": gpu if device == "cuda" else None,
-            "visible": list(visible) if device == "cuda" else []}
+_PIDS = itertools.count(100)
+
+
+def place(node="n1", device="cuda", gpu="g0", visible=("g0",), pid=None):
+    """A located rank; each in its own process unless ``pid`` is given."""
+    return {"node": node, "node_ip": None, "pid": next(_PIDS) if pid is None else pid, "device": device,
+            "gpu": gpu if device == "cuda" else None, "visible": list(visible) if device == "cuda" else []}
 
 
 @pytest.mark.parametrize("src, dst, want", [
@@ -189,6 +194,10 @@ def place(node="n1", device="cuda", gpu="g0", visible=("g0",)):
     (place(device="cpu"), [place()], "object_store"),  # CPU trainer feeding a GPU engine
     (place(), [place(), place(device="cpu")], "object_store"),
     (None, [place()], "object_store"),  # could not be located
+    (place(pid=7), [place(pid=7)], "in_process"),  # run.scheduler: in_process, on a GPU
+    (place(device="cpu", pid=7), [place(device="cpu", pid=7)], "in_process"),  # and on CPU
+    (place(pid=7), [place(pid=7, node="n2")], "broadcast"),  # a pid of another node is another process
+    (place(pid=7), [place(pid=7), place()], "cuda_ipc"),  # one destination rank elsewhere
 ])
 def test_auto_picks_by_placement(src, dst, want):
     assert pick_transport(src, dst) == want
@@ -263,4 +272,4 @@ def test_auto_asks_the_ranks_where_they_run():
     h = RoleHandle("policy", LocalWorkerGroup("policy", W, [Ctx(), Ctx()]))
     places = locate(h, [0, 1], 5)
     assert places[0]["node"] == places[1]["node"] and [p["device"] for p in places] == ["cpu", "cpu"]
-    assert resolve_auto(h, h, 5) == "object_store"
+    assert resolve_auto(h, h, 5) == "in_process"  # every rank in this process

@@ -18,6 +18,8 @@ The runs (tiny fp32 model, 1-2 steps, no Ray: :mod:`rlweave.testing.recorded_run
   generate without a seed (the only calls that read its ``seed``: every shipped algorithm seeds
   its own); ``vllm_args``: a vLLM engine asked for the arguments it gives ``vllm.LLM``
   (``enforce_eager: false`` costs 20 s of compilation here);
+* ``in_process``: a GRPO step of the real run loop with ``run.scheduler: in_process`` (its own role
+  builder, which the recorded run does not replace);
 * ``ray_address`` / ``ray_local``: ``start_ray`` with ``ray.init`` recorded instead of called.
 
 A key may be exempt only in :data:`EXEMPT`, with a reason (checked where the code allows); an
@@ -215,6 +217,7 @@ RUNS = {
     "sft": _loop_run,
     "rm": _loop_run,
     "megatron_rm": _loop_run,
+    "in_process": _loop_run,
     "fsdp_init": lambda user, rec: _build_only(user, rec, "policy", init=True),
     "hf_unseeded": lambda user, rec: _build_only(user, rec, "rollout", init=True, calls=_unseeded_generate()),
     "vllm_args": lambda user, rec: _build_only(user, rec, "rollout", init=False, calls=ENGINE_ARGS),
@@ -291,7 +294,7 @@ def test_no_key_is_read_under_a_misspelt_name(runs):
 
 def test_exemption_reasons_hold(universe):
     """Each reason in EXEMPT is checked against the code it names."""
-    build = (REPO / "core/src/rlweave/scheduler/ray_impl/build.py").read_text()
+    build = (REPO / "core/src/rlweave/scheduler/contexts.py").read_text()
     assert "role_kernels(cfg, role, record)" in build, "kernels reach the ranks another way now: update EXEMPT"
     assert set(EXEMPT) <= set(universe.keys), "an exemption names a key that does not exist"
 

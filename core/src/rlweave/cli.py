@@ -21,8 +21,8 @@
 * ``rlweave generate``, ``rlweave export``, ``rlweave eval``: offline generation, checkpoint export
   and evaluation of a trained model (:mod:`rlweave.commands`).
 Exit codes: 0 ok, 1 run failure / not implemented, 2 invalid config or usage, or a missing dependency
-(one line naming the package to install, :mod:`rlweave.deps`; ``train`` checks ray, torch and
-transformers before it writes anything), 128+N stopped by signal N (SIGTERM: 143, SIGINT: 130)
+(one line naming the package to install, :mod:`rlweave.deps`; ``train`` checks torch,
+transformers and, unless ``run.scheduler`` is in_process, ray before it writes anything), 128+N stopped by signal N (SIGTERM: 143, SIGINT: 130)
 after a clean shut-down.
 This module imports no torch or ray; the runner is imported only by ``train``.
 """
@@ -54,8 +54,9 @@ from rlweave.worker_errors import WorkerError, WorkerTimeout
 
 #: how a run can end because of its workers or rewards (printed as one error, exit code 1)
 _RUN_FAILURES = (WorkerError, WorkerTimeout, WeightSyncError, RewardFailureError, SharedFilesystemError)
-#: what every run imports (the plugins it selects may need more: :func:`main` names those)
-_RUN_NEEDS = ("ray", "torch", "transformers")
+#: what every run imports (the plugins it selects may need more: :func:`main` names those); Ray
+#: only with ``run.scheduler: ray``
+_RUN_NEEDS = ("torch", "transformers")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="rlweave: LLM post-training built from plugins.")
@@ -187,9 +188,14 @@ def train(config: Path = typer.Argument(..., help="Run config YAML."),
         raise typer.Exit(2)
     cfg, resolved, pm = _load(config, list(overrides or []))
     if address is not None:
+        if cfg.run.scheduler != "ray":
+            typer.echo(f"error: --address joins a Ray cluster, but {config}: run.scheduler is "
+                       f"{cfg.run.scheduler!r} (no Ray); drop --address or use run.scheduler=ray", err=True)
+            raise typer.Exit(2)
         cfg.ray.address = address
     target = run_dir if run_dir is not None else Path(cfg.run.output_dir) / cfg.run.name
-    check_installed(_RUN_NEEDS)  # before anything is written; main() prints what to install
+    # before anything is written; main() prints what to install
+    check_installed((("ray",) if cfg.run.scheduler == "ray" else ()) + _RUN_NEEDS)
     try:
         from rlweave.runner.loop import RunInterrupted, run
     except ImportError as exc:

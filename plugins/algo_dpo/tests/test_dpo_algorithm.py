@@ -171,7 +171,7 @@ def test_online_dpo_step(tiny, tmp_path):
     from rlweave_algo_dpo import online_dpo
     from rlweave_infer_hf.engine import HFEngine
 
-    from rlweave.testing.transports import InProcessTransport
+    from rlweave.weight_sync.in_process import InProcessTransport
     from rlweave.weight_sync import WeightSync
 
     transport = InProcessTransport()  # the roles are in-process groups: no object store

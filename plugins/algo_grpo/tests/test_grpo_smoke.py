@@ -21,8 +21,8 @@ from rlweave.rewards.sections import RewardEntry, RewardsRuntime
 from rlweave.scheduler.handle import RoleHandle
 from rlweave.scheduler.local import LocalWorkerGroup
 from rlweave.testing.ranks import free_port
-from rlweave.testing.transports import InProcessTransport
 from rlweave.weight_sync import WeightSync
+from rlweave.weight_sync.in_process import InProcessTransport
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -51,6 +51,15 @@ def setup(tmp_path_factory):
     sys.path.remove(str(tmp))
 
 
+class CountingTransport(InProcessTransport):
+    """The in-process transport, counting its set-ups."""
+
+    setups = 0
+
+    def setup(self, src, dst):
+        self.setups += 1
+
+
 def test_grpo_step_trains_and_syncs(setup):
     from rlweave.rewards.reward_set import RewardSet
     from rlweave_algo_grpo.algorithm import GRPO
@@ -71,7 +80,7 @@ def test_grpo_step_trains_and_syncs(setup):
     rewards = RewardSet([RewardEntry(name="grpo_probe_reward:probe", args={"log": str(log)})],
                         RewardsRuntime(timeout_s=20, workers=1))
     try:
-        transport = InProcessTransport()
+        transport = CountingTransport()
         roles = {"policy": policy, "rollout": rollout}
         ctx = RunContext(roles=roles, tokenizer=AutoTokenizer.from_pretrained(model_dir),
                          run_dir=tmp, config=None, rewards=rewards, seed=3,

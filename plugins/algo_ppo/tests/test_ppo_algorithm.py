@@ -71,7 +71,7 @@ def _role(name, path, model_type=None, lr=None, port=0):
 
 def _context(roles, tmp_path, config, seed, **kw):
     """A run context whose weight syncs copy in process (the roles are in-process groups)."""
-    from rlweave.testing.transports import InProcessTransport
+    from rlweave.weight_sync.in_process import InProcessTransport
     from rlweave.weight_sync import WeightSync
 
     return RunContext(roles=roles, tokenizer=CharTokenizer(), run_dir=tmp_path, config=config, seed=seed,

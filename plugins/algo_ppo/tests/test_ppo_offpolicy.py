@@ -201,7 +201,7 @@ def stale_roles(tmp_path):
 def test_ppo_step_reports_offpolicy_metrics_of_a_stale_engine(stale_roles, tmp_path):
     from rlweave.config.schema import RunConfig
     from rlweave.interfaces.algorithm import RunContext
-    from rlweave.testing.transports import InProcessTransport
+    from rlweave.weight_sync.in_process import InProcessTransport
     from rlweave.weight_sync import WeightSync
     from rlweave_algo_ppo.algorithm import PPO
 

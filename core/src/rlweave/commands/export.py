@@ -53,7 +53,7 @@ def check_out(out: Path, overwrite: bool) -> None:
 
 def _worker_context(cfg: Any, role: str, record: Any) -> Any:
     """Rank 0 of a one-rank group of ``role``, without an optimizer (only weights are loaded)."""
-    from rlweave.scheduler.ray_impl.build import worker_context
+    from rlweave.scheduler.contexts import worker_context
 
     ctx = worker_context(cfg, role, 0, ("127.0.0.1", _free_port()), record=record)
     return dataclasses.replace(ctx, world_size=1, parallel={}, optim=None, device="cpu")

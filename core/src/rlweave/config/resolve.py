@@ -21,7 +21,9 @@ it failed, see :mod:`rlweave.config.loader`), this
 * checks that every kernel switched on reaches a role whose backend uses it (:mod:`rlweave.config.kernels`);
 * checks ``required_plugins`` against installed distribution versions;
 * runs ``rlweave.config.placement.check_placement`` over the roles, with the ranks' device spans of the
-  selected plugins (a vLLM replica spans ``tp`` devices).
+  selected plugins (a vLLM replica spans ``tp`` devices);
+* with ``run.scheduler: in_process``, checks what it refuses (:mod:`rlweave.config.in_process`:
+  one rank per role, no restarts, an in-process weight transport).
 
 Every problem becomes a :class:`~rlweave.config.errors.ConfigIssue`; nothing heavy is imported
 (except what the module of an algorithm named by import path imports itself).
@@ -311,6 +313,18 @@ class _Pass:
         for path, message in problems:
             self.issue(path, message)
 
+    def scheduler(self) -> None:
+        """What ``run.scheduler: in_process`` refuses (:mod:`rlweave.config.in_process`)."""
+        try:
+            from rlweave.config.in_process import in_process_problems
+            from rlweave.config.placement import spans_of
+        except ImportError:  # a test replaced the placement rules
+            return
+        names = [r for r in (self.out.role_names or tuple(self.cfg.roles)) if r in self.cfg.roles]
+        spans = {r: spans_of(rec) for r, rec in self.out.roles.items()}
+        for path, message in in_process_problems(self.cfg, names, spans):
+            self.issue(path, message)
+
 
 def collect_plugin_issues(cfg: RunConfig, pm: PluginManager, source: str,
                           skip: Callable[[str], bool] = lambda path: False) -> tuple[ResolvedPlugins, list[ConfigIssue]]:
@@ -326,6 +340,7 @@ def collect_plugin_issues(cfg: RunConfig, pm: PluginManager, source: str,
     run.rewards()
     run.kernels()
     run.placement()
+    run.scheduler()
     return run.out, run.issues
 
 

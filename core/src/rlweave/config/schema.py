@@ -48,6 +48,13 @@ class RunSection(Strict):
         1, ge=0, description="one_step_off and async: no trained token was generated more than this many policy "
         "versions before the update that uses it (older samples are generated again).",
     )
+    scheduler: Literal["ray", "in_process"] = Field(
+        "ray", description="Where the roles' workers run. ray: one Ray actor per rank, with placement groups, per-call "
+        "deadlines (roles.<role>.timeouts) and restarts. in_process: every role's worker in this process, one rank per "
+        "role, without Ray (a GPU machine without Ray, small models): the roles share this process's device (its "
+        "current GPU on gpu pools), weights move in process (weight_sync.transport auto or in_process), calls run "
+        "without deadlines, and run.max_restarts must be 0 (docs/in_process.md).",
+    )
     max_restarts: int = Field(
         0, ge=0, description="Times a run recovers from a dead or hung worker: the lost roles are rebuilt, every "
         "trained role reloads the newest complete checkpoint (one is written at step 0 when there is none) and the run "

@@ -2,11 +2,11 @@
 
 Order of work (see :func:`run`)::
 
-    resolve plugins -> run dir, seeds, tokenizer, data, rewards -> start Ray -> build the
-    roles the algorithm asks for -> algorithm(config, ctx) -> [resume: load the latest
-    complete checkpoint] -> setup -> eval before -> steps (status line, metrics,
-    checkpoints, periodic eval) -> eval after -> final checkpoint + HF export -> plot
-    -> shut everything down (also on errors and SIGTERM)
+    resolve plugins -> run dir, seeds, tokenizer, data, rewards -> start Ray (none with
+    run.scheduler: in_process) -> build the roles the algorithm asks for ->
+    algorithm(config, ctx) -> [resume: load the latest complete checkpoint] -> setup ->
+    eval before -> steps (status line, metrics, checkpoints, periodic eval) -> eval after
+    -> final checkpoint + HF export -> plot -> shut everything down (also on errors and SIGTERM)
 
 Checkpoints (``<run_dir>/checkpoints/step_XXXXXX``, atomic via
 :class:`~rlweave.runner.checkpoint.CheckpointManager`) hold every trained role's own
@@ -310,25 +310,36 @@ class _Run:
                               f"{', '.join(map(str, previous.checkpoints))}) can be loaded; the run there is left as "
                               "it is")
 
-    def _start(self) -> None:
-        """Ray, the roles and the algorithm."""
-        from rlweave.config.placement import required_devices
-        from rlweave.interfaces.algorithm import RunContext
-        from rlweave.runner.shared_fs import check_shared_run_dir
-        from rlweave.scheduler import RoleBuilder, start_ray
-        from rlweave.weight_sync.service import WeightSync
+    def _builder_class(self) -> type:
+        """The role builder of ``run.scheduler``: Ray's (started or joined here), or the
+        in-process one (:mod:`rlweave.scheduler.in_process`; Ray is not imported)."""
+        if self.cfg.run.scheduler == "in_process":
+            from rlweave.scheduler.in_process import InProcessRoleBuilder
 
-        cfg, resolved = self.cfg, self.resolved
-        start_ray(cfg.ray, required_devices(cfg, self.role_names))
+            return InProcessRoleBuilder
+        from rlweave.config.placement import required_devices
+        from rlweave.scheduler import RoleBuilder, start_ray
+
+        start_ray(self.cfg.ray, required_devices(self.cfg, self.role_names))
         self.ray_started = True
         if Signals.active is not None:
             Signals.active.reinstall()
+        return RoleBuilder
+
+    def _start(self) -> None:
+        """Ray (unless ``run.scheduler`` is in_process), the roles and the algorithm."""
+        from rlweave.interfaces.algorithm import RunContext
+        from rlweave.runner.shared_fs import check_shared_run_dir
+        from rlweave.weight_sync.service import WeightSync
+
+        cfg, resolved = self.cfg, self.resolved
+        builder_cls = self._builder_class()
         self.algo_cls = resolved.algorithm.load()
         self.algo_cfg = resolved.algorithm_config if resolved.algorithm_config is not None else cfg.algorithm
         # optimizer steps of the whole run per trained role: the length of a cosine schedule
         totals = {r: cfg.run.total_steps * self.algo_cls.optimizer_steps_per_step(self.algo_cfg, r)
                   for r in self.role_names if cfg.roles[r].optim is not None}
-        self.builder = RoleBuilder(cfg, {r: resolved.roles[r] for r in self.role_names}, self.role_names,
+        self.builder = builder_cls(cfg, {r: resolved.roles[r] for r in self.role_names}, self.role_names,
                                    optimizer_total_steps=totals, kernel_records=resolved.kernels)
         self.roles.update(self.builder.build())
         self._write_workers()
@@ -340,13 +351,15 @@ class _Run:
         self.algo = self.algo_cls(self.algo_cfg, self.ctx)
 
     def _write_workers(self) -> None:
-        """``workers.json``: role -> per-rank ``{rank, pid, node_ip}`` (for operators and tests)."""
+        """``workers.json``: role -> per-rank ``{rank, pid, node_ip}``, and ``device`` where the
+        scheduler reports it (in process: ``cuda`` or ``cpu``), for operators and tests."""
         rows: dict[str, list[dict[str, Any]]] = {}
         for role, handle in self.roles.items():
             ranks = list(range(handle.world_size))
             info = handle.submit_ranks("placement", ranks, [((), {})] * len(ranks), list, on_actor=True).result(
                 timeout=60)
-            rows[role] = [{"rank": r, "pid": i.get("pid"), "node_ip": i.get("node_ip")} for r, i in zip(ranks, info)]
+            rows[role] = [{"rank": r, "pid": i.get("pid"), "node_ip": i.get("node_ip"),
+                           **({"device": i["device"]} if "device" in i else {})} for r, i in zip(ranks, info)]
         write_json(self.run_dir / "workers.json", rows)
 
     def _restore(self) -> int:

@@ -6,7 +6,9 @@ Light at import: names are resolved on first use, and only the Ray parts import 
   etc.) and the errors their calls raise, :class:`WorkerError`, :class:`WorkerTimeout`,
   :class:`WorkerLost` (defined in :mod:`rlweave.worker_errors`, below the scheduler);
 * :func:`start_ray`, :func:`shutdown_ray`, :func:`ray_session`, :func:`build_roles`,
-  :class:`RoleBuilder` (Ray, :mod:`rlweave.scheduler.ray_impl`).
+  :class:`RoleBuilder` (Ray, :mod:`rlweave.scheduler.ray_impl`);
+* :class:`InProcessRoleBuilder` (every role in this process, no Ray:
+  :mod:`rlweave.scheduler.in_process`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ _EXPORTS = {
     "build_roles": "rlweave.scheduler.ray_impl.build",
     "RoleBuilder": "rlweave.scheduler.ray_impl.build",
     "WorkerLost": "rlweave.worker_errors",
+    "InProcessRoleBuilder": "rlweave.scheduler.in_process",
 }
 
 __all__ = list(_EXPORTS)

@@ -4,7 +4,8 @@ See :mod:`rlweave.weight_sync.interface` for the contract, :class:`WeightSync` f
 algorithms call (``ctx.weight_sync.sync("policy", "rollout")``), :func:`sync_weights` for one
 sync between two role handles, :mod:`rlweave.weight_sync.object_store` for the transport that
 works everywhere Ray runs, :mod:`~rlweave.weight_sync.broadcast` (gloo/NCCL group) and
-:mod:`~rlweave.weight_sync.cuda_ipc` (memory handles between colocated roles) for the others,
+:mod:`~rlweave.weight_sync.cuda_ipc` (memory handles between colocated roles) and
+:mod:`~rlweave.weight_sync.in_process` (roles in the controller's process) for the others,
 :mod:`~rlweave.weight_sync.auto` for what ``transport: auto`` picks. Transports own both ends:
 their rank-side code reaches the ranks through the role handle's generic call; the scheduler
 knows nothing of weight sync.
@@ -26,6 +27,7 @@ _EXPORTS = {
     "ObjectStoreTransport": "rlweave.weight_sync.object_store",
     "BroadcastTransport": "rlweave.weight_sync.broadcast",
     "CudaIpcTransport": "rlweave.weight_sync.cuda_ipc",
+    "InProcessTransport": "rlweave.weight_sync.in_process",
     "pick_transport": "rlweave.weight_sync.auto",
     "sync_weights": "rlweave.weight_sync.sync",
     "WeightSync": "rlweave.weight_sync.service",

@@ -3,6 +3,8 @@
 
 ``auto``:
 
+* every destination rank in the source rank 0's process (``run.scheduler: in_process``):
+  ``in_process``;
 * both roles on CUDA, every destination rank on the source rank 0's node and seeing its GPU
   (colocated roles): ``cuda_ipc``;
 * both roles on CUDA otherwise: ``broadcast`` (an NCCL group);
@@ -83,6 +85,8 @@ def pick_transport(src: Mapping[str, Any] | None, dst: Sequence[Mapping[str, Any
     ``dst`` (:func:`locate_end` records; None: could not be located). See the module docstring."""
     if src is None or not dst:
         return "object_store"
+    if all(d["node"] == src["node"] and d["pid"] == src["pid"] for d in dst):
+        return "in_process"
     if src["device"] != "cuda" or any(d["device"] != "cuda" for d in dst):
         return "object_store"
     return "cuda_ipc" if colocation_problem(src, dst) is None else "broadcast"

@@ -10,6 +10,8 @@ says so). One interface, several transports:
   formed in :meth:`WeightTransport.setup`, buckets broadcast in place of object-store puts.
 * :class:`~rlweave.weight_sync.cuda_ipc.CudaIpcTransport` (implemented): colocated roles
   pass memory handles of the buckets (CUDA IPC; shared memory on CPU) instead of bytes.
+* :class:`~rlweave.weight_sync.in_process.InProcessTransport` (implemented): roles in the
+  controller's process (``run.scheduler: in_process``) hand the buckets over in memory.
 
 ``weight_sync.transport: auto`` picks among them by where the roles run
 (:mod:`rlweave.weight_sync.auto`).

@@ -15,11 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field
 class WeightSyncSection(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    transport: Literal["auto", "object_store", "broadcast", "cuda_ipc"] = Field(
+    transport: Literal["auto", "object_store", "broadcast", "cuda_ipc", "in_process"] = Field(
         "auto", description="How weights move between roles: object_store (Ray's object store, works everywhere), "
         "broadcast (a group between the source's rank 0 and the destination ranks: NCCL on GPU, gloo otherwise), "
-        "cuda_ipc (memory handles between roles on one node: CUDA IPC on a shared GPU, shared memory on CPU); "
-        "auto: cuda_ipc for colocated GPU roles, broadcast for other GPU roles, object_store otherwise.",
+        "cuda_ipc (memory handles between roles on one node: CUDA IPC on a shared GPU, shared memory on CPU), "
+        "in_process (checksummed buckets handed over through the controller: roles of run.scheduler in_process); "
+        "auto: in_process for roles in one process, cuda_ipc for colocated GPU roles, broadcast for other GPU roles, "
+        "object_store otherwise.",
     )
     bucket_mb: float = Field(64.0, gt=0, description="Size of a weight bucket in MiB (a larger tensor travels alone).")
     timeout_s: Optional[float] = Field(

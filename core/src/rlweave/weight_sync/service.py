@@ -25,6 +25,7 @@ TRANSPORTS = {
     "object_store": "rlweave.weight_sync.object_store:ObjectStoreTransport",
     "broadcast": "rlweave.weight_sync.broadcast:BroadcastTransport",
     "cuda_ipc": "rlweave.weight_sync.cuda_ipc:CudaIpcTransport",
+    "in_process": "rlweave.weight_sync.in_process:InProcessTransport",
 }
 #: what ``auto`` means when the roles cannot be asked where they run (:func:`make_transport`
 #: without them): the object store, which works wherever Ray runs. With both roles running,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from rlweave.config.placement import (
     PlacementError,
@@ -15,8 +15,8 @@ from rlweave.config.placement import (
     required_devices,
     spans_of,
 )
-from rlweave.interfaces.worker import WorkerContext
 from rlweave.scheduler import faults
+from rlweave.scheduler.contexts import init_method, worker_context
 from rlweave.scheduler.handle import RoleHandle
 from rlweave.scheduler.ray_impl.actor import remote_actor_class
 from rlweave.scheduler.ray_impl.group import RayWorkerGroup
@@ -31,61 +31,6 @@ log = logging.getLogger("rlweave.scheduler")
 #: seconds to wait for a fresh actor to tell its address, and for its worker object to be built
 ADDRESS_TIMEOUT_S = 120.0
 SETUP_TIMEOUT_S = 300.0
-
-
-def init_method(record: Any, worker_cls: type) -> str | None:
-    """``init_engine`` for engines, ``init_model`` for backends (or whichever the class has)."""
-    kind = getattr(record, "kind", None)
-    if kind == "engine":
-        return "init_engine"
-    if kind == "backend":
-        return "init_model"
-    for name in ("init_model", "init_engine"):
-        if hasattr(worker_cls, name):
-            return name
-    return None
-
-
-def worker_context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int],
-                   total_steps: int | None = None, record: Any = None,
-                   kernel_records: Mapping[str, Any] | None = None) -> WorkerContext:
-    """Rank ``rank``'s context: ``options`` validated by ``record``'s ``config_model`` (a dict
-    of the section when there is no record or it has no model); ``kernels`` from the kernels
-    selected for the role that ``record`` uses, their targets from ``kernel_records`` (name ->
-    kernel record; default: the installed plugins)."""
-    from rlweave.config.kernels import role_kernels
-    from rlweave.config.resolve import NEVER_TRAINED
-
-    section = cfg.roles[role]
-    trains = section.optim is not None and role not in NEVER_TRAINED
-    model = section.model if section.model is not None else cfg.model
-    schema = getattr(record, "config_model", None)
-    options = schema.model_validate(dict(section.options)) if schema is not None else dict(section.options)
-    return WorkerContext(
-        role=role,
-        rank=rank,
-        world_size=section.devices // devices_per_rank(section.parallel, spans_of(record)),
-        master_addr=addr[0],
-        master_port=addr[1],
-        options=options,
-        model=model.model_dump(),
-        seed=cfg.run.seed,
-        parallel=dict(section.parallel),
-        optim=section.optim if trains else None,
-        optim_total_steps=int(total_steps) if total_steps else None,
-        kernels=_kernel_targets(role_kernels(cfg, role, record), kernel_records),
-    )
-
-
-def _kernel_targets(names: Sequence[str], records: Mapping[str, Any] | None) -> dict[str, str]:
-    if not names:
-        return {}
-    if records is None or any(n not in records for n in names):
-        from rlweave.plugins.manager import get_plugin_manager
-
-        pm = get_plugin_manager()
-        records = {**(records or {}), **{n: pm.get("kernel", n) for n in names if n not in (records or {})}}
-    return {n: records[n].target for n in names}
 
 
 def _process_settings(cfg: "RunConfig", role: str) -> ProcessSettings:

@@ -1,0 +1,95 @@
+"""GRPO through ``rlweave train`` with ``run.scheduler: in_process``: every role in the
+controller's process, Ray never imported (tiny model, FSDP policy, HF engine, 2 steps), on the
+CPU and, with the ``gpu`` marker, on a CUDA GPU (``scripts/gpu_check.sh`` runs it there).
+
+The command runs in a subprocess whose path starts with a stand-in ``ray`` package: importing
+it writes a line to a file and fails. The run must finish without touching it, train (finite,
+non-zero loss), list every role in the controller's process on the expected device
+(``workers.json``), move the policy's weights into the engine after every update (the step's
+``sync_bytes``), and the engine must generate with them: at step 2 the log-probs it reports for
+its samples equal the policy's own (``logprob_gap`` ~1e-7; 0.3 when the engine keeps its
+weights). A reward on the response's length makes every step's update move the weights.
+Loading refuses what the scheduler cannot do, naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from rlweave.testing.runs import cli_env, metrics_rows, run_cli, workers
+
+STAND_IN_RAY = '''import os, traceback
+with open(os.environ["RAY_IMPORTED_LOG"], "a") as f:
+    f.write("".join(traceback.format_stack()) + "\\n")
+raise ImportError("ray is not available in this test")
+'''
+#: rewards differ inside every group, so every step changes the weights
+LENGTH_REWARD = "def length(prompt, response, **fields):\n    return 0.1 * len(response)\n"
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def train_in_process(ws, tmp_path, name: str, device: str) -> list[dict]:
+    """Run 2 GRPO steps in process with the pool's ``device`` (``cpu`` or ``gpu``); check what
+    the module docstring promises and return the metrics rows of the steps."""
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text(STAND_IN_RAY)
+    log = tmp_path / "ray_imported.log"
+    (tmp_path / "length_reward.py").write_text(LENGTH_REWARD)
+    rewards = [{"name": "arith_exact"}, {"name": f"{tmp_path / 'length_reward.py'}:length", "weight": 0.5}]
+    config = ws.config(name, 2, run={"scheduler": "in_process"}, logging={"backends": ["jsonl"]}, rewards=rewards,
+                       resources={"pools": {"default": {"devices_per_node": 2, "device": device}}})
+    rc, out, _ = run_cli(["train", str(config)], cli_env(tmp_path, RAY_IMPORTED_LOG=str(log)))
+    assert rc == 0, out[-4000:]
+    assert not log.exists(), log.read_text()[-3000:]
+    run_dir = ws.root / "runs" / name
+    placed = workers(run_dir)
+    assert set(placed) == {"policy", "rollout"}
+    ranks = [r for rs in placed.values() for r in rs]
+    assert len({r["pid"] for r in ranks}) == 1  # one process: the controller's
+    assert {r["device"] for r in ranks} == {"cuda" if device == "gpu" else "cpu"}
+    steps = [r for r in metrics_rows(run_dir) if r["step"] >= 1]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        for key in ("loss", "reward/mean", "logprob_gap"):
+            assert math.isfinite(r[key]), (key, r)
+        assert r["loss"] != 0.0 and r["sync_bytes"] > 0, r  # an update that moved the weights, then a sync
+    assert steps[1]["logprob_gap"] < 1e-3, steps[1]
+    assert json.loads((run_dir / "summary.json").read_text())["hf_path"]
+    return steps
+
+
+def test_grpo_runs_in_process_without_ray(grpo_workspace, tmp_path):
+    train_in_process(grpo_workspace, tmp_path, "in-process", "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+def test_grpo_runs_in_process_on_the_gpu(grpo_workspace, tmp_path, record_property):
+    steps = train_in_process(grpo_workspace, tmp_path, "in-process-gpu", "gpu")
+    record_property("key_figure", f"GRPO via rlweave train in process on cuda: {steps[1]['time/step']:.2f} s/step, "
+                                  f"logprob gap {steps[1]['logprob_gap']:.1e}")
+
+
+def test_loading_refuses_what_in_process_cannot_do(grpo_workspace):
+    from rlweave.config.errors import ConfigError
+    from rlweave.config.loader import load_config
+
+    config = grpo_workspace.config("in-process-refused", 1)
+    overrides = ["run.scheduler=in_process", "roles.policy.devices=2", "run.max_restarts=1",
+                 "weight_sync.transport=broadcast", "resources.pools.default.devices_per_node=3"]
+    with pytest.raises(ConfigError) as info:
+        load_config(config, overrides, check_inputs=False)
+    text = str(info.value)
+    for key in ("roles.policy.devices", "run.max_restarts", "weight_sync.transport"):
+        assert f"{key}: " in text and "in_process" in text.split(f"{key}: ")[1].splitlines()[0], (key, text)
+    load_config(config, ["run.scheduler=in_process"], check_inputs=False)  # the same run on one rank each loads
