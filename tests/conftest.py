@@ -76,3 +76,47 @@ def build_grpo_workspace(root: Path) -> GrpoWorkspace:
 @pytest.fixture(scope="module")
 def grpo_workspace(tmp_path_factory) -> GrpoWorkspace:
     return build_grpo_workspace(tmp_path_factory.mktemp("grpo"))
+
+
+@pytest.fixture(scope="session")
+def shared_grpo_workspace(tmp_path_factory) -> GrpoWorkspace:
+    """One arithmetic workspace for the whole test run (what :func:`reference_run` trains in)."""
+    return build_grpo_workspace(tmp_path_factory.mktemp("grpo-shared"))
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    """A finished run that tests only read: ``config`` (the YAML it ran), ``run_dir`` (its outputs:
+    checkpoints at steps 2 and 4, ``hf/``, ``metrics.jsonl``) and the ``workspace`` it ran in.
+    A test that changes files works on :meth:`copy`."""
+
+    config: Path
+    run_dir: Path
+    workspace: GrpoWorkspace
+
+    def copy(self, dest: Path) -> Path:
+        """A copy of the run directory at ``dest`` (for ``rlweave train CONFIG --run-dir dest``)."""
+        import shutil
+
+        shutil.copytree(self.run_dir, dest)
+        return dest
+
+
+REFERENCE_UPDATES = {"ppo_epochs": 2, "mini_batches": 2}  # two updates per step
+
+
+@pytest.fixture(scope="session")
+def reference_run(shared_grpo_workspace) -> ReferenceRun:
+    """4 steps of tiny fp32 GRPO through ``rlweave train`` (FSDP policy, HF engine, Ray), two updates
+    per step, checkpoints at steps 2 and 4: trained once per test run and shared by every test that
+    compares against an uninterrupted run or starts from a real checkpoint (resume equality, SIGKILL
+    during a save, damaged and malicious checkpoints). Leaves no process behind."""
+    from rlweave.testing.runs import cli_env, leftovers, run_cli
+
+    ws = shared_grpo_workspace
+    cfg = ws.config("reference", steps=4, run={"save_every": 2}, algorithm=REFERENCE_UPDATES)
+    rc, out, pids = run_cli(["train", str(cfg)], cli_env(), timeout=900)
+    left = leftovers(pids)
+    if rc != 0 or left:
+        pytest.fail(f"the shared reference run failed (exit {rc}, processes left {sorted(left)}):\n{out[-4000:]}")
+    return ReferenceRun(cfg, ws.root / "runs" / "reference", ws)

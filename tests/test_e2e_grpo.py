@@ -84,35 +84,32 @@ def test_sigterm_stops_the_run_and_every_process(grpo_workspace):
     assert pids and not leftovers(pids)
 
 
-def test_sigkill_during_checkpoint_then_resume_matches(grpo_workspace):
-    ws = grpo_workspace
-    tmp = ws.root
-    ref_cfg = write_config(ws, "ref", steps=4, save_every=2)
-    rc, out, pids = run_cli(["train", str(ref_cfg)], cli_env())
-    assert rc == 0, out[-4000:]
-    ref = {r["step"]: r for r in metrics_rows(tmp / "runs" / "ref")}
+def test_sigkill_during_checkpoint_then_resume_matches(reference_run, tmp_path):
+    """The shared reference run (4 steps, checkpoints at 2 and 4) is the uninterrupted run."""
+    cfg = reference_run.config
+    ref = {r["step"]: r for r in metrics_rows(reference_run.run_dir)}
 
-    cfg = write_config(ws, "crash", steps=4, save_every=2)
-    ckpts = tmp / "runs" / "crash" / "checkpoints"
-    rc, out, pids1 = run_cli(["train", str(cfg)], cli_env(RLWEAVE_CHECKPOINT_DELAY_S="30"),
+    crash = tmp_path / "crash"
+    ckpts = crash / "checkpoints"
+    rc, out, pids1 = run_cli(["train", str(cfg), "--run-dir", str(crash)], cli_env(RLWEAVE_CHECKPOINT_DELAY_S="30"),
                              kill_when=lambda: (ckpts / ".tmp-step_000004" / "rng.json").exists())
     assert rc == -signal.SIGKILL, out[-4000:]
     assert (ckpts / "step_000002" / "COMPLETE").exists()
     assert not (ckpts / "step_000004").exists()  # the interrupted save never looks complete
     leftovers(pids1, grace_s=2.0)  # whatever the killed driver left (Ray reaps its own; a safety net)
 
-    rc, out, pids2 = run_cli(["train", str(cfg), "--resume"], cli_env())
+    rc, out, pids2 = run_cli(["train", str(cfg), "--resume", "--run-dir", str(crash)], cli_env())
     assert rc == 0, out[-4000:]
     assert "resumed from" in out and "step_000002" in out
-    got = {r["step"]: r for r in metrics_rows(tmp / "runs" / "crash")}
+    got = {r["step"]: r for r in metrics_rows(crash)}
     assert sorted(s for s in got if s >= 1) == [1, 2, 3, 4]
     for step in (3, 4):
         for key in ("loss", "pg_loss", "grad_norm", "entropy", "reward/mean"):
             assert got[step][key] == pytest.approx(ref[step][key], abs=1e-6), (step, key, got[step][key], ref[step][key])
     from safetensors.torch import load_file
 
-    a = load_file(str(tmp / "runs" / "ref" / "hf" / "model.safetensors"))
-    b = load_file(str(tmp / "runs" / "crash" / "hf" / "model.safetensors"))
+    a = load_file(str(reference_run.run_dir / "hf" / "model.safetensors"))
+    b = load_file(str(crash / "hf" / "model.safetensors"))
     assert a.keys() == b.keys()
     for k in a:
         assert (a[k] - b[k]).abs().max().item() <= 1e-6, k

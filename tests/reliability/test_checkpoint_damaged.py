@@ -1,5 +1,6 @@
 """A damaged checkpoint is detected, never loaded (``rlweave train`` in a subprocess: tiny fp32
-GRPO on CPU, HF engine, FSDP policy, checkpoints at steps 2 and 4).
+GRPO on CPU, HF engine, FSDP policy, checkpoints at steps 2 and 4: a copy of the shared
+``reference_run``).
 
 64 bytes flipped in the policy's DCP shard of the newest checkpoint: ``--resume`` names the
 file, warns, falls back to the previous checkpoint and finishes (and the damaged one is
@@ -19,18 +20,14 @@ from rlweave.testing.tamper import flip_bytes
 
 pytestmark = pytest.mark.slow
 SHARD = "roles/policy/__0_0.distcp"
-UPDATES = {"ppo_epochs": 2, "mini_batches": 2}  # two updates per step
 
 
-def test_damaged_checkpoint_is_detected(guarantee, grpo_workspace, tmp_path):
-    cfg = grpo_workspace.config("damaged", steps=4, run={"save_every": 2}, algorithm=UPDATES)
-    run_dir = grpo_workspace.root / "runs" / "damaged"
+def test_damaged_checkpoint_is_detected(guarantee, reference_run, tmp_path):
+    cfg = reference_run.config
+    run_dir = reference_run.copy(tmp_path / "damaged")
     env = cli_env()
     pids: set[int] = set()
     try:
-        rc, out, seen = run_cli(["train", str(cfg)], env, timeout=900)
-        pids |= seen
-        assert rc == 0, out[-4000:]
         ckpts = run_dir / "checkpoints"
         assert sorted(p.name for p in ckpts.iterdir()) == ["step_000002", "step_000004"]
         offset = flip_bytes(ckpts / "step_000004" / SHARD, 64)
@@ -39,7 +36,7 @@ def test_damaged_checkpoint_is_detected(guarantee, grpo_workspace, tmp_path):
         shutil.rmtree(alone / "checkpoints" / "step_000002")
 
         t0 = time.monotonic()
-        rc, out, seen = run_cli(["train", str(cfg), "--resume"], env, timeout=900)
+        rc, out, seen = run_cli(["train", str(cfg), "--resume", "--run-dir", str(run_dir)], env, timeout=900)
         pids |= seen
         assert rc == 0, out[-4000:]
         fallback_s = time.monotonic() - t0

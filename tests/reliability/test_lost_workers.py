@@ -95,14 +95,14 @@ def final_state(run_dir: Path) -> tuple[dict, dict]:
 def test_max_restarts_recovers_lost_workers_like_an_uninterrupted_run(grpo_workspace, guarantee):
     ws = grpo_workspace
     tmp = ws.root
-    steps = 6
+    steps = 4
     rc, out, pids = run_cli(["train", str(config(ws, "steady", steps))], cli_env(), cwd=REPO, timeout=400)
     assert rc == 0, out[-3000:]
     ref_weights, ref_state = final_state(tmp / "runs" / "steady")
 
     # (a) the rollout worker is SIGKILLed from outside after step 2; (b) the policy's only rank
-    # kills itself in step 4's train_step
-    cases = {"rollout": ({}, 2), "policy": ({faults.ENV: "policy:0:train_step:kill@4"}, None)}
+    # kills itself in step 3's train_step
+    cases = {"rollout": ({}, 2), "policy": ({faults.ENV: "policy:0:train_step:kill@3"}, None)}
     measured = []
     for role, (extra, after_step) in cases.items():
         name = f"restart-{role}"
