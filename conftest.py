@@ -12,6 +12,11 @@ module starts clean), and the module errors at teardown, naming each leftover (p
 state, command line) and the module. Exempt are the helpers Python and torch start once per
 process and stop at exit (``SINGLETONS``), with their descendants.
 
+With pytest-xdist (``make test`` runs two workers), each test module runs whole on one worker
+(a ``xdist_group`` named after its file, so its module fixtures are built once), except that
+every test using a session fixture named in ``SHARED_FIXTURES`` joins that fixture's group, so
+the expensive run behind it happens once per test run (``--dist loadgroup``).
+
 ``RLWEAVE_PROCESS_GUARD=warn`` reports leftovers as warnings instead; ``off`` disables the
 check (default ``error``); ``RLWEAVE_PROCESS_GUARD_GRACE_S`` sets the grace period. Without
 psutil the guard is off.
@@ -121,3 +126,17 @@ def _no_leftover_processes(request):
         warnings.warn(msg, stacklevel=1)
     else:
         pytest.fail(msg, pytrace=False)
+
+
+#: session fixtures that train once per test run: their tests run on one xdist worker together
+SHARED_FIXTURES = ("reference_run",)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Give every test an ``xdist_group``: its shared session fixture's name, else its file."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        names = getattr(item, "fixturenames", ())
+        group = next((f for f in SHARED_FIXTURES if f in names), None) or item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
