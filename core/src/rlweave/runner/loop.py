@@ -340,13 +340,15 @@ class _Run:
         self.algo = self.algo_cls(self.algo_cfg, self.ctx)
 
     def _write_workers(self) -> None:
-        """``workers.json``: role -> per-rank ``{rank, pid, node_ip}`` (for operators and tests)."""
+        """``workers.json``: role -> per-rank ``{rank, pid, node_ip, node_id}`` (for operators and tests;
+        ``node_id`` is Ray's: nodes of one machine share an address)."""
         rows: dict[str, list[dict[str, Any]]] = {}
         for role, handle in self.roles.items():
             ranks = list(range(handle.world_size))
             info = handle.submit_ranks("placement", ranks, [((), {})] * len(ranks), list, on_actor=True).result(
                 timeout=60)
-            rows[role] = [{"rank": r, "pid": i.get("pid"), "node_ip": i.get("node_ip")} for r, i in zip(ranks, info)]
+            rows[role] = [{"rank": r, "pid": i.get("pid"), "node_ip": i.get("node_ip"), "node_id": i.get("node_id")}
+                          for r, i in zip(ranks, info)]
         write_json(self.run_dir / "workers.json", rows)
 
     def _restore(self) -> int:
