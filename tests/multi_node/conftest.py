@@ -159,11 +159,17 @@ class NodeCluster:
         return [n.node_id for n in self.cluster.worker_nodes]
 
     def kill_node(self, node_id: str) -> set[int]:
-        """SIGKILL a worker node's processes (raylet, agents), as a crashed machine; returns the
-        pids of its process tree (its workers end on their own when their raylet is gone)."""
+        """SIGKILL every process of a worker node at once (raylet, agents and the worker
+        processes it started), as a crashed machine; returns their pids. (A worker process
+        outlives a killed raylet for a while, still answering calls.)"""
         node = next(n for n in self.cluster.worker_nodes if n.node_id == node_id)
         pids = set().union(*(tree(p.process.pid) for infos in node.all_processes.values() for p in infos))
-        self.cluster.remove_node(node, allow_graceful=False)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.cluster.remove_node(node, allow_graceful=False)  # reaps them
         return pids
 
     @contextmanager

@@ -6,12 +6,11 @@ gloo broadcast group after every update; the run passes the shared-filesystem ch
 start and its ranks write checkpoints into the run directory. Every socket of the run and of the
 cluster stays on loopback.
 
-After step 1 the policy's node is killed (raylet and agents SIGKILLed, as a crashed machine: its
-worker processes die with it). With ``run.max_restarts: 1`` the run notices the lost rank,
-rebuilds the policy where Ray places its bundle again (a free node; Ray may first still send the
-new rank to the dead node, which it has not noticed yet), goes back to the step-1 checkpoint,
-joins a new broadcast group and finishes. One run shows all of this: a second would cost as much
-again.
+After step 1 the policy's node is killed (every process of it SIGKILLed at once, as a crashed
+machine). With ``run.max_restarts: 1`` the run notices the lost rank, rebuilds the policy where
+Ray places its bundle again (a free node; Ray may first still send the new rank to the dead
+node, which it has not noticed yet), goes back to the step-1 checkpoint, joins a new broadcast
+group and finishes. One run shows all of this: a second would cost as much again.
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ def test_grpo_across_nodes_survives_losing_the_policy_node(nodes, workspace):
     import psutil
 
     run_dir = workspace.root / "runs" / "grpo-nodes"
-    cfg = workspace.config("grpo-nodes", 3, ray={"address": nodes.address},
+    cfg = workspace.config("grpo-nodes", 4, ray={"address": nodes.address},
                            run={"save_every": 1, "max_restarts": 1},
                            resources={"pools": {"default": {"nodes": 2, "devices_per_node": 1}}},
                            weight_sync={"transport": "broadcast"})
@@ -76,10 +75,10 @@ def test_grpo_across_nodes_survives_losing_the_policy_node(nodes, workspace):
     # every step trained and synced weights across nodes, also after the restart
     rows = metrics_rows(run_dir)
     steps = {r["step"]: r for r in rows if r["step"] >= 1}
-    assert sorted(steps) == [1, 2, 3] and rows[-1].get("restarts") == 1.0
+    assert sorted(steps) == [1, 2, 3, 4] and rows[-1].get("restarts") == 1.0
     assert all(r["sync_bytes"] > 0 and math.isfinite(r["loss"]) for r in steps.values())
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["restarts"] == 1 and (run_dir / "checkpoints" / "step_000003" / "COMPLETE").is_file()
+    assert summary["restarts"] == 1 and (run_dir / "checkpoints" / "step_000004" / "COMPLETE").is_file()
     assert (run_dir / "hf" / "config.json").is_file()
     # nothing of the dead node, the run or its ranks is left
     _, alive = psutil.wait_procs([psutil.Process(p) for p in seen["pids"] if psutil.pid_exists(p)], timeout=15)
