@@ -203,6 +203,17 @@ def test_auto_picks_by_placement(src, dst, want):
     assert pick_transport(src, dst) == want
 
 
+def test_ray_nodes_of_one_machine_are_separate_nodes():
+    """Two raylets of one host (or containers with the host's name) share the machine's key but
+    are separate Ray nodes: no memory handles between them, and the message names both."""
+    a, b = {**place(), "ray_node": "a" * 56, "node_ip": "127.0.0.1"}, {**place(), "ray_node": "b" * 56}
+    assert colocation_problem(a, [dict(a, pid=2)]) is None
+    msg = colocation_problem(a, [b], "policy", "rollout")
+    assert "'rollout' rank 0" in msg and "b" * 12 in msg and "a" * 12 in msg and "one node" in msg
+    assert pick_transport(a, [b]) == "broadcast"
+    assert colocation_problem(place(), [{**place(), "ray_node": "b" * 56}]) is None  # one side unknown: the machine
+
+
 def test_colocation_problem_names_the_rank_and_why():
     assert colocation_problem(place(device="cpu"), [place(device="cpu")]) is None
     msg = colocation_problem(place(device="cpu"), [place(device="cpu"), place(device="cpu", node="n2")],

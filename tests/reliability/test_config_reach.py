@@ -307,7 +307,8 @@ def test_ray_section_reaches_ray_init(workspace):
     assert (init["num_cpus"], init["num_gpus"], init["include_dashboard"]) == (3, 5, True)
     assert {"cpu_malloc": False} in calls
     _, calls = _ray_start(variant("ray_address", workspace), Recorder())
-    assert calls == [{"address": "127.0.0.1:6390", "log_to_driver": True}]
+    # a loopback address is joined over loopback (Ray would use the machine's own IP for it)
+    assert calls == [{"address": "127.0.0.1:6390", "_node_ip_address": "127.0.0.1", "log_to_driver": True}]
 
 
 def test_every_config_key_reaches_its_consumer(runs, verdicts, universe, guarantee):

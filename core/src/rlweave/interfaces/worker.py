@@ -116,7 +116,8 @@ class Worker:
     into an explicit method the controller calls (``init_model``/``init_engine``).
 
     ``init_distributed`` joins the role's torch.distributed group (gloo on CPU, NCCL on
-    CUDA); it is a no-op for world size 1 unless ``force`` is set.
+    CUDA), meeting at a store rank 0 serves on its node's address only
+    (:mod:`rlweave.scheduler.rendezvous`); it is a no-op for world size 1 unless ``force`` is set.
     """
 
     def __init__(self, ctx: WorkerContext):
@@ -137,16 +138,15 @@ class Worker:
 
         if dist.is_initialized() or (self.ctx.world_size == 1 and not force):
             return
+        from rlweave.scheduler.rendezvous import tcp_store
+
         os.environ.setdefault("MASTER_ADDR", self.ctx.master_addr)
         os.environ.setdefault("MASTER_PORT", str(self.ctx.master_port))
         backend = "nccl" if self.ctx.device == "cuda" else "gloo"
-        dist.init_process_group(
-            backend=backend,
-            init_method=f"tcp://{self.ctx.master_addr}:{self.ctx.master_port}",
-            rank=self.ctx.rank,
-            world_size=self.ctx.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = tcp_store(self.ctx.master_addr, self.ctx.master_port, self.ctx.world_size, self.ctx.rank == 0, timeout)
+        dist.init_process_group(backend=backend, store=store, rank=self.ctx.rank, world_size=self.ctx.world_size,
+                                timeout=timeout)
 
     def ping(self) -> dict[str, Any]:
         """Health check: returns role, rank and pid."""

@@ -351,14 +351,15 @@ class _Run:
         self.algo = self.algo_cls(self.algo_cfg, self.ctx)
 
     def _write_workers(self) -> None:
-        """``workers.json``: role -> per-rank ``{rank, pid, node_ip}``, and ``device`` where the
-        scheduler reports it (in process: ``cuda`` or ``cpu``), for operators and tests."""
+        """``workers.json``: role -> per-rank ``{rank, pid, node_ip, node_id}`` (``node_id`` is Ray's: nodes
+        of one machine share an address), and ``device`` where the scheduler reports it (in process:
+        ``cuda`` or ``cpu``), for operators and tests."""
         rows: dict[str, list[dict[str, Any]]] = {}
         for role, handle in self.roles.items():
             ranks = list(range(handle.world_size))
             info = handle.submit_ranks("placement", ranks, [((), {})] * len(ranks), list, on_actor=True).result(
                 timeout=60)
-            rows[role] = [{"rank": r, "pid": i.get("pid"), "node_ip": i.get("node_ip"),
+            rows[role] = [{"rank": r, "pid": i.get("pid"), "node_ip": i.get("node_ip"), "node_id": i.get("node_id"),
                            **({"device": i["device"]} if "device" in i else {})} for r, i in zip(ranks, info)]
         write_json(self.run_dir / "workers.json", rows)
 

@@ -6,7 +6,8 @@ node mounts. :func:`check_shared_run_dir` proves it at start, before any step: t
 writes a token into ``<run_dir>/.fs-check/``, every rank of every role reads it and writes a
 marker of its own beside it, and the controller reads every marker back. A rank that cannot
 see the token, or whose marker the controller cannot see, fails the run with an error naming
-role, rank and node. The probe directory is removed afterwards.
+role, rank and node (host name, and inside Ray the node's address and id: several Ray nodes
+may share a host). The probe directory is removed afterwards.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, Mapping
@@ -26,12 +28,21 @@ class SharedFilesystemError(RuntimeError):
     """A rank does not share the run directory with the controller."""
 
 
+def this_node() -> str:
+    """This process's node for a message: host name, and inside Ray the node's address and id."""
+    node = socket.gethostname()
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        node += f" ({ray.util.get_node_ip_address()}, Ray node {ray.get_runtime_context().get_node_id()[:12]})"
+    return node
+
+
 def probe_end(worker: Any, rank: int, directory: str, role: str) -> dict[str, Any]:  # noqa: ARG001
     """Rank side: read the controller's token in ``directory`` and write ``<role>.<rank>``."""
     path = Path(directory)
     token_file = path / "controller"
     token = token_file.read_text() if token_file.is_file() else None
-    node = socket.gethostname()
+    node = this_node()
     try:
         path.mkdir(parents=True, exist_ok=True)
         (path / f"{role}.{rank}").write_text(json.dumps({"token": token, "node": node}))

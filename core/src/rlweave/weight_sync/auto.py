@@ -5,8 +5,8 @@
 
 * every destination rank in the source rank 0's process (``run.scheduler: in_process``):
   ``in_process``;
-* both roles on CUDA, every destination rank on the source rank 0's node and seeing its GPU
-  (colocated roles): ``cuda_ipc``;
+* both roles on CUDA, every destination rank on the source rank 0's node (the same Ray node,
+  :func:`same_node`) and seeing its GPU (colocated roles): ``cuda_ipc``;
 * both roles on CUDA otherwise: ``broadcast`` (an NCCL group);
 * anything else (CPU ranks, a CPU role feeding a GPU role, ranks that cannot be located):
   ``object_store``. On CPU the object store measured faster than the gloo broadcast for
@@ -36,15 +36,16 @@ def node_key() -> str:
 
 
 def locate_end(worker: Any, rank: int) -> dict[str, Any]:  # noqa: ARG001
-    """Rank side: ``node`` (:func:`node_key`), ``node_ip`` (Ray's, when inside Ray), ``pid``,
-    ``device`` (the worker's ``ctx.device``), ``gpu`` (UUID of its current CUDA device, or
-    None) and ``visible`` (UUIDs of the CUDA devices it sees)."""
+    """Rank side: ``node`` (:func:`node_key`), ``node_ip`` and ``ray_node`` (Ray's address and
+    node id, when inside Ray), ``pid``, ``device`` (the worker's ``ctx.device``), ``gpu`` (UUID of
+    its current CUDA device, or None) and ``visible`` (UUIDs of the CUDA devices it sees)."""
     device = getattr(getattr(worker, "ctx", None), "device", "cpu") or "cpu"
-    out: dict[str, Any] = {"node": node_key(), "node_ip": None, "pid": os.getpid(), "device": device,
-                           "gpu": None, "visible": []}
+    out: dict[str, Any] = {"node": node_key(), "node_ip": None, "ray_node": None, "pid": os.getpid(),
+                           "device": device, "gpu": None, "visible": []}
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         out["node_ip"] = ray.util.get_node_ip_address()
+        out["ray_node"] = ray.get_runtime_context().get_node_id()
     if device == "cuda":
         import torch
 
@@ -63,14 +64,31 @@ def locate(handle: "RoleHandle", ranks: Sequence[int], timeout_s: float) -> list
                                fn=locate_end).result(timeout=timeout_s)
 
 
+def same_node(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two :func:`locate_end` records are on one node: the same Ray node when both
+    know theirs (Ray nodes that share a machine, such as several raylets of one host or
+    containers with the host's name, are still separate nodes to placement, and containers do
+    not share memory), else the same machine (:func:`node_key`)."""
+    if a.get("ray_node") and b.get("ray_node"):
+        return a["ray_node"] == b["ray_node"] and a["node"] == b["node"]
+    return a["node"] == b["node"]
+
+
+def where(rec: Mapping[str, Any]) -> str:
+    """A :func:`locate_end` record's node for a message: address and Ray node id, or machine."""
+    if rec.get("ray_node"):
+        return f"{rec.get('node_ip') or rec['node']} (Ray node {rec['ray_node'][:12]})"
+    return str(rec.get("node_ip") or rec["node"])
+
+
 def colocation_problem(src: Mapping[str, Any], dst: Sequence[Mapping[str, Any]], src_name: str = "source",
                        dst_name: str = "destination") -> str | None:
     """Why memory handles of source rank 0 (``src``, a :func:`locate_end` record) cannot be
     opened by every destination rank (``dst``), or None when they can."""
     for r, d in enumerate(dst):
-        if d["node"] != src["node"]:
-            return (f"{dst_name!r} rank {r} runs on node {d['node_ip'] or d['node']}, {src_name!r} rank 0 on "
-                    f"{src['node_ip'] or src['node']}: cuda_ipc needs both roles on one node")
+        if not same_node(d, src):
+            return (f"{dst_name!r} rank {r} runs on node {where(d)}, {src_name!r} rank 0 on {where(src)}: "
+                    "cuda_ipc needs both roles on one node")
         if d["device"] != src["device"]:
             return (f"{src_name!r} rank 0 is on {src['device']}, {dst_name!r} rank {r} on {d['device']}: cuda_ipc "
                     "needs both roles on the same kind of device")

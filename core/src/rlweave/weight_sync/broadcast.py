@@ -54,9 +54,10 @@ def join_end(worker: Any, rank: int, key: str, host: str, port: int, group_rank:
     import torch
     import torch.distributed as dist
 
+    from rlweave.scheduler.rendezvous import tcp_store
+
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world, is_master=group_rank == 0, timeout=timeout,
-                          wait_for_workers=False)
+    store = tcp_store(host, port, world, group_rank == 0, timeout)
     prefixed = dist.PrefixStore(key, store)
     if backend == "nccl":
         opts = dist.ProcessGroupNCCL.Options()

@@ -56,8 +56,9 @@ def open_channel(key: str, host: str, port: int, is_source: bool, world: int, ti
     """Join (``is_source``: host) channel ``key`` in this process; returns its store."""
     import torch.distributed as dist
 
-    store = dist.TCPStore(host, port, world, is_master=is_source, timeout=timedelta(seconds=timeout_s),
-                          wait_for_workers=False)
+    from rlweave.scheduler.rendezvous import tcp_store
+
+    store = tcp_store(host, port, world, is_source, timedelta(seconds=timeout_s))
     _CHANNELS[key] = (dist.PrefixStore(key, store), timeout_s)
     return _CHANNELS[key][0]
 

@@ -59,7 +59,8 @@ class WorkerActor:
         return host, _free_port(host)
 
     def placement(self) -> dict[str, Any]:
-        """Where Ray put this rank: pid, node, placement group, GPU ids, CPU threads, and
+        """Where Ray put this rank: pid, node (address and Ray node id: several nodes may
+        share an address), placement group, GPU ids, CPU threads, and
         whether this process keeps freed memory for reuse (``cpu_malloc_reuse``, as applied by
         :meth:`setup`; None before it)."""
         import ray
@@ -68,6 +69,7 @@ class WorkerActor:
         return {
             "pid": os.getpid(),
             "node_ip": ray.util.get_node_ip_address(),
+            "node_id": ctx.get_node_id(),
             "placement_group_id": ctx.get_placement_group_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "accelerator_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])],

@@ -165,18 +165,34 @@ class RoleBuilder:
         return dict(self.handles)
 
     def rebuild(self, role: str, init: bool = True) -> RoleHandle:
-        """End ``role``'s ranks at once and start new, initialised ones in their place."""
+        """End ``role``'s ranks at once and start new, initialised ones in their place.
+
+        The new ranks start once every bundle of the role's pool sits on a live node
+        (:meth:`~rlweave.scheduler.ray_impl.pools.PoolPlacement.wait_placed`: after a node
+        loss Ray places its bundles again elsewhere). Ray may not know yet that a node died,
+        and send new ranks there; when they are lost and a node of the pool is then reported
+        dead, they are started again once Ray has placed the bundles anew (so at most once per
+        lost node). Any other failure propagates."""
+        from rlweave.scheduler.errors import WorkerError
+
         old = self.handles[role]
         old.kill(release=False)
         log.warning("rebuilding role %s (%d rank(s))", role, old.world_size)
-        handle = self._actors(role)
-        self.handles[role] = handle
-        try:
-            self._setup({role: handle}, init, None)
-        except BaseException:
-            handle.kill(release=False)
-            raise
-        return handle
+        placement = self.pools[self.cfg.roles[role].pool]
+        while True:
+            nodes = placement.wait_placed()
+            handle = self._actors(role)
+            self.handles[role] = handle
+            try:
+                self._setup({role: handle}, init, None)
+                return handle
+            except BaseException as exc:
+                handle.kill(release=False)
+                dead = placement.dead_nodes(nodes.values()) if isinstance(exc, WorkerError) and exc.lost else []
+                if not dead:
+                    raise
+                log.warning("rebuilding role %s: its new ranks were lost with node(s) %s; starting them again where "
+                            "Ray places the pool's bundles now", role, ", ".join(dead))
 
     def close(self) -> None:
         """Shut every role down and give back every placement group (idempotent)."""

@@ -6,7 +6,12 @@ Ray process binds 127.0.0.1), no dashboard unless ``ray.dashboard``, token auth 
 placement needs declared as virtual GPUs (``num_gpus``), so the same placement runs
 everywhere; there, with ``ray.cpu_malloc_reuse``, this process and the cluster's processes
 keep freed memory for reuse (:mod:`rlweave.scheduler.ray_impl.malloc`). With ``ray.address``
-it joins that cluster as is.
+it joins that cluster as is; an address on the loopback interface (``127.0.0.1:6379``,
+``localhost:6379``: a cluster whose nodes bind loopback, e.g. several raylets on one
+machine) is joined over loopback too, where Ray would otherwise replace the address with the
+machine's own IP and wait for a GCS that does not listen there. Whether a rank of a gpu pool
+runs on a GPU is decided by the rank from what its own process sees (no CUDA device: CPU),
+on a joined cluster as on a local one.
 
 ``shutdown_ray`` disconnects and, for a local cluster, waits until every Ray process it
 started (GCS, raylet, agents, workers) has exited, killing stragglers.
@@ -14,6 +19,7 @@ started (GCS, raylet, agents, workers) has exited, killing stragglers.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
@@ -39,8 +45,43 @@ def real_gpu_count() -> int:
 
 def gpus_are_virtual() -> bool:
     """Whether this process started the local cluster on a machine without GPUs, so the
-    ranks of gpu pools run on CPU (virtual devices)."""
+    ranks of gpu pools run on CPU (virtual devices). Only a hint for how a rank's process
+    starts (:func:`rlweave.scheduler.ray_impl.malloc.start_env`); each rank decides its device
+    from what it sees (:meth:`~rlweave.scheduler.ray_impl.actor.WorkerActor.setup`), so the
+    virtual GPUs of a joined cluster run on CPU as well."""
     return _started_local and real_gpu_count() == 0
+
+
+def is_loopback_address(address: str | None) -> bool:
+    """Whether a ``host:port`` Ray address names this machine's loopback interface."""
+    if not address or "://" in address:
+        return False
+    host = address.rsplit(":", 1)[0].strip("[]") if ":" in address else address
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@contextmanager
+def loopback() -> Iterator[None]:
+    """Ray resolves this machine's address to 127.0.0.1 inside the block (and processes it
+    starts meanwhile inherit that), instead of to the IP of its network interface."""
+    from ray._private import ray_constants
+
+    old_env, old_const = os.environ.get(_LOOPBACK_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[_LOOPBACK_ENV] = "0"  # inherited by the raylet and workers: they bind loopback too
+    ray_constants.ENABLE_RAY_CLUSTER = False  # this process may have imported Ray already
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old_const
+        if old_env is None:
+            os.environ.pop(_LOOPBACK_ENV, None)
+        else:
+            os.environ[_LOOPBACK_ENV] = old_env
 
 
 def start_ray(ray_cfg: "RaySection | None" = None, needs_gpus: int = 0) -> None:
@@ -59,8 +100,12 @@ def start_ray(ray_cfg: "RaySection | None" = None, needs_gpus: int = 0) -> None:
     if ray.is_initialized():
         return
     if cfg.address:
-        ray.init(address=cfg.address, log_to_driver=True)
         _started_local = False
+        if not is_loopback_address(cfg.address):
+            ray.init(address=cfg.address, log_to_driver=True)
+            return
+        with loopback():
+            ray.init(address=cfg.address, _node_ip_address="127.0.0.1", log_to_driver=True)
         return
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -70,12 +115,7 @@ def start_ray(ray_cfg: "RaySection | None" = None, needs_gpus: int = 0) -> None:
     # everything runs on CPU: this process and the cluster's (inheriting the variable) keep freed memory
     cpu_malloc(cfg.cpu_malloc_reuse and num_gpus is not None)
 
-    from ray._private import ray_constants
-
-    old_env, old_const = os.environ.get(_LOOPBACK_ENV), ray_constants.ENABLE_RAY_CLUSTER
-    os.environ[_LOOPBACK_ENV] = "0"  # inherited by the raylet and workers: they bind loopback too
-    ray_constants.ENABLE_RAY_CLUSTER = False  # this process may have imported Ray already
-    try:
+    with loopback():
         ray.init(
             address="local",
             num_cpus=cfg.num_cpus,
@@ -85,12 +125,6 @@ def start_ray(ray_cfg: "RaySection | None" = None, needs_gpus: int = 0) -> None:
             _node_ip_address="127.0.0.1",
             log_to_driver=True,
         )
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = old_const
-        if old_env is None:
-            os.environ.pop(_LOOPBACK_ENV, None)
-        else:
-            os.environ[_LOOPBACK_ENV] = old_env
     _started_local = True
 
 

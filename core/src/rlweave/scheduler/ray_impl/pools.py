@@ -20,18 +20,29 @@ to overwrite it (:func:`visible_devices_env`); vLLM's worker processes inherit t
 bundles stay one device each, so colocated roles share them as before. Every device of a
 rank must be on one node: the placement check keeps a rank's bundles inside one node's
 share of the pool, and :meth:`~PoolPlacement.rank_devices` raises if Ray put them on two.
+
+When a node dies, Ray places the pool's bundles that were on it again, on nodes with room
+for them (the group is ``RESCHEDULING`` meanwhile). Ray learns of the death only when the
+node misses its health checks, so ranks started just after the loss may still be sent to
+the dead node: :meth:`PoolPlacement.wait_placed` waits until every bundle sits on a live
+node, and :meth:`PoolPlacement.dead_nodes` tells a rebuild whether its ranks were lost
+with a node (then it starts them again where the bundles are now).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from rlweave.config.placement import PoolLayout, Slot
 
 CPUS_PER_DEVICE = 0.01
 READY_TIMEOUT_S = 60.0
+#: seconds a pool may take to place again the bundles of a lost node (Ray's health checks
+#: notice a dead node after about 15 s by default, then it places the bundles again)
+REPLACE_TIMEOUT_S = 120.0
 #: set in a Ray worker's environment, Ray leaves its ``CUDA_VISIBLE_DEVICES`` as it is
 NOSET_CUDA_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 
@@ -100,6 +111,41 @@ class PoolPlacement:
             out.append([gpu for _, ids in mine for gpu in ids])
         return out
 
+    def bundle_nodes(self) -> tuple[str, dict[int, str]]:
+        """The group's state (``CREATED``, ``RESCHEDULING``, ...) and bundle index -> id of the
+        node Ray placed it on (empty id: not placed)."""
+        from ray.util.placement_group import placement_group_table
+
+        table = placement_group_table(self.pg)
+        return str(table.get("state")), {int(i): str(n or "") for i, n in table.get("bundles_to_node_id", {}).items()}
+
+    def wait_placed(self, timeout_s: float = REPLACE_TIMEOUT_S, poll_s: float = 0.2) -> dict[int, str]:
+        """Bundle index -> node id once the group is placed and every bundle is on a node Ray
+        reports alive. Raises ``RuntimeError`` naming the pool, the bundles left without a node
+        and the cluster's resources after ``timeout_s`` (no node has room for them)."""
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state, nodes = self.bundle_nodes()
+            alive = alive_nodes()
+            homeless = sorted(i for i, n in nodes.items() if n not in alive)
+            if state == "CREATED" and nodes and not homeless:
+                return nodes
+            if time.monotonic() >= deadline:
+                have = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
+                raise RuntimeError(
+                    f"pool {self.layout.name!r}: bundle(s) {', '.join(map(str, homeless)) or '?'} lost their node and "
+                    f"Ray did not place them again within {timeout_s:g} s (placement group {state}); the live nodes "
+                    f"have {have} free: add a node with the pool's devices, or give the run fewer")
+            time.sleep(poll_s)
+
+    @staticmethod
+    def dead_nodes(nodes: Iterable[str]) -> list[str]:
+        """The node ids of ``nodes`` that Ray reports dead (or no longer knows)."""
+        alive = alive_nodes()
+        return sorted({n for n in nodes if n and n not in alive})
+
     def release(self) -> None:
         """One role is done with the pool; the last one removes the placement group."""
         self.users -= 1
@@ -112,6 +158,13 @@ class PoolPlacement:
                     remove_placement_group(self.pg)
                 except Exception:  # noqa: BLE001 - cluster already gone
                     pass
+
+
+def alive_nodes() -> set[str]:
+    """Ids of the nodes Ray reports alive."""
+    import ray
+
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
 
 
 def _bundle_device() -> tuple[str, list[str]]:
