@@ -32,7 +32,7 @@ CORE = Path(__file__).resolve().parents[1] / "src" / "rlweave"
 #: listed, so a new package or module gets its place on purpose.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # leaves: import no other unit ("rlweave" is the package's own __init__: version constants)
-    ("rlweave", "deps", "devices", "residency", "targets", "worker_errors", "loggers"),
+    ("rlweave", "deps", "devices", "residency", "targets", "worker_errors", "loggers", "rendezvous"),
     ("data",),  # data records (jsonl, parquet, chat) and the batch between roles
     ("weight_sync",),  # transports and the WeightSync service; role handles by duck type only
     ("interfaces",),  # contracts of workers, engines and algorithms

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
 
 from rlweave.scheduler.ray_impl.cluster import is_loopback_address  # noqa: E402
-from rlweave.scheduler.rendezvous import listen_socket, tcp_store  # noqa: E402
+from rlweave.rendezvous import listen_socket, tcp_store  # noqa: E402
 
 
 def listening(port: int) -> set[str]:

@@ -117,7 +117,7 @@ class Worker:
 
     ``init_distributed`` joins the role's torch.distributed group (gloo on CPU, NCCL on
     CUDA), meeting at a store rank 0 serves on its node's address only
-    (:mod:`rlweave.scheduler.rendezvous`); it is a no-op for world size 1 unless ``force`` is set.
+    (:mod:`rlweave.rendezvous`); it is a no-op for world size 1 unless ``force`` is set.
     """
 
     def __init__(self, ctx: WorkerContext):
@@ -138,7 +138,7 @@ class Worker:
 
         if dist.is_initialized() or (self.ctx.world_size == 1 and not force):
             return
-        from rlweave.scheduler.rendezvous import tcp_store
+        from rlweave.rendezvous import tcp_store
 
         os.environ.setdefault("MASTER_ADDR", self.ctx.master_addr)
         os.environ.setdefault("MASTER_PORT", str(self.ctx.master_port))

@@ -54,7 +54,7 @@ def join_end(worker: Any, rank: int, key: str, host: str, port: int, group_rank:
     import torch
     import torch.distributed as dist
 
-    from rlweave.scheduler.rendezvous import tcp_store
+    from rlweave.rendezvous import tcp_store
 
     timeout = timedelta(seconds=timeout_s)
     store = tcp_store(host, port, world, group_rank == 0, timeout)

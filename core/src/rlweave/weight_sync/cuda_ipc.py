@@ -56,7 +56,7 @@ def open_channel(key: str, host: str, port: int, is_source: bool, world: int, ti
     """Join (``is_source``: host) channel ``key`` in this process; returns its store."""
     import torch.distributed as dist
 
-    from rlweave.scheduler.rendezvous import tcp_store
+    from rlweave.rendezvous import tcp_store
 
     store = tcp_store(host, port, world, is_source, timedelta(seconds=timeout_s))
     _CHANNELS[key] = (dist.PrefixStore(key, store), timeout_s)

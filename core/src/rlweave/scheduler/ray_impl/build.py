@@ -173,7 +173,7 @@ class RoleBuilder:
         and send new ranks there; when they are lost and a node of the pool is then reported
         dead, they are started again once Ray has placed the bundles anew (so at most once per
         lost node). Any other failure propagates."""
-        from rlweave.scheduler.errors import WorkerError
+        from rlweave.worker_errors import WorkerError
 
         old = self.handles[role]
         old.kill(release=False)
