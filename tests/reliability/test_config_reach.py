@@ -230,6 +230,9 @@ RUNS = {
 def runs(workspace, universe):
     """name -> (config, mutations, problems, recorder, seconds) for every run."""
     pytest.importorskip("vllm", reason="the sft and vllm_args runs start or ask a vLLM engine")
+    from rlweave.scheduler import shutdown_ray
+
+    shutdown_ray()  # the recorded runs replace Ray: disconnect one an earlier module of this process left
     out = {}
     for name, fn in RUNS.items():
         user = variant(name, workspace)

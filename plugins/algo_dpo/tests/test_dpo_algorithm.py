@@ -174,7 +174,14 @@ def test_online_dpo_step(tiny, tmp_path):
     from rlweave.weight_sync.in_process import InProcessTransport
     from rlweave.weight_sync import WeightSync
 
-    transport = InProcessTransport()  # the roles are in-process groups: no object store
+    class CountingTransport(InProcessTransport):
+        setups = 0
+
+        def setup(self, src, dst):
+            self.setups += 1
+            super().setup(src, dst)
+
+    transport = CountingTransport()  # the roles are in-process groups: no object store
     policy = fsdp_role("policy", tiny / "model")
     reference = fsdp_role("reference", tiny / "model", optim=False)
     rollout = RoleHandle("rollout", LocalWorkerGroup("rollout", HFEngine, [
