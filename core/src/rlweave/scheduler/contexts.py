@@ -1,5 +1,6 @@
 """What a rank is built from, whatever runs it: its :class:`~rlweave.interfaces.worker.WorkerContext`
-(:func:`worker_context`) and the method that initialises it (:func:`init_method`).
+(:func:`worker_context`), the method that initialises it (:func:`init_method`), and the arguments
+every role builder takes (:class:`BuilderInputs`).
 
 Framework-agnostic: the Ray role builder (:mod:`rlweave.scheduler.ray_impl.build`) and the
 in-process one (:mod:`rlweave.scheduler.in_process`) build ranks with these, and so does
@@ -15,6 +16,7 @@ from rlweave.interfaces.worker import WorkerContext
 
 if TYPE_CHECKING:  # pragma: no cover
     from rlweave.config.schema import RunConfig
+    from rlweave.plugins.types import PluginRecord
 
 
 def init_method(record: Any, worker_cls: type) -> str | None:
@@ -70,3 +72,18 @@ def _kernel_targets(names: Sequence[str], records: Mapping[str, Any] | None) -> 
         pm = get_plugin_manager()
         records = {**(records or {}), **{n: pm.get("kernel", n) for n in names if n not in (records or {})}}
     return {n: records[n].target for n in names}
+
+
+class BuilderInputs:
+    """What a role builder is given: the run's config, role -> plugin record, the roles to build
+    (in order, duplicates dropped), role -> optimizer total steps, and the kernel records
+    (``None``: the installed plugins). Base of the Ray and the in-process builders."""
+
+    def __init__(self, cfg: "RunConfig", records: Mapping[str, "PluginRecord"], roles: Sequence[str],
+                 optimizer_total_steps: Mapping[str, int] | None = None,
+                 kernel_records: Mapping[str, "PluginRecord"] | None = None) -> None:
+        self.cfg = cfg
+        self.records = dict(records)
+        self.kernel_records = dict(kernel_records) if kernel_records is not None else None
+        self.roles = list(dict.fromkeys(roles))
+        self.totals = dict(optimizer_total_steps or {})

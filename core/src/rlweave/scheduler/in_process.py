@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rlweave.config.placement import PlacementError, check_placement, rank_parallel, spans_of
-from rlweave.scheduler.contexts import init_method, worker_context
+from rlweave.scheduler.contexts import BuilderInputs, init_method, worker_context
 from rlweave.worker_errors import WorkerError
 from rlweave.scheduler.handle import RoleHandle
 from rlweave.scheduler.local import LocalWorkerGroup
@@ -91,18 +91,14 @@ class InProcessWorkerGroup(LocalWorkerGroup):
         self.workers = []
 
 
-class InProcessRoleBuilder:
+class InProcessRoleBuilder(BuilderInputs):
     """Builds the roles of a run in this process (see the module docstring). Same arguments as
     :class:`~rlweave.scheduler.ray_impl.build.RoleBuilder`."""
 
     def __init__(self, cfg: "RunConfig", records: Mapping[str, "PluginRecord"], roles: Sequence[str],
                  optimizer_total_steps: Mapping[str, int] | None = None,
                  kernel_records: Mapping[str, "PluginRecord"] | None = None) -> None:
-        self.cfg = cfg
-        self.records = dict(records)
-        self.kernel_records = dict(kernel_records) if kernel_records is not None else None
-        self.roles = list(dict.fromkeys(roles))
-        self.totals = dict(optimizer_total_steps or {})
+        super().__init__(cfg, records, roles, optimizer_total_steps, kernel_records)
         self.handles: dict[str, RoleHandle] = {}
 
     def _check(self) -> None:

@@ -16,7 +16,7 @@ from rlweave.config.placement import (
     spans_of,
 )
 from rlweave.scheduler import faults
-from rlweave.scheduler.contexts import init_method, worker_context
+from rlweave.scheduler.contexts import BuilderInputs, init_method, worker_context
 from rlweave.scheduler.handle import RoleHandle
 from rlweave.scheduler.ray_impl.actor import remote_actor_class
 from rlweave.scheduler.ray_impl.group import RayWorkerGroup
@@ -38,7 +38,7 @@ def _process_settings(cfg: "RunConfig", role: str) -> ProcessSettings:
     return ProcessSettings(cpu_threads=cfg.roles[role].cpu_threads, cpu_malloc_reuse=cfg.ray.cpu_malloc_reuse)
 
 
-class RoleBuilder:
+class RoleBuilder(BuilderInputs):
     """Starts the ranks of a run's roles and can start one role again.
 
     :meth:`build` checks the placement (:class:`~rlweave.config.placement.PlacementError`
@@ -61,11 +61,7 @@ class RoleBuilder:
     def __init__(self, cfg: "RunConfig", records: Mapping[str, "PluginRecord"], roles: Sequence[str],
                  optimizer_total_steps: Mapping[str, int] | None = None,
                  kernel_records: Mapping[str, "PluginRecord"] | None = None) -> None:
-        self.cfg = cfg
-        self.records = dict(records)
-        self.kernel_records = dict(kernel_records) if kernel_records is not None else None
-        self.roles = list(dict.fromkeys(roles))
-        self.totals = dict(optimizer_total_steps or {})
+        super().__init__(cfg, records, roles, optimizer_total_steps, kernel_records)
         self.pools: dict[str, PoolPlacement] = {}
         self.classes: dict[str, type] = {}
         self.handles: dict[str, RoleHandle] = {}
