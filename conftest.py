@@ -14,8 +14,9 @@ process and stop at exit (``SINGLETONS``), with their descendants.
 
 With pytest-xdist (``make test`` runs two workers), each test module runs whole on one worker
 (a ``xdist_group`` named after its file, so its module fixtures are built once), except that
-every test using a session fixture named in ``SHARED_FIXTURES`` joins that fixture's group, so
-the expensive run behind it happens once per test run (``--dist loadgroup``).
+every test using a fixture named in ``SHARED_FIXTURES`` joins that fixture's group, so the
+expensive run or cluster behind it is built once per test run (``--dist loadgroup``; the group is
+written into each node id here, see :func:`_tag_node_id`).
 
 ``RLWEAVE_PROCESS_GUARD=warn`` reports leftovers as warnings instead; ``off`` disables the
 check (default ``error``); ``RLWEAVE_PROCESS_GUARD_GRACE_S`` sets the grace period. Without
@@ -128,15 +129,49 @@ def _no_leftover_processes(request):
         pytest.fail(msg, pytrace=False)
 
 
-#: session fixtures that train once per test run: their tests run on one xdist worker together
-SHARED_FIXTURES = ("reference_run",)
+#: session or package fixtures that build something expensive once (a trained run, the loopback
+#: cluster of ``tests/multi_node``): the tests using one run on one xdist worker together
+SHARED_FIXTURES = ("reference_run", "trained_run", "nodes")
 
 
+def _group_of(item) -> str:
+    """The ``xdist_group`` of a test: its shared session fixture's name, else its file."""
+    names = getattr(item, "fixturenames", ())
+    return next((f for f in SHARED_FIXTURES if f in names), None) or item.nodeid.split("::", 1)[0]
+
+
+def _marked_group(item) -> str:
+    """The name in the test's ``xdist_group`` mark (as pytest-xdist reads it)."""
+    mark = item.get_closest_marker("xdist_group")
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+
+def _tag_node_id(item, group: str) -> None:
+    """Append ``@group`` to the test's node id, which is what ``--dist loadgroup`` schedules by.
+
+    pytest-xdist 3.8 writes the suffix into ``item._nodeid``, which pytest 9.2's structured node
+    ids no longer read (pytest-dev/pytest-xdist#1386): every test would be scheduled alone, and
+    each module fixture built on both workers. So the suffix is written where this pytest keeps it."""
+    if hasattr(item, "_id"):  # structured node ids (pytest >= 9.2); before them xdist's own hook does it
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook
 def pytest_collection_modifyitems(config, items):
-    """Give every test an ``xdist_group``: its shared session fixture's name, else its file."""
+    """Give every test an ``xdist_group`` (:func:`_group_of`, unless it has one); under
+    ``--dist loadgroup`` (an xdist worker) also tag its node id with that group and put the
+    groups with a ``slow`` test first (they are handed out in this order)."""
+    tag = bool(config.getoption("loadgroup", default=False))
+    slow: set[str] = set()
     for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        names = getattr(item, "fixturenames", ())
-        group = next((f for f in SHARED_FIXTURES if f in names), None) or item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_group_of(item)))
+        group = _marked_group(item)
+        if tag and "@" not in item.nodeid.rsplit("]", 1)[-1]:
+            _tag_node_id(item, group)
+        if item.get_closest_marker("slow") is not None:
+            slow.add(group)
+    if tag:  # the groups holding whole runs first, so that no worker is left with one at the end
+        items.sort(key=lambda item: _marked_group(item) not in slow)

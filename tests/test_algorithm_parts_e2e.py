@@ -1,9 +1,10 @@
-"""Named algorithm parts in real runs through ``rlweave train`` (FSDP policy, HF engine, Ray):
+"""Named algorithm parts in real runs through ``rlweave train`` (FSDP policy, HF engine):
 
 * a third-party advantage estimator, packaged outside the repository
   (``tests/third_party/estimator``, installed into a folder on ``PYTHONPATH`` as pip would), is
-  listed by ``rlweave list-plugins`` and trains the policy when a config names it;
-* GRPO rewarded by a rule and a learned reward model together (the model sharing the policy's
+  listed by ``rlweave list-plugins`` and trains the policy when a config names it (in process:
+  ``run.scheduler: in_process``; estimators run in the controller);
+* GRPO (on Ray) rewarded by a rule and a learned reward model together (the model sharing the policy's
   and the reference's device, moved in and out by residency), with ReMax's greedy baseline, GSPO's loss, Dr.GRPO's
   aggregation and a k2 KL in the reward: every source reports its mean and failures, and the
   policy moves.
@@ -57,7 +58,7 @@ def test_a_third_party_estimator_is_listed_and_trains(grpo_workspace, tmp_path):
 
     ws = grpo_workspace
     cfg = ws.config("sign", 2, algorithm={"advantage": {"name": "sign_baseline", "scale": 0.5}},
-                    rewards=[{"name": "parts_rewards:length"}])
+                    rewards=[{"name": "parts_rewards:length"}], run={"scheduler": "in_process"})
     rc, out, pids = run_cli(["train", str(cfg)], env)
     assert rc == 0, out[-4000:]
     calls = [json.loads(x) for x in log.read_text().splitlines()]

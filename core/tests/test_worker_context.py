@@ -68,25 +68,38 @@ def test_process_settings_come_from_the_config_and_stay_out_of_the_context():
     assert not names & {"cpu_threads", "cpu_malloc_reuse"}
 
 
-def test_the_actor_applies_the_settings_before_building_the_worker(monkeypatch):
-    import torch
+#: run in a fresh process, as a rank is: a process that ran vLLM's CPU engine in it (other tests
+#: of a pytest worker may) keeps its thread count whatever torch.set_num_threads asks
+ACTOR_SETUP = """
+import json, os, torch
+from rlweave.interfaces.worker import Worker, WorkerContext
+from rlweave.scheduler.ray_impl.actor import WorkerActor
+from rlweave.scheduler.ray_impl.process import ProcessSettings
 
-    from rlweave.interfaces.worker import Worker
-    from rlweave.scheduler.ray_impl.actor import WorkerActor
+class Seen(Worker):
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.threads = torch.get_num_threads()
 
-    class Seen(Worker):
-        def __init__(self, ctx):
-            super().__init__(ctx)
-            self.threads = torch.get_num_threads()
+out = []
+for settings in (ProcessSettings(cpu_threads=1, cpu_malloc_reuse=False),
+                 ProcessSettings(cpu_threads=None, cpu_malloc_reuse=False)):
+    actor = WorkerActor(Seen, "policy", 0)
+    actor.setup(WorkerContext(world_size=1), "cpu", settings)
+    out.append({"applied": actor.applied.cpu_threads, "malloc": actor.applied.cpu_malloc_reuse,
+                "seen": actor.worker.threads})
+print(json.dumps(out))
+"""
 
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    before = torch.get_num_threads()
-    try:
-        actor = WorkerActor(Seen, "policy", 0)
-        actor.setup(WorkerContext(), "cpu", ProcessSettings(cpu_threads=1, cpu_malloc_reuse=False))
-        assert actor.applied == ProcessSettings(cpu_threads=1, cpu_malloc_reuse=False) and actor.worker.threads == 1
-        actor = WorkerActor(Seen, "policy", 0)
-        actor.setup(WorkerContext(world_size=1), "cpu", ProcessSettings(cpu_threads=None, cpu_malloc_reuse=False))
-        assert actor.applied.cpu_threads == actor.worker.threads == max(1, os.cpu_count() or 1)
-    finally:
-        torch.set_num_threads(before)
+
+def test_the_actor_applies_the_settings_before_building_the_worker():
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # what Ray gives a rank
+    proc = subprocess.run([sys.executable, "-c", ACTOR_SETUP], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fixed, derived = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert fixed == {"applied": 1, "malloc": False, "seen": 1}
+    assert derived["applied"] == derived["seen"] == max(1, os.cpu_count() or 1) and derived["malloc"] is False

@@ -2,8 +2,8 @@
 
 ``trained_run`` builds the arithmetic task's tiny Qwen2 workspace (``tests/conftest.py``:
 random weights, a locally trained tokenizer, 64 train and 16 test prompts) and trains it for
-two GRPO steps through ``rlweave train`` in a subprocess (FSDP policy, HF rollout engine),
-saving a checkpoint after each step. Besides ``arith_exact`` the run is rewarded by response
+two GRPO steps through ``rlweave train`` in a subprocess (FSDP policy, HF rollout engine, both
+in the controller's process: ``run.scheduler: in_process``), saving a checkpoint after each step. Besides ``arith_exact`` the run is rewarded by response
 length, so every group has different rewards and each step changes the weights. ``cli`` runs
 the command line in this process (typer's runner, stderr kept apart).
 """
@@ -44,7 +44,7 @@ def trained_run(tmp_path_factory) -> TrainedRun:
     ws = _e2e.build_grpo_workspace(tmp_path_factory.mktemp("cli"))
     (ws.root / "length_reward.py").write_text(LENGTH_REWARD)
     rewards = [{"name": "arith_exact"}, {"name": f"{ws.root / 'length_reward.py'}:length", "weight": 0.5}]
-    config = ws.config("cli", 2, run={"save_every": 1, "keep_last": 2}, rewards=rewards)
+    config = ws.config("cli", 2, run={"save_every": 1, "keep_last": 2, "scheduler": "in_process"}, rewards=rewards)
     rc, out, _ = run_cli(["train", str(config)], cli_env())
     assert rc == 0, out[-4000:]
     return TrainedRun(ws, config, ws.root / "runs" / "cli")

@@ -4,8 +4,9 @@ GRPO on CPU, HF engine, FSDP policy, checkpoints at steps 2 and 4: a copy of the
 
 64 bytes flipped in the policy's DCP shard of the newest checkpoint: ``--resume`` names the
 file, warns, falls back to the previous checkpoint and finishes (and the damaged one is
-replaced by a new, verifying save). With the damaged checkpoint alone it refuses: exit code
-1, an error naming the file, no traceback, nothing started.
+replaced by a new, verifying save; that run is in process, ``run.scheduler=in_process``). With
+the damaged checkpoint alone it refuses: exit code 1, an error naming the file, no traceback,
+nothing started.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def test_damaged_checkpoint_is_detected(guarantee, reference_run, tmp_path):
         shutil.rmtree(alone / "checkpoints" / "step_000002")
 
         t0 = time.monotonic()
-        rc, out, seen = run_cli(["train", str(cfg), "--resume", "--run-dir", str(run_dir)], env, timeout=900)
+        rc, out, seen = run_cli(["train", str(cfg), "--resume", "--run-dir", str(run_dir), "run.scheduler=in_process"],
+                                env, timeout=900)
         pids |= seen
         assert rc == 0, out[-4000:]
         fallback_s = time.monotonic() - t0

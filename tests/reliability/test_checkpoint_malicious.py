@@ -10,6 +10,10 @@ pickle runs ``touch TRAP`` when unpickled, and the ``COMPLETE`` marker is rewrit
 code 1 and an error naming the file, without traceback, and TRAP must not exist. Afterwards
 the stock loader of each place (``pickle.load``, ``torch.load(weights_only=False)``, DCP's
 ``FileSystemReader``) runs on the same file and does create TRAP: the traps were live.
+
+The first three resumes run with ``run.scheduler=in_process`` (the refusals are the loaders',
+the same in every process); the last one (a pickle inside a DCP shard, read by the policy's
+rank) goes through Ray, so an error raised in a worker reaches the user the same way.
 """
 
 from __future__ import annotations
@@ -93,7 +97,9 @@ def test_malicious_checkpoint_is_refused(guarantee, reference_run, tmp_path):
             trap = tmp_path / f"code-ran-{i}"
             name = _plant(run, place, trap)
             reseal(run / CKPT)
-            rc, out, seen = run_cli(["train", str(cfg), "--resume", "--run-dir", str(run)], env, timeout=600)
+            scheduler = "ray" if place == LR_ITEM else "in_process"
+            rc, out, seen = run_cli(["train", str(cfg), "--resume", "--run-dir", str(run), f"run.scheduler={scheduler}"],
+                                    env, timeout=600)
             pids |= seen
             results[place] = (rc, out, name, trap.exists())
             _stock_load(run, place)

@@ -12,6 +12,7 @@ half of every expert). One engine per case (~5-15 s each on 2 cores).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def greedy_reference(model_dir: Path) -> list[list[int]]:
 def moe_run(request, tmp_path_factory):
     """Start vLLM on a tiny Qwen3-MoE, generate, stream perturbed weights, generate again."""
     from rlweave.testing.tiny_model import build_tiny_qwen3_moe, perturbed_copy
-    from rlweave_infer_vllm.engine import VLLMEngine
+    from rlweave_infer_vllm.engine import THREADS_BIND, VLLMEngine
 
     moe_ffn, tp = request.param
     root = tmp_path_factory.mktemp(f"vllm_moe_{moe_ffn}_tp{tp}")
@@ -48,7 +49,9 @@ def moe_run(request, tmp_path_factory):
     engine = VLLMEngine(WorkerContext(role="rollout", parallel={"tp": tp},
                                       options={"max_model_len": 64, "kv_cache_gib": 0.25},
                                       model={"path": str(model_dir), "dtype": "float32"}, seed=1))
+    binding = os.environ.get(THREADS_BIND)
     engine.init_engine()
+    bindings = (binding, os.environ.get(THREADS_BIND))
     try:
         before = [g[0].token_ids for g in engine.generate(PROMPTS, GREEDY)]
         stats = engine.load_weights(iter(new.items()))
@@ -56,7 +59,14 @@ def moe_run(request, tmp_path_factory):
     finally:
         engine.shutdown()
     return {"dir": model_dir, "perturbed": root / "perturbed", "new": new, "before": before, "after": after,
-            "stats": stats, "tp": tp}
+            "stats": stats, "tp": tp, "bindings": bindings}
+
+
+def test_the_engine_leaves_the_core_binding_of_this_process_as_it_was(moe_run):
+    """The per-worker core lists of a tp=2 engine would pin a later engine of this process to
+    the first list (one core for a tp=1 engine)."""
+    before, after = moe_run["bindings"]
+    assert after == before
 
 
 def test_greedy_equals_transformers(moe_run):

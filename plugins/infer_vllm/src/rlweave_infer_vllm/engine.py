@@ -85,6 +85,8 @@ from rlweave_infer_vllm.processes import engine_processes, exited, live_pids, re
 log = logging.getLogger(__name__)
 
 GiB = 1 << 30
+#: vLLM-CPU's per-worker core lists (``0-3|4-7``), read by each worker when it starts
+THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 def _model_max_len(path: str) -> int:
@@ -203,13 +205,15 @@ class VLLMEngine(RolloutEngine):
         # not installed: MissingDependency, which `rlweave train` prints as one line (exit code 2)
         LLM = require("vllm", hint="or select engine: hf").LLM
         kw = self.engine_kwargs()
+        binding = None  # set for this engine's start only: a later engine of this process picks its own
         if not self._on_gpu():
             reserved = self.cfg.cpu_reserved_cores
             if reserved is None:
                 reserved = int(os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", "0"))
             os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(reserved)  # read by the engine-core subprocess
-            if self.tp > 1 and not os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
-                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(self.tp, sorted(os.sched_getaffinity(0)))
+            if self.tp > 1 and not os.environ.get(THREADS_BIND):
+                binding = cpu_thread_binding(self.tp, sorted(os.sched_getaffinity(0)))
+                os.environ[THREADS_BIND] = binding
         self.in_process = self.engine_in_process()
         # read by vllm.LLM when it builds its engine: 0 = the engine core runs in this process
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
@@ -221,6 +225,9 @@ class VLLMEngine(RolloutEngine):
             scratch.remove(self._scratch)
             self._scratch = None
             raise
+        finally:  # the workers read it when they start, inside LLM()
+            if binding is not None and os.environ.get(THREADS_BIND) == binding:
+                del os.environ[THREADS_BIND]
         self._max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self._weight_dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
         slow = slow_bf16_warning(self.where, self._weight_dtype, "cuda" if self._on_gpu() else "cpu")
