@@ -11,7 +11,7 @@ demo: setup
 	bash scripts/demo.sh
 
 test: setup
-	$(PY) -m pytest -n 2 --dist loadgroup
+	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder
 
 clean:
 	rm -rf runs examples/arith/artifacts examples/moe/artifacts

@@ -95,7 +95,7 @@ def final_state(run_dir: Path) -> tuple[dict, dict]:
 def test_max_restarts_recovers_lost_workers_like_an_uninterrupted_run(grpo_workspace, guarantee):
     ws = grpo_workspace
     tmp = ws.root
-    steps = 4
+    steps = 3
     rc, out, pids = run_cli(["train", str(config(ws, "steady", steps))], cli_env(), cwd=REPO, timeout=400)
     assert rc == 0, out[-3000:]
     ref_weights, ref_state = final_state(tmp / "runs" / "steady")

@@ -32,6 +32,11 @@ TOL = 1e-5
 CASES = {"tp1": ({}, False), "tp2": ({"tp": 2}, False), "pp2": ({"pp": 2}, True)}
 
 
+def _world(parallel: dict) -> int:
+    """Ranks of a layout: tensor- times pipeline-parallel size."""
+    return parallel.get("tp", 1) * parallel.get("pp", 1)
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     from rlweave.testing.tiny_model import build_tiny_qwen2
@@ -50,8 +55,7 @@ def fsdp(models):
 def case(request, models, tmp_path_factory):
     parallel, tied = CASES[request.param]
     work = tmp_path_factory.mktemp(f"megatron_{request.param}")
-    world = parallel.get("tp", 1) * parallel.get("pp", 1)
-    res = run_ranks(mt.policy_scenario, world, models[tied], str(work), parallel)
+    res = run_ranks(mt.policy_scenario, _world(parallel), models[tied], str(work), parallel)
     return {"name": request.param, "tied": tied, "dir": models[tied], "work": work, "res": res}
 
 
@@ -144,14 +148,27 @@ def test_heads_equal_fsdp(kind, models, tmp_path):
         assert (got["weights"][name] - w).abs().max().item() < TOL, name
 
 
+@pytest.fixture(scope="module")
+def checkpoints(models, tmp_path_factory):
+    """``checkpoints(parallel)`` -> ``(checkpoint dir, result)`` of the saving run of
+    ``mt.resume_scenario`` in that layout, made once per layout for the module."""
+    made: dict[tuple, tuple[str, dict]] = {}
+
+    def get(parallel: dict) -> tuple[str, dict]:
+        key = tuple(sorted(parallel.items()))
+        if key not in made:
+            ckpt = str(tmp_path_factory.mktemp("megatron_ckpt") / "ckpt")
+            made[key] = ckpt, run_ranks(mt.resume_scenario, _world(parallel), models[True], ckpt, parallel, True)
+        return made[key]
+
+    return get
+
+
 @pytest.mark.parametrize("saved,loaded", [({"tp": 2}, {"tp": 2}), ({"tp": 2}, {}), ({"pp": 2}, {"tp": 2})],
                          ids=["tp2-tp2", "tp2-tp1", "pp2-tp2"])
-def test_checkpoint_resumes_equal_in_any_layout(saved, loaded, models, tmp_path):
-    ckpt = str(tmp_path / "ckpt")
-    d = models[True]
-    world = lambda p: p.get("tp", 1) * p.get("pp", 1)  # noqa: E731
-    a = run_ranks(mt.resume_scenario, world(saved), d, ckpt, saved, True)
-    b = run_ranks(mt.resume_scenario, world(loaded), d, ckpt, loaded, False)
+def test_checkpoint_resumes_equal_in_any_layout(saved, loaded, models, checkpoints):
+    ckpt, a = checkpoints(saved)  # loading leaves the checkpoint as it was: two layouts read one
+    b = run_ranks(mt.resume_scenario, _world(loaded), models[True], ckpt, loaded, False)
     assert a["step"] == b["step"] == 1
     for key in ("loss", "grad_norm"):
         assert abs(a["metrics"][key] - b["metrics"][key]) < TOL, key
