@@ -98,7 +98,8 @@ def test_the_actor_applies_the_settings_before_building_the_worker():
     import sys
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # what Ray gives a rank
-    proc = subprocess.run([sys.executable, "-c", ACTOR_SETUP], env=env, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run([sys.executable, "-c", ACTOR_SETUP], env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     fixed, derived = json.loads(proc.stdout.strip().splitlines()[-1])
     assert fixed == {"applied": 1, "malloc": False, "seen": 1}

@@ -98,8 +98,8 @@ def test_malicious_checkpoint_is_refused(guarantee, reference_run, tmp_path):
             name = _plant(run, place, trap)
             reseal(run / CKPT)
             scheduler = "ray" if place == LR_ITEM else "in_process"
-            rc, out, seen = run_cli(["train", str(cfg), "--resume", "--run-dir", str(run), f"run.scheduler={scheduler}"],
-                                    env, timeout=600)
+            args = ["train", str(cfg), "--resume", "--run-dir", str(run), f"run.scheduler={scheduler}"]
+            rc, out, seen = run_cli(args, env, timeout=600)
             pids |= seen
             results[place] = (rc, out, name, trap.exists())
             _stock_load(run, place)
