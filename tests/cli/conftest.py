@@ -3,9 +3,10 @@
 ``trained_run`` builds the arithmetic task's tiny Qwen2 workspace (``tests/conftest.py``:
 random weights, a locally trained tokenizer, 64 train and 16 test prompts) and trains it for
 two GRPO steps through ``rlweave train`` in a subprocess (FSDP policy, HF rollout engine, both
-in the controller's process: ``run.scheduler: in_process``), saving a checkpoint after each step. Besides ``arith_exact`` the run is rewarded by response
-length, so every group has different rewards and each step changes the weights. ``cli`` runs
-the command line in this process (typer's runner, stderr kept apart).
+in the controller's process: ``run.scheduler: in_process``), saving a checkpoint after each
+step. Besides ``arith_exact`` the run is rewarded by response length, so every group has
+different rewards and each step changes the weights. ``cli`` runs the command line in this
+process (typer's runner, stderr kept apart).
 """
 
 from __future__ import annotations
