@@ -135,7 +135,7 @@ SHARED_FIXTURES = ("reference_run", "trained_run", "nodes")
 
 
 def _group_of(item) -> str:
-    """The ``xdist_group`` of a test: its shared session fixture's name, else its file."""
+    """The ``xdist_group`` of a test: the name of the shared fixture it uses, else its file."""
     names = getattr(item, "fixturenames", ())
     return next((f for f in SHARED_FIXTURES if f in names), None) or item.nodeid.split("::", 1)[0]
 
@@ -164,14 +164,15 @@ def pytest_collection_modifyitems(config, items):
     ``--dist loadgroup`` (an xdist worker) also tag its node id with that group and put the
     groups with a ``slow`` test first (they are handed out in this order)."""
     tag = bool(config.getoption("loadgroup", default=False))
+    groups: dict[int, str] = {}  # id(item) -> its group
     slow: set[str] = set()
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(_group_of(item)))
-        group = _marked_group(item)
+        group = groups[id(item)] = _marked_group(item)
         if tag and "@" not in item.nodeid.rsplit("]", 1)[-1]:
             _tag_node_id(item, group)
         if item.get_closest_marker("slow") is not None:
             slow.add(group)
     if tag:  # the groups holding whole runs first, so that no worker is left with one at the end
-        items.sort(key=lambda item: _marked_group(item) not in slow)
+        items.sort(key=lambda item: groups[id(item)] not in slow)
