@@ -80,12 +80,16 @@ class Residency:
     @classmethod
     def for_run(cls, ctx: Any, roles: Iterable[str], phases: Mapping[str, Iterable[str]]) -> "Residency":
         """A residency for the run of ``ctx`` (a ``RunContext``): the handles of ``roles``
-        (those present in the run), ``resources.colocate`` and ``resources.offload`` from its
+        (those present in the run with ranks of their own), ``resources.colocate`` and ``resources.offload`` from its
         config (``auto`` and no colocation when the context has no config)."""
         resources = getattr(ctx.config, "resources", None)
         colocate = getattr(resources, "colocate", None) or ()
         mode = getattr(resources, "offload", None) or "auto"
-        return cls({r: ctx.roles[r] for r in roles if r in ctx.roles}, phases, colocate, mode)
+        from rlweave.scheduler.views import is_view
+
+        # a view (the reference as the policy with adapters off) moves with the role it views
+        return cls({r: ctx.roles[r] for r in roles if r in ctx.roles and not is_view(ctx.roles[r])}, phases,
+                   colocate, mode)
 
     def needs(self, phase: str, role: str) -> bool:
         """Whether ``phase`` needs ``role`` resident."""

@@ -10,6 +10,11 @@ exports (a checkpoint saved by several ranks is resharded to one on load). The t
 the run's model is saved beside the weights, as the run's own ``hf/`` export does, and
 ``rlweave_export.json`` records where the weights came from.
 
+A role that trains LoRA adapters (``roles.<role>.lora``) is exported as a PEFT adapter directory
+(``adapter_config.json``, ``adapter_model.safetensors``: ``PeftModel.from_pretrained(base, out)``
+loads it; the worker's ``save_adapter``), or with ``--merge`` as a full Hugging Face model with
+the adapters merged into the base weights.
+
 The output appears whole or not at all: it is written to a hidden sibling directory and
 renamed into place. An existing non-empty ``--out`` is refused unless ``--overwrite``, which
 moves it aside to ``<out>.replaced-<UTC time>`` (never deleted), as ``rlweave train
@@ -79,9 +84,9 @@ def _role_section(cfg: Any, resolved: Any, role: str, checkpoint: Path, config: 
     return record, model
 
 
-def _write_hf(record: Any, cfg: Any, role: str, checkpoint: Path, model: Any, dest: Path) -> None:
-    """The backend's worker: base model, then the checkpoint's weights, saved as HF into ``dest``;
-    then the run's tokenizer beside them."""
+def _write_hf(record: Any, cfg: Any, role: str, checkpoint: Path, model: Any, dest: Path, adapter: bool = False) -> None:
+    """The backend's worker: base model, then the checkpoint's weights, saved as HF into ``dest``
+    (with ``adapter``: the LoRA adapter alone); then the run's tokenizer beside them."""
     from transformers import AutoTokenizer
 
     from rlweave.runner.checkpoint import CheckpointError
@@ -90,7 +95,10 @@ def _write_hf(record: Any, cfg: Any, role: str, checkpoint: Path, model: Any, de
     try:
         worker.init_model()
         worker.load_checkpoint(str(checkpoint / "roles" / role))
-        worker.save_hf(str(dest))
+        if adapter:
+            worker.save_adapter(str(dest))
+        else:
+            worker.save_hf(str(dest))
     except CheckpointError as exc:  # a file in a form that is never loaded (e.g. a pickle)
         raise CommandError(f"checkpoint {checkpoint}: {exc}") from None
     finally:
@@ -100,9 +108,11 @@ def _write_hf(record: Any, cfg: Any, role: str, checkpoint: Path, model: Any, de
 
 
 def export_checkpoint(run_dir: Path, out: Path, step: int | None = None, role: str = "policy",
-                      overwrite: bool = False, pm: Any = None, say: Callable[[str], None] = print) -> Path:
+                      overwrite: bool = False, pm: Any = None, say: Callable[[str], None] = print,
+                      merge: bool = False) -> Path:
     """Export checkpoint ``step`` (default: newest complete) of ``role`` in ``run_dir`` to the
-    Hugging Face directory ``out`` (see the module docstring); returns ``out``. Raises
+    Hugging Face directory ``out`` (see the module docstring; ``merge``: a LoRA role's adapters
+    merged into a full model instead of an adapter directory); returns ``out``. Raises
     :class:`CommandError` for every refusal, before anything is loaded or written."""
     from rlweave.runner.checkpoint import CheckpointManager
     from rlweave.runner.previous_run import move_aside
@@ -115,14 +125,15 @@ def export_checkpoint(run_dir: Path, out: Path, step: int | None = None, role: s
     checkpoint = select_checkpoint(run_dir, step)
     cfg, resolved = load_run_config(config, pm if pm is not None else plugins.plugin_manager())
     record, model = _role_section(cfg, resolved, role, checkpoint, config)
+    adapter = cfg.roles[role].lora is not None and not merge
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.export-tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _write_hf(record, cfg, role, checkpoint, model, tmp)
+        _write_hf(record, cfg, role, checkpoint, model, tmp, adapter=adapter)
         info = {"run_dir": str(run_dir.resolve()), "checkpoint": checkpoint.name,
                 "step": CheckpointManager.step_of(checkpoint), "role": role, "backend": record.name,
-                "model_type": model.model_type}
+                "model_type": model.model_type, "format": "peft_adapter" if adapter else "hf_model"}
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -145,10 +156,14 @@ def export(run_dir: Path = typer.Argument(..., metavar="RUN_DIR",
                                                              "role the checkpoint holds)."),
            overwrite: bool = typer.Option(False, "--overwrite", help="A non-empty --out is moved aside to "
                                                                      "<out>.replaced-<UTC time> (never deleted)."),
+           merge: bool = typer.Option(False, "--merge", help="A role that trains LoRA adapters: write a full model "
+                                                             "with the adapters merged (default: a PEFT adapter "
+                                                             "directory). Other roles are full models anyway."),
            ) -> None:
     """Export a run's checkpoint to a Hugging Face directory (weights, config, tokenizer)."""
     with user_errors():
-        path = export_checkpoint(run_dir, out, step=step, role=role, overwrite=overwrite, say=typer.echo)
+        path = export_checkpoint(run_dir, out, step=step, role=role, overwrite=overwrite, say=typer.echo, merge=merge)
         info = json.loads((path / INFO_FILE).read_text(encoding="utf-8"))
+    what = "LoRA adapter" if info["format"] == "peft_adapter" else info["model_type"]
     typer.echo(f"exported {info['role']} of {run_dir} step {info['step']} ({info['backend']} backend, "
-               f"{info['model_type']}) to {path}")
+               f"{what}) to {path}")

@@ -63,6 +63,9 @@ class ResolvedPlugins:
         algorithm_config: its validated config (``None`` when it has no config model).
         role_names: roles the algorithm needs, in its order.
         roles: configured role -> its backend or engine record.
+        views: needed roles served by another role's ranks instead of their own, role -> source
+            role (``{"reference": "policy"}``: the policy with its LoRA adapters disabled,
+            :mod:`rlweave.config.lora`); they are not in ``role_names``.
         role_options: configured role -> validated options model (``None``: no model).
         rewards: per ``rewards[]`` entry, the record (``None`` for a ``module:function``).
         reward_args: per entry, the validated args model (``None``: no model).
@@ -75,6 +78,7 @@ class ResolvedPlugins:
     algorithm_config: BaseModel | None = None
     role_names: tuple[str, ...] = ()
     roles: dict[str, PluginRecord] = field(default_factory=dict)
+    views: dict[str, str] = field(default_factory=dict)
     role_options: dict[str, BaseModel | None] = field(default_factory=dict)
     rewards: list[RewardRecord | None] = field(default_factory=list)
     reward_args: list[BaseModel | None] = field(default_factory=list)
@@ -140,7 +144,7 @@ class _Pass:
         self.out.algorithm_config = parsed
         if parsed is not None:
             dumped = {k: v for k, v in parsed.model_dump(mode="json", by_alias=True).items() if k != "name"}
-            self.cfg.algorithm = AlgorithmSection(name=section.name, **dumped)
+            self.cfg.algorithm = AlgorithmSection(name=section.name, reference=section.reference, **dumped)
         self.run_mode(record, parsed if parsed is not None else section)
         try:
             self.out.role_names = tuple(record.roles(parsed if parsed is not None else section))
@@ -188,6 +192,25 @@ class _Pass:
             self.issue("algorithm.name", str(exc))
             return None
 
+    def reference(self) -> None:
+        """``algorithm.reference``: a needed reference role served by the policy with its adapters
+        disabled is dropped from ``role_names`` and kept in ``views``."""
+        from rlweave.config.lora import REFERENCE, reference_from_policy
+
+        use, problems, warnings = reference_from_policy(self.cfg, self.out.role_names)
+        for path, message in problems:
+            self.issue(path, message)
+        self.out.warnings += warnings
+        if use:
+            self.out.role_names = tuple(r for r in self.out.role_names if r != REFERENCE)
+            self.out.views[REFERENCE] = "policy"
+
+    def lora(self) -> None:
+        from rlweave.config.lora import lora_problems
+
+        for path, message in lora_problems(self.cfg, self.out.role_names, self.out.roles):
+            self.issue(path, message)
+
     def roles(self) -> None:
         needed = self.out.role_names
         algo = self.out.algorithm.name if self.out.algorithm else self.cfg.algorithm.name
@@ -204,7 +227,7 @@ class _Pass:
                 self.issue(path, f"unknown role '{role}'; roles are: {', '.join(sorted(known))}"
                                  + (f". Did you mean '{close[0]}'?" if close else ""))
                 continue
-            if self.out.algorithm is not None and role not in needed:
+            if self.out.algorithm is not None and role not in needed and role not in self.out.views:
                 self.out.warnings.append(f"{path}: role '{role}' is not used by algorithm '{algo}'")
             if section.optim is not None and role in NEVER_TRAINED:
                 self.out.warnings.append(f"{path}.optim: ignored: the {role} role never trains "
@@ -336,7 +359,9 @@ def collect_plugin_issues(cfg: RunConfig, pm: PluginManager, source: str,
     run = _Pass(cfg, pm, source, skip)
     run.required()
     run.algorithm()
+    run.reference()
     run.roles()
+    run.lora()
     run.rewards()
     run.kernels()
     run.placement()

@@ -19,6 +19,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rlweave.interfaces.lora import LoRASection
 from rlweave.interfaces.optim import OptimSection
 from rlweave.rewards.sections import RewardEntry, RewardsRuntime
 from rlweave.weight_sync.section import WeightSyncSection
@@ -139,6 +140,10 @@ class RoleSection(Strict):
     )
     model: Optional[ModelSection] = Field(None, description="Model for this role (default: top-level model).")
     optim: Optional[OptimSection] = Field(None, description="Optimizer, for roles that train.")
+    lora: Optional[LoRASection] = Field(
+        None, description="Train low-rank adapters (LoRA) instead of all weights; the backend must support it "
+        "(null: full weights).",
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="The selected plugin's own settings.")
     timeouts: CallTimeouts = Field(default_factory=CallTimeouts, description="Per-method call timeouts (seconds).")
     kernels: dict[str, bool] = Field(
@@ -220,6 +225,12 @@ class AlgorithmSection(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str = Field("grpo", description="Algorithm plugin name, or 'module:Class' / 'path/file.py:Class' for a "
                       "local Algorithm subclass (docs/custom_algorithm.md).")
+    reference: Literal["auto", "adapter_disabled", "role"] = Field(
+        "auto", description="Where reference log-probs come from when the algorithm needs them: 'role' starts the "
+        "reference role; 'adapter_disabled' computes them on the policy's ranks with its LoRA adapters off (the "
+        "policy's base model, no reference role started). auto: adapter_disabled when the policy trains LoRA "
+        "adapters and the reference model is the policy's base model (or roles.reference is not given), else role.",
+    )
 
 
 class RunConfig(Strict):

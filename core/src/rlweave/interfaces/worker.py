@@ -45,6 +45,9 @@ class WorkerContext:
         optim: the role's validated ``optim`` section (:class:`rlweave.interfaces.optim.OptimSection`,
             defaults defined there alone) when the role trains, else None. A dict given here or
             as ``extra["optim"]`` (tests, embedders) is validated into one.
+        lora: the role's validated ``lora`` section (:class:`rlweave.interfaces.lora.LoRASection`)
+            when the role trains LoRA adapters, else None; a dict given here or as
+            ``extra["lora"]`` is validated into one.
         optim_total_steps: optimizer steps of the whole run, for a schedule whose
             ``optim.total_steps`` is null (``extra["total_steps"]`` is read the same way).
         kernels: the kernels selected for this role that its backend uses (``kernels.<name>`` /
@@ -66,6 +69,7 @@ class WorkerContext:
     extra: dict[str, Any] = field(default_factory=dict)
     optim: Any = None
     optim_total_steps: int | None = None
+    lora: Any = None
     kernels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -78,8 +82,15 @@ class WorkerContext:
             self.optim = OptimSection.model_validate(self.optim)
         if self.optim_total_steps is None and extra.get("total_steps"):
             self.optim_total_steps = int(extra["total_steps"])
-        if "optim" in extra or "total_steps" in extra:  # now in the typed fields; the caller's dict stays as it is
-            self.extra = {k: v for k, v in extra.items() if k not in ("optim", "total_steps")}
+        if self.lora is None and extra.get("lora") is not None:
+            self.lora = extra["lora"]
+        if isinstance(self.lora, dict):
+            from rlweave.interfaces.lora import LoRASection
+
+            self.lora = LoRASection.model_validate(self.lora)
+        typed = ("optim", "total_steps", "lora")
+        if any(k in extra for k in typed):  # now in the typed fields; the caller's dict stays as it is
+            self.extra = {k: v for k, v in extra.items() if k not in typed}
 
     def kernel(self, name: str) -> Any:
         """The kernel object named ``name`` (what its plugin's record points at, imported on

@@ -91,12 +91,17 @@ class BackendRecord(PluginRecord):
 
     ``kernels`` names the kernels (``kernels.<name>``) its workers use when a run selects them: a
     selected one reaches each rank as ``WorkerContext.kernel(name)``.
+
+    ``lora``: its workers train LoRA adapters when ``WorkerContext.lora`` is set
+    (``roles.<role>.lora``) and take ``compute_logprobs(..., adapters=False)`` (the base model's
+    log-probs: a reference without a reference role); validation refuses ``lora`` otherwise.
     """
 
     kind: ClassVar[str] = "backend"
     model_types: tuple[str, ...] = ("causal_lm", "value", "reward")
     parallel: tuple[str, ...] = ("dp",)
     kernels: tuple[str, ...] = ()
+    lora: bool = False
     check: Callable[[str, Any, Any], list[tuple[str, str]]] = field(default=_nothing_to_refuse, kw_only=True)
 
 

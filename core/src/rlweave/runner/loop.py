@@ -330,6 +330,7 @@ class _Run:
         """Ray (unless ``run.scheduler`` is in_process), the roles and the algorithm."""
         from rlweave.interfaces.algorithm import RunContext
         from rlweave.runner.shared_fs import check_shared_run_dir
+        from rlweave.scheduler.views import AdaptersDisabled
         from rlweave.weight_sync.service import WeightSync
 
         cfg, resolved = self.cfg, self.resolved
@@ -344,6 +345,8 @@ class _Run:
         self.roles.update(self.builder.build())
         self._write_workers()
         check_shared_run_dir(self.run_dir, self.roles)
+        for role, source in resolved.views.items():  # e.g. the reference as the policy with adapters off
+            self.roles[role] = AdaptersDisabled(self.roles, role, source)
         self.ctx = RunContext(roles=self.roles, tokenizer=self.tokenizer, run_dir=self.run_dir, config=cfg,
                               rewards=self.rewards, seed=cfg.run.seed,
                               weight_sync=WeightSync(self.roles, cfg.weight_sync),
@@ -355,7 +358,11 @@ class _Run:
         of one machine share an address), and ``device`` where the scheduler reports it (in process:
         ``cuda`` or ``cpu``), for operators and tests."""
         rows: dict[str, list[dict[str, Any]]] = {}
+        from rlweave.scheduler.views import is_view
+
         for role, handle in self.roles.items():
+            if is_view(handle):
+                continue
             ranks = list(range(handle.world_size))
             info = handle.submit_ranks("placement", ranks, [((), {})] * len(ranks), list, on_actor=True).result(
                 timeout=60)

@@ -59,6 +59,7 @@ def worker_context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int]
         parallel=dict(section.parallel),
         optim=section.optim if trains else None,
         optim_total_steps=int(total_steps) if total_steps else None,
+        lora=section.lora if trains else None,
         kernels=_kernel_targets(role_kernels(cfg, role, record), kernel_records),
     )
 

@@ -29,26 +29,38 @@ from rlweave.runner import rng
 from rlweave.runner.checkpoint import CheckpointError
 
 
-def save(path: str, model, optimizer, extra: dict, rank: int) -> None:
-    """All ranks: DCP shards of model (and optimizer) plus this rank's extra state."""
+def _options(frozen: bool):
+    """Without ``frozen``: trainable parameters only; loading them leaves the others as they are
+    (DCP itself still refuses a checkpoint that lacks a requested key)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=not frozen, strict=frozen)
+
+
+def save(path: str, model, optimizer, extra: dict, rank: int, frozen: bool = True) -> None:
+    """All ranks: DCP shards of model (and optimizer) plus this rank's extra state. Without
+    ``frozen``, parameters that do not train (a LoRA model's base weights) are left out: they
+    are the base model's, loaded from its directory."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     Path(path).mkdir(parents=True, exist_ok=True)
+    opts = _options(frozen)
     if optimizer is not None:
-        msd, osd = get_state_dict(model, optimizer)
+        msd, osd = get_state_dict(model, optimizer, options=opts)
         state = {"model": msd, "optim": osd}
     else:
-        state = {"model": get_model_state_dict(model)}
+        state = {"model": get_model_state_dict(model, options=opts)}
     dcp.save(state, checkpoint_id=path)
     _save_extra(path, rank, extra, "fsdp")
     dist.barrier()
 
 
-def load(path: str, model, optimizer, rank: int) -> dict:
+def load(path: str, model, optimizer, rank: int, frozen: bool = True) -> dict:
     """Restore model/optimizer in place; returns the rank's ``extra`` dict (RNG already set).
-    All ranks call it; a refused file raises :class:`CheckpointError` on every rank."""
+    All ranks call it; a refused file raises :class:`CheckpointError` on every rank. Without
+    ``frozen``, only trainable parameters are read (what :func:`save` wrote without it)."""
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_state_dict,
@@ -66,15 +78,16 @@ def load(path: str, model, optimizer, rank: int) -> dict:
     except CheckpointError as exc:
         problem = str(exc)
     _agree(problem)
+    opts = _options(frozen)
     if optimizer is not None:
-        msd, osd = get_state_dict(model, optimizer)
+        msd, osd = get_state_dict(model, optimizer, options=opts)
         state = {"model": msd, "optim": osd}
         safe_dcp.load(state, root)
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=opts)
     else:
-        state = {"model": get_model_state_dict(model)}
+        state = {"model": get_model_state_dict(model, options=opts)}
         safe_dcp.load(state, root)
-        set_model_state_dict(model, state["model"])
+        set_model_state_dict(model, state["model"], options=opts)
     rng.set_state(rng_state)
     return extra
 

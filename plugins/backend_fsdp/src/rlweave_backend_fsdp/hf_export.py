@@ -27,17 +27,26 @@ from rlweave.backend_helpers.hf_dir import TOKENIZER_FILES, write_hf  # noqa: F4
 from rlweave_backend_fsdp.moe_layout import CheckpointLayout
 
 
+def _plain_items(model: torch.nn.Module, skip: set[str]) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    from torch.distributed.tensor import DTensor
+
+    for name, t in model.state_dict().items():
+        if name not in skip:
+            yield name, (t.full_tensor() if isinstance(t, DTensor) else t), t
+
+
 def stream_full(model: torch.nn.Module, rank: int, skip: set[str], dtype=None, device="cpu") -> Iterator[tuple[str, torch.Tensor]]:
     """All ranks iterate; rank 0 yields ``(name, full tensor)`` parameter by parameter, in
     checkpoint names: stacked MoE experts come out one matrix per expert, each its own copy
-    (:mod:`.moe_layout`; raises ValueError for an MoE layout it does not know)."""
+    (:mod:`.moe_layout`; raises ValueError for an MoE layout it does not know). A model with LoRA
+    adapters comes out merged, under its base model's names (:func:`.lora.merged_items`)."""
     from torch.distributed.tensor import DTensor
 
-    layout = CheckpointLayout(model)
-    for name, t in model.state_dict().items():
-        if name in skip:
-            continue
-        full = t.full_tensor() if isinstance(t, DTensor) else t
+    from rlweave_backend_fsdp import lora
+
+    layout = CheckpointLayout(lora.base_of(model))
+    items = lora.merged_items(model, skip) if lora.is_peft(model) else _plain_items(model, skip)
+    for name, full, t in items:
         if rank == 0:
             src = full.detach()
             local = (t.to_local() if isinstance(t, DTensor) else t).untyped_storage().data_ptr()
@@ -57,4 +66,7 @@ def export_config(model: torch.nn.Module, kind: str, dtype: torch.dtype):
     """The HF config to save for ``model`` (:func:`rlweave.backend_helpers.hf_dir.export_config`)."""
     from rlweave.backend_helpers.hf_dir import export_config as _export
 
+    from rlweave_backend_fsdp import lora
+
+    model = lora.base_of(model)
     return _export(model.config, kind, dtype, type(model.model).__name__ if kind != "causal_lm" else None)

@@ -20,6 +20,7 @@ def rlweave_training_backends():
             model_types=("causal_lm", "value", "reward"),
             parallel=("dp", "sp"),
             kernels=("moe_groupgemm",),
+            lora=True,
             check=check_role,
         )
     ]

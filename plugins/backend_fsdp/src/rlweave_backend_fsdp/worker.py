@@ -44,7 +44,7 @@ import torch.distributed as dist
 from rlweave.backend_helpers.device import move_optimizer_state, rank_device
 from rlweave.data.batch import Batch
 from rlweave.interfaces.backend import LossFn, TrainingWorker, merge_metric
-from rlweave_backend_fsdp import attention, checkpoint, checks, cpu, finite, hf_export, micro, modeling, moe, prefix
+from rlweave_backend_fsdp import attention, checkpoint, checks, cpu, finite, hf_export, lora, micro, modeling, moe, prefix
 from rlweave_backend_fsdp import sequence_parallel as seqpar
 from rlweave_backend_fsdp.config import FSDPConfig
 from rlweave_backend_fsdp.outputs import Outputs, Window, last_token_scores, token_logprobs, token_values
@@ -98,6 +98,9 @@ class FSDPWorker(TrainingWorker):
                                    dtype_name=dtype_name, role=ctx.role, rank=self.rank)
         if self.cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        layers = modeling.decoder_layers(model)
+        if ctx.lora is not None:  # adapters wrap the targeted linear layers in place (same decoder layers)
+            model = lora.apply_lora(model, ctx.lora, self.kind, ctx.role)
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         mp = None
         if self.cfg.mixed_precision == "bf16":
@@ -108,7 +111,7 @@ class FSDPWorker(TrainingWorker):
         kw = {"mesh": mesh, "reshard_after_forward": reshard}
         if mp is not None:
             kw["mp_policy"] = mp
-        for layer in modeling.decoder_layers(model):
+        for layer in layers:
             if self.cfg.compile:  # in place (same parameter names); before sharding, as FSDP2 expects
                 for part in modeling.compile_units(layer, self.choices.compile_scope):
                     part.compile(dynamic=True)
@@ -119,7 +122,7 @@ class FSDPWorker(TrainingWorker):
         if coef is None:
             coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
         self.moe_state = moe.MoETraining(blocks, coef) if blocks else None
-        self.skip_names = {"lm_head.weight"} if modeling.tied_lm_head(model) else set()
+        self.skip_names = {"lm_head.weight"} if modeling.tied_lm_head(lora.base_of(model)) else set()
         self.step = 0
         self.offloaded = False
         if ctx.optim is not None:
@@ -130,10 +133,11 @@ class FSDPWorker(TrainingWorker):
         """AdamW and its LR schedule from ``o``, the role's ``OptimSection``."""
         self.optim_cfg = o
         kw = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+        params = lora.trainable(self.model)  # all of them, or the adapters only
         try:  # fused AdamW (CPU and CUDA, DTensor-aware): faster than the per-tensor loop (bench/RESULTS.md)
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), fused=True, **kw)
+            self.optimizer = torch.optim.AdamW(params, fused=True, **kw)
         except (RuntimeError, TypeError, ValueError):
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), **kw)
+            self.optimizer = torch.optim.AdamW(params, **kw)
         sched = WarmupSchedule(o.warmup_steps, o.schedule, o.total_steps or self.ctx.optim_total_steps, o.min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, sched)
 
@@ -271,9 +275,18 @@ class FSDPWorker(TrainingWorker):
         return out
 
     # ------------------------------------------------------------- operations
-    def compute_logprobs(self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+    def compute_logprobs(self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
+                         adapters: bool = True) -> dict[str, torch.Tensor]:
+        """See :class:`TrainingWorker`; ``adapters=False`` (a role with LoRA adapters): the base
+        model's log-probs, with every adapter and ``modules_to_save`` copy switched off."""
         if self.kind != "causal_lm":
             raise NotImplementedError(f"fsdp backend: role {self.ctx.role} is a {self.kind} model; no log-probs")
+        if not adapters:
+            if not lora.is_peft(self.model):
+                raise ValueError(f"fsdp backend: role {self.ctx.role} has no LoRA adapters to disable "
+                                 f"(roles.{self.ctx.role}.lora is not set)")
+            with lora.adapters_disabled(self.model):
+                return self.compute_logprobs(batch, temperature, with_entropy)
 
         def fn(mb: Batch):
             o = self._outputs(mb, temperature, with_entropy)
@@ -394,13 +407,26 @@ class FSDPWorker(TrainingWorker):
         self._check_ready("save_hf")
         items = hf_export.stream_full(self.model, self.rank, self.skip_names)
         if self.rank == 0:
-            dtype = next(iter(self.model.parameters())).dtype
+            dtype = next(iter(lora.base_of(self.model).parameters())).dtype
             cfg = hf_export.export_config(self.model, self.kind, dtype)
             tok = self.ctx.model.get("tokenizer") or self.ctx.model.get("path")
             hf_export.write_hf(path, items, cfg, self.kind, tok, self.cfg.hf_shard_bytes)
         else:
             for _ in items:
                 pass
+        dist.barrier()
+
+    def save_adapter(self, path: str) -> None:
+        """A PEFT adapter directory (``adapter_config.json``, ``adapter_model.safetensors``) that
+        ``PeftModel.from_pretrained(base, path)`` loads; rank 0 writes, all ranks call. Raises
+        ValueError for a role without adapters."""
+        self._check_ready("save_adapter")
+        if not lora.is_peft(self.model):
+            raise ValueError(f"fsdp backend: role {self.ctx.role} has no LoRA adapters (roles.{self.ctx.role}.lora "
+                             "is not set); export the full model")
+        items = dict(lora.adapter_items(self.model))
+        if self.rank == 0:
+            lora.write_adapter(path, self.model, items)
         dist.barrier()
 
     def save_checkpoint(self, path: str) -> None:
@@ -419,11 +445,11 @@ class FSDPWorker(TrainingWorker):
                 f"fsdp backend: refusing to save checkpoint {path} of role {self.ctx.role} (called on rank {self.rank}): "
                 f"non-finite values in {where}. Nothing was written; resume from an earlier checkpoint.")
         extra = {"step": self.step, "scheduler": self.scheduler.state_dict() if self.scheduler else None}
-        checkpoint.save(path, self.model, self.optimizer, extra, self.rank)
+        checkpoint.save(path, self.model, self.optimizer, extra, self.rank, frozen=not lora.is_peft(self.model))
 
     def load_checkpoint(self, path: str) -> None:
         self._check_ready("load_checkpoint")
-        extra = checkpoint.load(path, self.model, self.optimizer, self.rank)
+        extra = checkpoint.load(path, self.model, self.optimizer, self.rank, frozen=not lora.is_peft(self.model))
         self.step = extra.get("step", 0)
         if self.scheduler is not None and extra.get("scheduler") is not None:
             self.scheduler.load_state_dict(extra["scheduler"])
