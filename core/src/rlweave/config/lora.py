@@ -58,17 +58,16 @@ def reference_from_policy(cfg: Any, role_names: Sequence[str]) -> tuple[bool, li
     return True, [], warnings
 
 
-def lora_problems(cfg: Any, role_names: Sequence[str], records: dict[str, Any]) -> list[tuple[str, str]]:
-    """``roles.<r>.lora`` on a role that never trains, or whose backend builds no adapters."""
-    from rlweave.config.resolve import NEVER_TRAINED
-
+def lora_problems(cfg: Any, records: dict[str, Any], never_trained: dict[str, str]) -> list[tuple[str, str]]:
+    """``roles.<r>.lora`` on a role that never trains (``never_trained``: role -> why), has no
+    optimizer, or whose backend (``records``: role -> record) builds no adapters."""
     out = []
     for role, section in cfg.roles.items():
         if section.lora is None:
             continue
         path = f"roles.{role}.lora"
-        if role in NEVER_TRAINED:
-            out.append((path, f"the {role} role never trains ({NEVER_TRAINED[role]}); remove lora"))
+        if role in never_trained:
+            out.append((path, f"the {role} role never trains ({never_trained[role]}); remove lora"))
             continue
         record = records.get(role)
         if record is not None and not getattr(record, "lora", False):

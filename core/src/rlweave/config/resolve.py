@@ -208,7 +208,7 @@ class _Pass:
     def lora(self) -> None:
         from rlweave.config.lora import lora_problems
 
-        for path, message in lora_problems(self.cfg, self.out.role_names, self.out.roles):
+        for path, message in lora_problems(self.cfg, self.out.roles, NEVER_TRAINED):
             self.issue(path, message)
 
     def roles(self) -> None:
