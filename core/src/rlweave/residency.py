@@ -85,11 +85,10 @@ class Residency:
         resources = getattr(ctx.config, "resources", None)
         colocate = getattr(resources, "colocate", None) or ()
         mode = getattr(resources, "offload", None) or "auto"
-        from rlweave.scheduler.views import is_view
-
-        # a view (the reference as the policy with adapters off) moves with the role it views
-        return cls({r: ctx.roles[r] for r in roles if r in ctx.roles and not is_view(ctx.roles[r])}, phases,
-                   colocate, mode)
+        # a view (rlweave.scheduler.views: the reference as the policy with adapters off, named in
+        # ``view_of``) has no ranks: it moves with the role it views
+        own = {r: h for r, h in ctx.roles.items() if not isinstance(getattr(h, "view_of", None), str)}
+        return cls({r: own[r] for r in roles if r in own}, phases, colocate, mode)
 
     def needs(self, phase: str, role: str) -> bool:
         """Whether ``phase`` needs ``role`` resident."""

@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from rlweave.testing.scenarios import fixed_batch, gather_by_sample, nll_loss, shard_indices, train_worker
+from rlweave.testing.scenarios import fixed_batch, gather_by_sample, nll_loss, shard_indices, train_worker, value_loss
 
 LORA = {"r": 8, "alpha": 16, "target_modules": "all-linear"}
 OPTIM = {"lr": 1e-2, "grad_clip": 1.0}
@@ -24,7 +24,7 @@ def lora_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
     """A LoRA policy and a plain one on the same base model: log-probs with adapters off
     (before and after training) against the plain model's; which parameters two steps change;
     merged streaming; a checkpoint at step 2 resumed into a fresh worker; adapter and merged
-    exports."""
+    exports; the same steps with activation checkpointing; a critic with adapters."""
     import torch.distributed as dist
 
     rank, world = ctx_kw["rank"], ctx_kw["world_size"]
@@ -65,5 +65,12 @@ def lora_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
     res["after_resumed"] = lp(b)
     b.save_adapter(os.path.join(work, "adapter"))
     b.save_hf(os.path.join(work, "merged"))
+    del a, b
+    ac = train_worker("fsdp", {**ctx_kw, "lora": LORA}, model, OPTIM, activation_checkpointing=True, **kw)
+    res["checkpointed"] = [ac.train_step(shard, nll_loss) for _ in range(2)]
+    del ac
+    critic = train_worker("fsdp", {**ctx_kw, "lora": LORA}, {**model, "model_type": "value"}, OPTIM, **kw)
+    res["critic_trainable"] = sorted(n for n, p in critic.model.named_parameters() if p.requires_grad)
+    res["critic_metrics"] = [critic.train_step(shard, value_loss) for _ in range(3)]
     dist.barrier()
     return res if rank == 0 else {}

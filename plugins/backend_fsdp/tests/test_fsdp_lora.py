@@ -48,6 +48,21 @@ def test_only_adapters_train(run):
     assert res["metrics"][1]["nll"] < res["metrics"][0]["nll"]
 
 
+def test_activation_checkpointing_trains_the_same_adapters(run):
+    res, _ = run
+    for plain, ckpt in zip(res["metrics"], res["checkpointed"]):
+        assert abs(plain["loss"] - ckpt["loss"]) < 1e-6 and abs(plain["grad_norm"] - ckpt["grad_norm"]) < 1e-5
+
+
+def test_critic_trains_adapters_and_its_value_head(run):
+    res, _ = run
+    names = res["critic_trainable"]
+    assert "score.modules_to_save.default.weight" in [n.split("base_model.model.")[-1] for n in names]
+    assert all(".lora_" in n or "score.modules_to_save" in n for n in names)
+    losses = [m["loss"] for m in res["critic_metrics"]]
+    assert losses[-1] < losses[0]
+
+
 def test_adapters_disabled_is_the_base_model_exactly(run):
     res, _ = run
     assert _equal(res["start"], res["plain"]), "B starts at zero: the model starts as its base"

@@ -78,4 +78,4 @@ class AdaptersDisabled:
 
 def is_view(handle: Any) -> bool:
     """Whether ``handle`` is a view of another role (no ranks of its own)."""
-    return getattr(handle, "view_of", None) is not None
+    return isinstance(getattr(handle, "view_of", None), str)
