@@ -90,3 +90,19 @@ def test_unknown_target_module_lists_the_linear_layers(tmp_path):
     msg = str(err.value)
     assert "roles.policy.lora.target_modules: no linear layer named 'qkv'" in msg
     assert "down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj" in msg
+
+
+def test_mixture_of_experts_adapters_leave_routers_and_stacked_experts(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from rlweave.interfaces.lora import LoRASection
+    from rlweave.testing.tiny_model import build_tiny_qwen2_moe
+    from rlweave_backend_fsdp.lora import apply_lora
+
+    path = build_tiny_qwen2_moe(tmp_path / "moe", vocab_size=128, hidden=64, layers=1, heads=2, kv_heads=1,
+                                moe_ffn=32, num_experts=4, top_k=2, seed=3)
+    model = apply_lora(AutoModelForCausalLM.from_pretrained(path), LoRASection(), "causal_lm", "policy")
+    adapted = {n.split(".lora_")[0] for n, p in model.named_parameters() if p.requires_grad}
+    assert {n.rsplit(".", 1)[-1] for n in adapted} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                       "up_proj", "down_proj"}
+    assert all(".shared_expert." in n for n in adapted if n.endswith(("gate_proj", "up_proj", "down_proj")))

@@ -28,7 +28,8 @@ class LoRASection(BaseModel):
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input while training.")
     target_modules: Union[list[str], str] = Field(
         ALL_LINEAR, description="Linear layers that get adapters, by module name suffix (e.g. [q_proj, v_proj]), or "
-        "'all-linear': every linear layer of the decoder (not the LM head).",
+        "'all-linear': every linear layer of the decoder (not the LM head, a value/score head or mixture-of-experts "
+        "routers; experts stored as stacked tensors get none).",
     )
     modules_to_save: list[str] = Field(
         default_factory=list, description="Modules trained in full beside the adapters (e.g. [lm_head]); their "

@@ -26,9 +26,35 @@ PREFIX = "base_model.model."
 _HEADS = {"value": ["score"], "reward": ["score"]}
 
 
+#: linear layers ``all-linear`` leaves out: the LM head and the value/score head (trained in full)
+_NOT_ADAPTED = {"lm_head", "score"}
+
+
 def linear_names(model: nn.Module) -> list[str]:
     """The distinct last names of the model's linear layers (``q_proj``, ``lm_head``...)."""
     return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear) and name})
+
+
+def router_names(model: nn.Module) -> set[str]:
+    """Last names of the linear children of mixture-of-experts blocks (modules with ``experts``):
+    routers and shared-expert gates, which ``all-linear`` leaves out."""
+    out = set()
+    for name, m in model.named_modules():
+        if hasattr(m, "experts"):
+            out.update(child for child, c in m.named_children() if isinstance(c, nn.Linear))
+    return out
+
+
+def resolve_targets(model: nn.Module, targets: Any) -> list[str]:
+    """``target_modules`` as the linear layers' last names: ``all-linear`` is every linear layer
+    but the heads and the linear children of MoE blocks (:func:`router_names`). Experts stored as
+    stacked tensors are no linear layers and get no adapters (they stay as loaded); a shared
+    expert's projections do."""
+    from rlweave.interfaces.lora import ALL_LINEAR
+
+    if targets == ALL_LINEAR:
+        return [n for n in linear_names(model) if n not in _NOT_ADAPTED and n not in router_names(model)]
+    return list(targets)
 
 
 def target_problems(model: nn.Module, targets: Any, to_save: list[str]) -> list[str]:
@@ -59,7 +85,8 @@ def apply_lora(model: nn.Module, section: Any, kind: str, role: str) -> nn.Modul
     if problems:
         raise ValueError(f"fsdp backend: role {role}: " + "; ".join(f"roles.{role}.lora.{p}" for p in problems))
     cfg = LoraConfig(r=section.r, lora_alpha=section.alpha, lora_dropout=section.dropout,
-                     target_modules=section.target_modules, modules_to_save=to_save or None, bias="none")
+                     target_modules=resolve_targets(model, section.target_modules), modules_to_save=to_save or None,
+                     bias="none")
     base_path = getattr(getattr(model, "config", None), "_name_or_path", None)
     peft_model = get_peft_model(model, cfg)
     if base_path:
