@@ -122,7 +122,10 @@ def _summary(cfg: Any, resolved: Any) -> str:
     for role, rec in resolved.roles.items():
         section = cfg.roles[role]
         lines.append(f"role {role}: {rec.kind} {rec.name}, pool {section.pool}, devices {section.devices}"
-                     + (f", parallel {section.parallel}" if section.parallel else ""))
+                     + (f", parallel {section.parallel}" if section.parallel else "")
+                     + (f", LoRA r={section.lora.r}" if section.lora is not None else ""))
+    for role, source in getattr(resolved, "views", {}).items():
+        lines.append(f"role {role}: the {source} with its LoRA adapters disabled (no ranks of its own)")
     for entry, rec in zip(cfg.rewards, resolved.rewards):
         lines.append(f"reward {entry.name} (weight {entry.weight})" + ("" if rec else " [user function]"))
     for name in resolved.kernels:
