@@ -106,3 +106,16 @@ def test_mixture_of_experts_adapters_leave_routers_and_stacked_experts(tmp_path)
     assert {n.rsplit(".", 1)[-1] for n in adapted} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                        "up_proj", "down_proj"}
     assert all(".shared_expert." in n for n in adapted if n.endswith(("gate_proj", "up_proj", "down_proj")))
+
+
+def test_adapter_sync_needs_lora_and_an_engine_that_serves_adapters(tmp_path):
+    msg = _errors(_config(tmp_path, weight_sync={"lora": "adapter"}))
+    assert "weight_sync.lora: 'adapter' needs a rollout engine that serves LoRA adapters; engine 'hf'" in msg
+    msg = _errors(_config(tmp_path, weight_sync={"lora": "adapter"},
+                          roles={"policy": {"backend": "fsdp", "optim": {}}, "rollout": {"engine": "vllm"}}))
+    assert "roles.policy.lora is not set" in msg
+    cfg, _ = load_config(_config(tmp_path, weight_sync={"lora": "adapter"}, roles={"rollout": {"engine": "vllm"}}),
+                         check_inputs=False)
+    from rlweave.scheduler.contexts import worker_context
+
+    assert worker_context(cfg, "rollout", 0, ("127.0.0.1", 1)).lora.r == 8, "the engine learns the adapter rank"

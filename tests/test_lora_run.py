@@ -1,11 +1,12 @@
-"""GRPO with a LoRA policy through ``rlweave train`` (in process), its checkpoint exported as a
-PEFT adapter and as a merged model.
+"""GRPO with a LoRA policy through ``rlweave train`` (in process, vLLM rollout receiving only the
+adapter: ``weight_sync.lora: adapter``), its checkpoint exported as a PEFT adapter and as a merged
+model.
 
 With ``kl.beta > 0`` and no ``roles.reference``, the reference is the policy with its adapters
 disabled: no reference rank is started (``workers.json``), the KL is exactly 0 while the adapters'
-B matrices are still zero (step 1) and positive once they trained, the engine generates with the
-merged weights (its log-probs equal the policy's), the checkpoint holds the adapters only, and the
-two exports give the same logits.
+B matrices are still zero (step 1) and positive once they trained; vLLM generates with the adapter
+(its log-probs equal the policy's); the checkpoint holds the adapters only, and the two exports give
+the same logits. (Merged weights streamed into vLLM: ``plugins/backend_fsdp/tests/test_fsdp_lora.py``.)
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ def lora_run(grpo_workspace, tmp_path_factory):
     config = grpo_workspace.config("lora", 2, run={"scheduler": "in_process", "save_every": 2},
                                    logging={"backends": ["jsonl"]},
                                    rewards=[{"name": f"{tmp / 'length_reward.py'}:length"}],
-                                   roles={"policy": {"lora": LORA, "optim": {"lr": 5e-2}}},
-                                   algorithm={"kl": {"beta": 0.1}})
+                                   roles={"policy": {"lora": LORA, "optim": {"lr": 5e-2}},
+                                          "rollout": {"engine": "vllm", "options": {"kv_cache_gib": 0.25}}},
+                                   weight_sync={"lora": "adapter"}, algorithm={"kl": {"beta": 0.1}})
     rc, out, _ = run_cli(["train", str(config)], cli_env(tmp))
     assert rc == 0, out[-4000:]
     return grpo_workspace.root / "runs" / "lora", tmp
@@ -44,7 +46,11 @@ def test_no_reference_rank_and_kl_from_the_base_model(lora_run):
     assert [r["step"] for r in steps] == [1, 2]
     assert steps[0]["kl"] == 0.0, "B starts at zero: the policy is its base model at step 1"
     assert math.isfinite(steps[1]["kl"]) and steps[1]["kl"] > 0
-    assert steps[1]["logprob_gap"] < 1e-3, "the engine generates with the merged weights"
+    assert steps[1]["logprob_gap"] < 1e-3, "the engine generates with the adapter"
+    adapters = list((run_dir / "weight_sync" / "policy-rollout").iterdir())
+    assert [p.name for p in adapters] == ["adapter-000003"], "one sync at setup, one per step; the newest kept"
+    size = sum(f.stat().st_size for f in adapters[0].iterdir())
+    assert all(r["sync_bytes"] == size for r in steps), "a sync ships the adapter, not the model"
 
 
 def test_checkpoint_holds_adapters_only(lora_run):

@@ -77,3 +77,19 @@ def lora_problems(cfg: Any, records: dict[str, Any], never_trained: dict[str, st
             out.append((path, f"role {role!r} has no optimizer (roles.{role}.optim), so its adapters would never "
                               "train; add optim or remove lora"))
     return out
+
+
+def adapter_sync_problems(cfg: Any, records: dict[str, Any]) -> list[tuple[str, str]]:
+    """``weight_sync.lora: adapter`` needs a LoRA policy and a rollout engine that serves adapters."""
+    if cfg.weight_sync.lora != "adapter":
+        return []
+    out = []
+    policy = cfg.roles.get(POLICY)
+    if policy is None or policy.lora is None:
+        out.append(("weight_sync.lora", "'adapter' sends the policy's LoRA adapter, but roles.policy.lora is not set; "
+                                        "use weight_sync.lora: merged"))
+    engine = records.get("rollout")
+    if engine is not None and not getattr(engine, "lora", False):
+        out.append(("weight_sync.lora", f"'adapter' needs a rollout engine that serves LoRA adapters; engine "
+                                        f"'{engine.name}' does not (use vllm, or weight_sync.lora: merged)"))
+    return out

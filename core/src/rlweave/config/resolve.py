@@ -206,9 +206,11 @@ class _Pass:
             self.out.views[REFERENCE] = "policy"
 
     def lora(self) -> None:
-        from rlweave.config.lora import lora_problems
+        from rlweave.config.lora import adapter_sync_problems, lora_problems
 
         for path, message in lora_problems(self.cfg, self.out.roles, NEVER_TRAINED):
+            self.issue(path, message)
+        for path, message in adapter_sync_problems(self.cfg, self.out.roles):
             self.issue(path, message)
 
     def roles(self) -> None:

@@ -116,11 +116,15 @@ class EngineRecord(PluginRecord):
     starts one rank per replica, ``devices // that product`` ranks, and makes all of the
     replica's devices visible to the rank's process (``CUDA_VISIBLE_DEVICES``), so the
     processes the engine starts inherit them. Default ``()``: one rank per device.
+
+    ``lora``: it serves a LoRA policy's adapter itself (``weight_sync.lora: adapter``): its
+    workers get the policy's ``WorkerContext.lora`` and take ``load_adapter(folder, sha256)``.
     """
 
     kind: ClassVar[str] = "engine"
     parallel: tuple[str, ...] = ()
     rank_spans: tuple[str, ...] = ()
+    lora: bool = False
 
 
 def _no_roles(config: Any) -> tuple[str, ...]:

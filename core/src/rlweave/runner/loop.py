@@ -349,7 +349,7 @@ class _Run:
             self.roles[role] = AdaptersDisabled(self.roles, role, source)
         self.ctx = RunContext(roles=self.roles, tokenizer=self.tokenizer, run_dir=self.run_dir, config=cfg,
                               rewards=self.rewards, seed=cfg.run.seed,
-                              weight_sync=WeightSync(self.roles, cfg.weight_sync),
+                              weight_sync=WeightSync(self.roles, cfg.weight_sync, folder=self.run_dir / "weight_sync"),
                               next_records=self.data_iter.next_batch if self.data_iter is not None else None)
         self.algo = self.algo_cls(self.algo_cfg, self.ctx)
 

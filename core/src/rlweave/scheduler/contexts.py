@@ -59,9 +59,20 @@ def worker_context(cfg: "RunConfig", role: str, rank: int, addr: tuple[str, int]
         parallel=dict(section.parallel),
         optim=section.optim if trains else None,
         optim_total_steps=int(total_steps) if total_steps else None,
-        lora=section.lora if trains else None,
+        lora=_lora(cfg, role, section, trains),
         kernels=_kernel_targets(role_kernels(cfg, role, record), kernel_records),
     )
+
+
+def _lora(cfg: "RunConfig", role: str, section: Any, trains: bool) -> Any:
+    """A trained role's own ``lora``; the rollout's is the policy's when it receives the adapter
+    itself (``weight_sync.lora: adapter``)."""
+    if trains:
+        return section.lora
+    policy = cfg.roles.get("policy")
+    if role == "rollout" and cfg.weight_sync.lora == "adapter" and policy is not None:
+        return policy.lora
+    return None
 
 
 def _kernel_targets(names: Sequence[str], records: Mapping[str, Any] | None) -> dict[str, str]:

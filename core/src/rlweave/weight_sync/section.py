@@ -23,6 +23,11 @@ class WeightSyncSection(BaseModel):
         "auto: in_process for roles in one process, cuda_ipc for colocated GPU roles, broadcast for other GPU roles, "
         "object_store otherwise.",
     )
+    lora: Literal["merged", "adapter"] = Field(
+        "merged", description="A policy that trains LoRA adapters: 'merged' sends the merged full weights through "
+        "the transport; 'adapter' sends only the adapter, which the rollout engine applies itself (its engine must "
+        "support it: vllm), written under the run directory and checked by SHA-256.",
+    )
     bucket_mb: float = Field(64.0, gt=0, description="Size of a weight bucket in MiB (a larger tensor travels alone).")
     timeout_s: Optional[float] = Field(
         None, gt=0, description="Seconds a whole sync may take; null: the destination's roles.<role>.timeouts.sync.",

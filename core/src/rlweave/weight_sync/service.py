@@ -69,11 +69,13 @@ class WeightSync:
 
     ``section``: the ``weight_sync`` config section (default: its defaults).
     ``transport_factory(src, dst)``: makes the transport of a pair (default: from
-    ``section.transport``); tests and embedders pass their own.
+    ``section.transport``, or with ``section.lora: adapter`` the adapter transport, writing under
+    ``folder``: :mod:`rlweave.weight_sync.adapter`); tests and embedders pass their own.
     """
 
     def __init__(self, roles: Mapping[str, Any], section: "WeightSyncSection | None" = None,
-                 transport_factory: Callable[[str, str], "WeightTransport"] | None = None):
+                 transport_factory: Callable[[str, str], "WeightTransport"] | None = None,
+                 folder: Any = None):
         if section is None:
             from rlweave.weight_sync.section import WeightSyncSection
 
@@ -82,7 +84,8 @@ class WeightSync:
         self.bucket_bytes = int(section.bucket_mb * (1 << 20))
         self.timeout_s = section.timeout_s
         name = section.transport
-        self._factory = transport_factory or self._configured(name)
+        self.folder = folder
+        self._factory = transport_factory or (self._adapter() if section.lora == "adapter" else self._configured(name))
         self._transports: dict[tuple[str, str], "WeightTransport"] = {}
 
     def _configured(self, name: str) -> Callable[[str, str], "WeightTransport"]:
@@ -93,6 +96,17 @@ class WeightSync:
 
                 return make_transport(resolve_auto(self._handle(src), self._handle(dst), timeout_s), timeout_s)
             return make_transport(name, timeout_s)
+
+        return make
+
+    def _adapter(self) -> Callable[[str, str], "WeightTransport"]:
+        def make(src: str, dst: str) -> "WeightTransport":
+            from pathlib import Path
+
+            from rlweave.weight_sync.adapter import AdapterTransport
+
+            folder = Path(self.folder) / f"{src}-{dst}" if self.folder is not None else None
+            return AdapterTransport(sync_timeout(self._handle(dst), self.timeout_s), folder)
 
         return make
 

@@ -62,6 +62,7 @@ import itertools
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any, Iterable
 
 from rlweave.deps import require
@@ -119,6 +120,8 @@ class VLLMEngine(RolloutEngine):
         self._scratch: str | None = None  # folder of vLLM's sockets and rendezvous files (:mod:`.scratch`)
         self._calls = CallRegistry()  # generate calls in progress and their stop flags (abort)
         self._request_ids = itertools.count()
+        self._lora = None  # the LoRARequest every request carries (weight_sync.lora: adapter)
+        self._lora_ids = itertools.count(1)
 
     @property
     def where(self) -> str:
@@ -186,6 +189,8 @@ class VLLMEngine(RolloutEngine):
             kw["block_size"] = block
         if cfg.sleep_mode if cfg.sleep_mode is not None else gpu:
             kw["enable_sleep_mode"] = True
+        if self.ctx.lora is not None:  # it will serve the policy's adapter (weight_sync.lora: adapter)
+            kw.update(enable_lora=True, max_loras=1, max_lora_rank=lora_rank_limit(self.ctx.lora.r, self.where))
         return kw
 
     @property
@@ -356,7 +361,7 @@ class VLLMEngine(RolloutEngine):
             inputs = _render_prompts(llm, [TokensPrompt(prompt_token_ids=p) for p in prompt_ids])
             for rid, inp, sp in zip(ids, inputs, sps):
                 sp.output_kind = RequestOutputKind.CUMULATIVE  # every step: all tokens so far (by reference)
-                engine.add_request(rid, inp, sp)
+                engine.add_request(rid, inp, sp, lora_request=self._lora)
                 pending.add(rid)
             while pending and engine.has_unfinished_requests():
                 if stop_flag.is_set():
@@ -381,6 +386,36 @@ class VLLMEngine(RolloutEngine):
         return [latest.get(rid) for rid in ids], aborted
 
     # --------------------------------------------------------------- weights
+    def load_adapter(self, folder: str, sha256: str) -> dict[str, Any]:
+        """Serve every later request with the PEFT adapter in ``folder`` on the base model
+        (``weight_sync.lora: adapter``, :mod:`rlweave.weight_sync.adapter`). Its
+        ``adapter_model.safetensors`` must have the SHA-256 ``sha256`` (else WeightSyncError, and
+        the adapter served before stays). Loaded at once under a new adapter id, replacing the
+        previous one; returns ``bytes`` and ``seconds``."""
+        from vllm.lora.request import LoRARequest
+
+        from rlweave.weight_sync.adapter import ADAPTER_FILE, file_sha256
+        from rlweave.weight_sync.interface import WeightSyncError
+
+        llm = self._require()
+        if self.ctx.lora is None:
+            raise RuntimeError(f"{self.where}: started without LoRA; it serves adapters with weight_sync.lora: adapter")
+        t0 = time.perf_counter()
+        weights = Path(folder) / ADAPTER_FILE
+        got = file_sha256(weights) if weights.is_file() else "(missing)"
+        if got != sha256:
+            raise WeightSyncError(f"{self.where}: adapter {weights}: SHA-256 {got} differs from the sender's {sha256}")
+        n = next(self._lora_ids)
+        request = LoRARequest(f"rlweave-adapter-{n}", n, str(folder))
+        try:
+            llm.llm_engine.add_lora(request)
+        except Exception as exc:  # noqa: BLE001 - re-raised with role/rank
+            raise self._engine_failed(exc, "load_adapter") from exc
+        previous, self._lora = self._lora, request
+        if previous is not None:
+            llm.llm_engine.remove_lora(previous.lora_int_id)
+        return {"bytes": weights.stat().st_size, "seconds": time.perf_counter() - t0}
+
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> dict[str, Any]:
         """Send HF-named tensors to vLLM's workers in safetensors chunks (to an engine core in this
         process: the tensors themselves) and reload them in place.
@@ -497,6 +532,18 @@ class VLLMEngine(RolloutEngine):
         super().shutdown()
         if left:
             raise RuntimeError(f"{self.where}: vLLM processes did not exit after SIGKILL: {', '.join(left)}")
+
+
+#: adapter ranks vLLM can be started for (``max_lora_rank``)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_rank_limit(r: int, where: str) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds adapters of rank ``r``."""
+    for limit in LORA_RANKS:
+        if limit >= r:
+            return limit
+    raise ValueError(f"{where}: LoRA rank {r} is above the {LORA_RANKS[-1]} vLLM serves; use weight_sync.lora: merged")
 
 
 def cpu_thread_binding(tp: int, cpus: list[int]) -> str:

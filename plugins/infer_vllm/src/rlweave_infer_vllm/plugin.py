@@ -27,6 +27,7 @@ def rlweave_inference_engines():
             config_model=VLLMEngineConfig,
             parallel=("dp", "tp"),
             rank_spans=("tp",),  # one rank is one replica: its process drives vLLM's tp workers on tp devices
+            lora=True,  # serves the policy's LoRA adapter itself (weight_sync.lora: adapter)
             probe=_probe,
         )
     ]
