@@ -85,7 +85,9 @@ class TrainingWorker(Worker):
 
     @abstractmethod
     def compute_logprobs(self, batch: "Batch", temperature: float = 1.0, with_entropy: bool = False) -> dict[str, "torch.Tensor"]:
-        """``{"logprobs": (T,), "entropy": (T,) if requested}`` for this rank's shard, no grad."""
+        """``{"logprobs": (T,), "entropy": (T,) if requested}`` for this rank's shard, no grad.
+        A backend whose record says ``lora`` also takes ``adapters=False``: the log-probs of the
+        role's base model, its LoRA adapters switched off."""
 
     def compute_values(self, batch: "Batch") -> "torch.Tensor":
         """Per-token values ``(T,)`` (value-head models)."""
@@ -121,6 +123,11 @@ class TrainingWorker(Worker):
     def save_hf(self, path: str) -> None:
         """Hugging Face format (config, safetensors, tokenizer if known) loadable by
         transformers and vLLM; rank 0 writes, all ranks call."""
+
+    def save_adapter(self, path: str) -> None:
+        """A LoRA role's adapter as a PEFT adapter directory in ``path`` (backends whose record
+        says ``lora``); rank 0 writes, all ranks call."""
+        raise NotImplementedError(f"{type(self).__name__} does not train LoRA adapters")
 
     def offload(self) -> dict[str, Any]:
         """Move parameters/optimizer state to CPU memory between phases; returns bytes freed."""

@@ -25,6 +25,11 @@ it replaces the experts' forward before sharding (transformers' experts otherwis
 micro-batch's loss under the same token weighting and reports ``moe_aux_loss`` and the
 expert-load metrics; weights leave in checkpoint names (:mod:`.moe_layout`).
 
+LoRA (``ctx.lora``, :mod:`.lora`): PEFT adapters wrap the targeted linear layers before sharding;
+only they (and ``modules_to_save``) train, sit in the optimizer and in checkpoints; weights leave
+merged under the base model's names (``named_weights``, ``save_hf``); ``save_adapter`` writes the
+PEFT adapter directory and ``compute_logprobs(adapters=False)`` gives the base model's log-probs.
+
 Model kinds (``ctx.model['model_type']``): ``causal_lm`` (log-probs, entropy), ``value``
 (prediction-aligned per-token values: ``values[t]`` is read at ``t-1``, 0 at first tokens)
 and ``reward`` (score at each sample's last token). See :mod:`.modeling` and
