@@ -19,6 +19,8 @@ import torch
 
 from rlweave.testing.runs import cli_env, metrics_rows, run_cli, workers
 
+pytestmark = pytest.mark.slow  # a run and an engine: scheduled first
+
 LORA = {"r": 8, "alpha": 32, "target_modules": "all-linear"}
 #: rewards differ inside every group, so every step changes the adapters
 LENGTH_REWARD = "def length(prompt, response, **fields):\n    return 0.1 * len(response)\n"

@@ -119,12 +119,15 @@ def _load(config: Path, overrides: List[str], check_inputs: bool = True) -> tupl
 def _summary(cfg: Any, resolved: Any) -> str:
     algo = resolved.algorithm
     lines = [f"algorithm: {algo.name} ({', '.join(resolved.role_names) or 'no roles'})" if algo else "algorithm: -"]
+    views = getattr(resolved, "views", {})
     for role, rec in resolved.roles.items():
+        if role in views:
+            continue
         section = cfg.roles[role]
         lines.append(f"role {role}: {rec.kind} {rec.name}, pool {section.pool}, devices {section.devices}"
                      + (f", parallel {section.parallel}" if section.parallel else "")
                      + (f", LoRA r={section.lora.r}" if section.lora is not None else ""))
-    for role, source in getattr(resolved, "views", {}).items():
+    for role, source in views.items():
         lines.append(f"role {role}: the {source} with its LoRA adapters disabled (no ranks of its own)")
     for entry, rec in zip(cfg.rewards, resolved.rewards):
         lines.append(f"reward {entry.name} (weight {entry.weight})" + ("" if rec else " [user function]"))

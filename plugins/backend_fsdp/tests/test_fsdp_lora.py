@@ -13,6 +13,8 @@ from rlweave.testing.ranks import run_ranks
 from rlweave.testing.scenarios import fixed_batch
 from rlweave.testing.tiny_model import build_tiny_qwen2
 
+pytestmark = pytest.mark.slow  # two spawned ranks and a vLLM engine: scheduled first
+
 sc = import_helper(Path(__file__).with_name("lora_scenarios.py"))
 
 
