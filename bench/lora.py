@@ -66,7 +66,6 @@ def measure(args) -> dict:
     import random
 
     import torch
-
     from rlweave.interfaces.worker import WorkerContext
     from rlweave.testing.ranks import free_port
     from rlweave_backend_fsdp import lora

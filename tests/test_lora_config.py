@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from rlweave.config.errors import ConfigError
 from rlweave.config.loader import load_config
 
@@ -48,14 +47,14 @@ def test_reference_role_when_asked_or_not_the_base_model(tmp_path):
     path = _config(tmp_path, algorithm={"reference": "role"})
     assert "roles.reference: missing" in _errors(path)
     ref = {"backend": "fsdp", "model": {"path": "other"}}
-    cfg, resolved = load_config(_config(tmp_path, roles={"reference": ref}), check_inputs=False)
+    _, resolved = load_config(_config(tmp_path, roles={"reference": ref}), check_inputs=False)
     assert "reference" in resolved.role_names and not resolved.views
     msg = _errors(_config(tmp_path, roles={"reference": ref}, algorithm={"reference": "adapter_disabled"}))
     assert "algorithm.reference: 'adapter_disabled' needs" in msg and "path ('other')" in msg
 
 
 def test_same_base_reference_role_is_not_started_with_a_warning(tmp_path):
-    cfg, resolved = load_config(_config(tmp_path, roles={"reference": {"backend": "fsdp"}}), check_inputs=False)
+    _, resolved = load_config(_config(tmp_path, roles={"reference": {"backend": "fsdp"}}), check_inputs=False)
     assert resolved.views == {"reference": "policy"}
     assert any("roles.reference: not started" in w for w in resolved.warnings)
 
@@ -78,11 +77,10 @@ def test_lora_where_it_cannot_train(tmp_path):
 
 
 def test_unknown_target_module_lists_the_linear_layers(tmp_path):
-    from transformers import AutoModelForCausalLM
-
     from rlweave.interfaces.lora import LoRASection
     from rlweave.testing.tiny_model import build_tiny_qwen2
     from rlweave_backend_fsdp.lora import apply_lora
+    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(build_tiny_qwen2(tmp_path / "m", seed=1))
     with pytest.raises(ValueError) as err:
@@ -93,11 +91,10 @@ def test_unknown_target_module_lists_the_linear_layers(tmp_path):
 
 
 def test_mixture_of_experts_adapters_leave_routers_and_stacked_experts(tmp_path):
-    from transformers import AutoModelForCausalLM
-
     from rlweave.interfaces.lora import LoRASection
     from rlweave.testing.tiny_model import build_tiny_qwen2_moe
     from rlweave_backend_fsdp.lora import apply_lora
+    from transformers import AutoModelForCausalLM
 
     path = build_tiny_qwen2_moe(tmp_path / "moe", vocab_size=128, hidden=64, layers=1, heads=2, kv_heads=1,
                                 moe_ffn=32, num_experts=4, top_k=2, seed=3)
@@ -109,8 +106,15 @@ def test_mixture_of_experts_adapters_leave_routers_and_stacked_experts(tmp_path)
 
 
 def test_adapter_sync_needs_lora_and_an_engine_that_serves_adapters(tmp_path):
-    msg = _errors(_config(tmp_path, weight_sync={"lora": "adapter"}))
-    assert "weight_sync.lora: 'adapter' needs a rollout engine that serves LoRA adapters; engine 'hf'" in msg
+    from types import SimpleNamespace
+
+    from rlweave.config.lora import adapter_sync_problems
+
+    cfg, _ = load_config(_config(tmp_path, weight_sync={"lora": "adapter"}), check_inputs=False)
+    plain = SimpleNamespace(name="plain", lora=False)
+    want = ("'adapter' needs a rollout engine that serves LoRA adapters; engine 'plain' does not (use vllm or hf, "
+            "or weight_sync.lora: merged)")
+    assert adapter_sync_problems(cfg, {"rollout": plain}) == [("weight_sync.lora", want)]
     msg = _errors(_config(tmp_path, weight_sync={"lora": "adapter"},
                           roles={"policy": {"backend": "fsdp", "optim": {}}, "rollout": {"engine": "vllm"}}))
     assert "roles.policy.lora is not set" in msg

@@ -1,12 +1,12 @@
-"""GRPO with a LoRA policy through ``rlweave train`` (in process, vLLM rollout receiving only the
-adapter: ``weight_sync.lora: adapter``), its checkpoint exported as a PEFT adapter and as a merged
+"""GRPO with a LoRA policy through ``rlweave train`` (in process, the rollout engine receiving only
+the adapter: ``weight_sync.lora: adapter``), its checkpoint exported as a PEFT adapter and as a merged
 model.
 
 With ``kl.beta > 0`` and no ``roles.reference``, the reference is the policy with its adapters
 disabled: no reference rank is started (``workers.json``), the KL is exactly 0 while the adapters'
-B matrices are still zero (step 1) and positive once they trained; vLLM generates with the adapter
+B matrices are still zero (step 1) and positive once they trained; the engine generates with the adapter
 (its log-probs equal the policy's); the checkpoint holds the adapters only, and the two exports give
-the same logits. (Merged weights streamed into vLLM: ``plugins/backend_fsdp/tests/test_fsdp_lora.py``.)
+the same logits. (vLLM with merged weights and with an adapter: ``plugins/backend_fsdp/tests/test_fsdp_lora.py``.)
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import math
 
 import pytest
 import torch
-
 from rlweave.testing.runs import cli_env, metrics_rows, run_cli, workers
 
 pytestmark = pytest.mark.slow  # a run and an engine: scheduled first
@@ -33,8 +32,7 @@ def lora_run(grpo_workspace, tmp_path_factory):
     config = grpo_workspace.config("lora", 2, run={"scheduler": "in_process", "save_every": 2},
                                    logging={"backends": ["jsonl"]},
                                    rewards=[{"name": f"{tmp / 'length_reward.py'}:length"}],
-                                   roles={"policy": {"lora": LORA, "optim": {"lr": 5e-2}},
-                                          "rollout": {"engine": "vllm", "options": {"kv_cache_gib": 0.25}}},
+                                   roles={"policy": {"lora": LORA, "optim": {"lr": 5e-2}}},
                                    weight_sync={"lora": "adapter"}, algorithm={"kl": {"beta": 0.1}})
     rc, out, _ = run_cli(["train", str(config)], cli_env(tmp))
     assert rc == 0, out[-4000:]
@@ -59,7 +57,7 @@ def test_checkpoint_holds_adapters_only(lora_run):
     import torch.distributed.checkpoint as dcp
 
     run_dir, _ = lora_run
-    ckpt = sorted((run_dir / "checkpoints").glob("step_*"))[-1]
+    ckpt = max((run_dir / "checkpoints").glob("step_*"))
     assert sorted(p.name for p in (ckpt / "roles").iterdir()) == ["policy"]
     reader = dcp.FileSystemReader(str(ckpt / "roles" / "policy"))
     keys = list(reader.read_metadata().state_dict_metadata)
@@ -71,14 +69,13 @@ def test_checkpoint_holds_adapters_only(lora_run):
 
 def test_export_adapter_and_merged(lora_run, grpo_workspace):
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
     from rlweave.commands.export import export_checkpoint
+    from transformers import AutoModelForCausalLM
 
     run_dir, tmp = lora_run
     export_checkpoint(run_dir, tmp / "adapter", say=lambda _: None)
-    rc, out, _ = run_cli(["export", str(run_dir), "--merge", "--out", str(tmp / "merged")], cli_env(tmp))
-    assert rc == 0 and "causal_lm" in out, out[-3000:]
+    export_checkpoint(run_dir, tmp / "merged", say=lambda _: None, merge=True)  # rlweave export --merge
+    assert json.loads((tmp / "merged" / "rlweave_export.json").read_text())["format"] == "hf_model"
     assert json.loads((tmp / "adapter" / "rlweave_export.json").read_text())["format"] == "peft_adapter"
     base = AutoModelForCausalLM.from_pretrained(grpo_workspace.model, dtype=torch.float32)
     peft_model = PeftModel.from_pretrained(base, str(tmp / "adapter")).eval()

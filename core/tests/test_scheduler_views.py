@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from rlweave.scheduler.views import AdaptersDisabled, is_view
 
 

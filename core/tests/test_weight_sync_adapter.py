@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from rlweave.weight_sync.adapter import ADAPTER_FILE, AdapterTransport, file_sha256
 from rlweave.weight_sync.interface import WeightSyncError
 from rlweave.worker_errors import WorkerError
@@ -25,8 +24,8 @@ class _Policy:
     def call(self, method, folder):
         from pathlib import Path
 
-        from safetensors.torch import save_file
         import torch
+        from safetensors.torch import save_file
 
         Path(folder).mkdir(parents=True)
         save_file({"a.lora_A.weight": torch.ones(2, 3), "a.lora_B.weight": torch.zeros(3, 2)},

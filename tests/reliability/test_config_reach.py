@@ -60,6 +60,8 @@ RESOLVED = {
     Key("algorithm.name"): "selects the algorithm record",
     Key("roles.<role>.backend"): "selects the training backend record",
     Key("roles.<role>.engine"): "selects the inference engine record",
+    Key("algorithm.reference"): "decides whether the reference role is started or served by the policy with its "
+                                "LoRA adapters disabled (rlweave.config.lora)",
     Key("algorithm.eval_rollout", "sft"): "sft_roles() decides whether a rollout role is built; SFT evaluates "
                                           "through it when it is there",
 }

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 import torch
-
 from rlweave.testing.scenarios import fixed_batch, gather_by_sample, nll_loss, shard_indices, train_worker, value_loss
 
 LORA = {"r": 8, "alpha": 16, "target_modules": "all-linear"}
@@ -42,7 +41,7 @@ def lora_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
     plain = train_worker("fsdp", ctx_kw, model, None, max_tokens_per_micro_batch=32)
     res["plain"] = lp(plain)
     del plain
-    kw = dict(max_tokens_per_micro_batch=32)
+    kw = {"max_tokens_per_micro_batch": 32}
     a = train_worker("fsdp", {**ctx_kw, "lora": LORA}, model, OPTIM, **kw)
     res["trainable"] = sorted(n for n, p in a.model.named_parameters() if p.requires_grad)
     res["optim_params"] = sum(len(g["params"]) for g in a.optimizer.param_groups)

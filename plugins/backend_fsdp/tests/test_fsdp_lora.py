@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from rlweave.testing.helper_modules import import_helper
 from rlweave.testing.ranks import run_ranks
 from rlweave.testing.scenarios import fixed_batch
@@ -105,7 +104,7 @@ def test_exported_adapter_loads_with_peft(run, tiny):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    res, work = run
+    _, work = run
     cfg = json.loads((work / "adapter" / "adapter_config.json").read_text())
     assert cfg["r"] == 8 and cfg["lora_alpha"] == 16
     base = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
@@ -120,29 +119,42 @@ def test_exported_adapter_loads_with_peft(run, tiny):
         assert float((plain(s).logits - b).abs().max()) > 1e-3
 
 
-def test_vllm_generates_with_the_streamed_merged_weights(run, tiny):
-    """The merged weights a LoRA policy streams load into vLLM in place, and vLLM's greedy output is
-    then transformers' on the same weights."""
+def test_vllm_generates_with_streamed_merged_weights_and_with_an_adapter(run, tiny):
+    """One vLLM engine started for adapters of rank 8: the merged weights a LoRA policy streams load
+    in place and vLLM's greedy output is then transformers' on the same weights; then the exported
+    adapter (``weight_sync.lora: adapter``'s payload, checked by SHA-256) applied on top gives
+    PEFT's greedy output on that model, and a file that does not match its checksum is refused."""
     pytest.importorskip("rlweave_infer_vllm", reason="the vLLM engine plugin is not installed")
+    from peft import PeftModel
     from rlweave.interfaces.engine import SamplingParams
     from rlweave.interfaces.worker import WorkerContext
     from rlweave.testing.reference import load_reference_model, reference_greedy
+    from rlweave.weight_sync.adapter import ADAPTER_FILE, file_sha256
+    from rlweave.weight_sync.interface import WeightSyncError
     from rlweave_infer_vllm.engine import VLLMEngine
 
-    res, _ = run
+    res, work = run
     prompts = [[3, 17, 42, 5], [9, 8, 7, 6, 5, 4, 3, 2, 11], [60, 61], [100, 2, 50, 75, 20]]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True)
+    adapter = work / "adapter"
     engine = VLLMEngine(WorkerContext(role="rollout", options={"max_model_len": 64, "kv_cache_gib": 0.25},
-                                      model={"path": tiny, "dtype": "float32"}, seed=1))
+                                      model={"path": tiny, "dtype": "float32"}, seed=1, lora=sc.LORA))
     engine.init_engine()
     try:
         before = [g[0].token_ids for g in engine.generate(prompts, greedy)]
         engine.load_weights(iter(res["merged"].items()))
-        after = [g[0].token_ids for g in engine.generate(prompts, greedy)]
+        merged = [g[0].token_ids for g in engine.generate(prompts, greedy)]
+        with pytest.raises(WeightSyncError, match="differs from the sender's"):
+            engine.load_adapter(str(adapter), "0" * 64)
+        engine.load_adapter(str(adapter), file_sha256(adapter / ADAPTER_FILE))
+        adapted = [g[0].token_ids for g in engine.generate(prompts, greedy)]
     finally:
         engine.shutdown()
-    merged = load_reference_model(tiny)
-    merged.load_state_dict(res["merged"])
-    want = [reference_greedy(merged, p, 8) for p in prompts]
-    assert after == want
+    model = load_reference_model(tiny)
+    model.load_state_dict(res["merged"])
+    want = [reference_greedy(model, p, 8) for p in prompts]
+    assert merged == want
     assert want != before, "the adapters must change the greedy output for the check to mean anything"
+    peft_model = PeftModel.from_pretrained(model, str(adapter)).eval()
+    want_adapted = [reference_greedy(peft_model, p, 8) for p in prompts]
+    assert adapted == want_adapted and want_adapted != want

@@ -12,7 +12,8 @@ policy's base model (same path, revision and head). ``auto`` picks it whenever i
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 REFERENCE = "reference"
 POLICY = "policy"
@@ -48,8 +49,9 @@ def reference_from_policy(cfg: Any, role_names: Sequence[str]) -> tuple[bool, li
         return False, [], []
     if why is not None:
         if mode == "adapter_disabled":
-            return False, [("algorithm.reference", f"'adapter_disabled' needs the reference to be the policy's base "
-                            f"model with adapters off, but {why}; use algorithm.reference: role")], []
+            msg = (f"'adapter_disabled' needs the reference to be the policy's base model with adapters off, but "
+                   f"{why}; use algorithm.reference: role")
+            return False, [("algorithm.reference", msg)], []
         return False, [], []
     warnings = []
     if REFERENCE in cfg.roles:
@@ -71,11 +73,11 @@ def lora_problems(cfg: Any, records: dict[str, Any], never_trained: dict[str, st
             continue
         record = records.get(role)
         if record is not None and not getattr(record, "lora", False):
-            out.append((path, f"{record.kind} '{record.name}' of role {role!r} does not train LoRA adapters; "
-                              "remove lora or choose a backend that does (e.g. fsdp)"))
+            out.append((path, (f"{record.kind} '{record.name}' of role {role!r} does not train LoRA adapters; "
+                               "remove lora or choose a backend that does (e.g. fsdp)")))
         elif section.optim is None:
-            out.append((path, f"role {role!r} has no optimizer (roles.{role}.optim), so its adapters would never "
-                              "train; add optim or remove lora"))
+            out.append((path, (f"role {role!r} has no optimizer (roles.{role}.optim), so its adapters would never "
+                               "train; add optim or remove lora")))
     return out
 
 
@@ -86,10 +88,10 @@ def adapter_sync_problems(cfg: Any, records: dict[str, Any]) -> list[tuple[str, 
     out = []
     policy = cfg.roles.get(POLICY)
     if policy is None or policy.lora is None:
-        out.append(("weight_sync.lora", "'adapter' sends the policy's LoRA adapter, but roles.policy.lora is not set; "
-                                        "use weight_sync.lora: merged"))
+        out.append(("weight_sync.lora", ("'adapter' sends the policy's LoRA adapter, but roles.policy.lora is not "
+                                         "set; use weight_sync.lora: merged")))
     engine = records.get("rollout")
     if engine is not None and not getattr(engine, "lora", False):
-        out.append(("weight_sync.lora", f"'adapter' needs a rollout engine that serves LoRA adapters; engine "
-                                        f"'{engine.name}' does not (use vllm, or weight_sync.lora: merged)"))
+        out.append(("weight_sync.lora", (f"'adapter' needs a rollout engine that serves LoRA adapters; engine "
+                                         f"'{engine.name}' does not (use vllm or hf, or weight_sync.lora: merged)")))
     return out

@@ -12,8 +12,6 @@ in the optimizer; the base weights stay as loaded. Weights leave the backend mer
 
 from __future__ import annotations
 
-from typing import Union
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 #: ``target_modules`` value that adapts every linear layer of the decoder (not the LM head)
@@ -26,7 +24,7 @@ class LoRASection(BaseModel):
     r: int = Field(16, ge=1, description="Rank of each adapter (the inner size of B @ A).")
     alpha: float = Field(32.0, gt=0, description="Scale numerator: the update is alpha / r * B @ A.")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input while training.")
-    target_modules: Union[list[str], str] = Field(
+    target_modules: list[str] | str = Field(
         ALL_LINEAR, description="Linear layers that get adapters, by module name suffix (e.g. [q_proj, v_proj]), or "
         "'all-linear': every linear layer of the decoder (not the LM head, a value/score head or mixture-of-experts "
         "routers; experts stored as stacked tensors get none).",
@@ -38,7 +36,7 @@ class LoRASection(BaseModel):
 
     @field_validator("target_modules")
     @classmethod
-    def _targets(cls, v: Union[list[str], str]) -> Union[list[str], str]:
+    def _targets(cls, v: list[str] | str) -> list[str] | str:
         if isinstance(v, str) and v != ALL_LINEAR:
             raise ValueError(f"give a list of module names or '{ALL_LINEAR}', not {v!r}")
         if isinstance(v, list) and not v:

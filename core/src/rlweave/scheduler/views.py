@@ -9,7 +9,8 @@ the runner writes no workers or checkpoints for it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from rlweave.scheduler.future import RoleFuture
 
@@ -48,7 +49,7 @@ class AdaptersDisabled:
     def closed(self) -> bool:
         return self.source.closed
 
-    def logprobs(self, batch: "Batch", temperature: float = 1.0, with_entropy: bool = False) -> RoleFuture:
+    def logprobs(self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False) -> RoleFuture:
         """The policy's base-model log-probs ``{"logprobs": (T,), ...}`` in batch order."""
         kw = {"temperature": temperature, "with_entropy": with_entropy, "adapters": False}
         return self.source._dp_call("compute_logprobs", (batch,), kw, None)

@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from rlweave.config.schema import RunConfig
+from rlweave.config.schema import AlgorithmSection, RunConfig
 
 #: dict-of-section fields whose keys the user names -> placeholder (others: ``<key>``; list items: ``<i>``)
 PLACEHOLDERS = {"roles": "<role>", "pools": "<pool>"}
@@ -171,8 +171,8 @@ def _template(parts: list[str]) -> str:
 
 
 def _plugin_of(cfg: RunConfig, parts: list[str]) -> str | None:
-    if parts[0] == "algorithm" and len(parts) > 1 and parts[1] != "name":
-        return cfg.algorithm.name
+    if parts[0] == "algorithm" and len(parts) > 1 and parts[1] not in AlgorithmSection.model_fields:
+        return cfg.algorithm.name  # the core's own keys of the section (name, reference) belong to no plugin
     if parts[0] == "roles" and len(parts) > 3 and parts[2] == "options" and parts[1] in cfg.roles:
         role = cfg.roles[parts[1]]
         return role.backend or role.engine

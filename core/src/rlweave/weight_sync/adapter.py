@@ -52,7 +52,7 @@ class AdapterTransport(WeightTransport):
         self.count = 0
         self.current: Path | None = None
 
-    def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float) -> dict[str, Any]:
+    def sync(self, src: RoleHandle, dst: RoleHandle, bucket_bytes: int, timeout_s: float) -> dict[str, Any]:
         from rlweave.worker_errors import WorkerError, WorkerTimeout
 
         t0 = time.perf_counter()
@@ -62,7 +62,7 @@ class AdapterTransport(WeightTransport):
         path = self.folder / f"adapter-{self.count:06d}"
         deadline = t0 + timeout_s
 
-        def wait(fut: Any, role: "RoleHandle", what: str) -> Any:
+        def wait(fut: Any, role: RoleHandle, what: str) -> Any:
             try:
                 return fut.result(timeout=max(1.0, deadline - time.perf_counter()))
             except WorkerTimeout as exc:

@@ -26,7 +26,7 @@ class WeightSyncSection(BaseModel):
     lora: Literal["merged", "adapter"] = Field(
         "merged", description="A policy that trains LoRA adapters: 'merged' sends the merged full weights through "
         "the transport; 'adapter' sends only the adapter, which the rollout engine applies itself (its engine must "
-        "support it: vllm), written under the run directory and checked by SHA-256.",
+        "support it: vllm, hf), written under the run directory and checked by SHA-256.",
     )
     bucket_mb: float = Field(64.0, gt=0, description="Size of a weight bucket in MiB (a larger tensor travels alone).")
     timeout_s: Optional[float] = Field(

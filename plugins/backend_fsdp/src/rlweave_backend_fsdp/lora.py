@@ -16,7 +16,8 @@ reference without a reference role).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -155,7 +156,7 @@ def merged_items(model: nn.Module, skip: set[str] = frozenset()) -> Iterator[tup
     for name, t in sd.items():
         if ".lora_A." in name or ".lora_B." in name or ".original_module." in name:
             continue
-        out = name[len(PREFIX):] if name.startswith(PREFIX) else name
+        out = name.removeprefix(PREFIX)
         if out.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".") in skip:
             continue
         if ".base_layer." in name:

@@ -29,22 +29,24 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
+from pathlib import Path
 from typing import Any, Iterable
 
 from rlweave.devices.cpu import slow_bf16_warning
-from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
 from rlweave.engine_helpers.requests import (
     CallRegistry,
     SampleRequest,
-    error_generation,
     eos_token_ids,
+    error_generation,
     finish_generation,
     group_generations,
     plan_requests,
     stop_token_ids,
 )
+from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
 
 from rlweave_infer_hf.config import HFEngineConfig
 
@@ -62,6 +64,8 @@ class HFEngine(RolloutEngine):
         self.model = None
         self._asleep = False
         self._calls = CallRegistry()
+        self._adapter: str | None = None  # the LoRA adapter generate applies (weight_sync.lora: adapter)
+        self._adapter_ids = itertools.count(1)
 
     # ---------------------------------------------------------------- set-up
     @property
@@ -236,6 +240,29 @@ class HFEngine(RolloutEngine):
                 count += 1
                 nbytes += tensor.numel() * tensor.element_size()
         return {"tensors": count, "bytes": nbytes}
+
+    def load_adapter(self, folder: str, sha256: str) -> dict[str, Any]:
+        """Generate from now on with the PEFT adapter in ``folder`` applied to the base model
+        (``weight_sync.lora: adapter``, :mod:`rlweave.weight_sync.adapter`), through transformers'
+        PEFT integration. Its ``adapter_model.safetensors`` must have the SHA-256 ``sha256`` (else
+        WeightSyncError, and the adapter applied before stays); the previous adapter is deleted.
+        Returns ``bytes`` and ``seconds``."""
+        from rlweave.weight_sync.adapter import ADAPTER_FILE, file_sha256
+        from rlweave.weight_sync.interface import WeightSyncError
+
+        model = self._require_model()
+        t0 = time.perf_counter()
+        weights = Path(folder) / ADAPTER_FILE
+        got = file_sha256(weights) if weights.is_file() else "(missing)"
+        if got != sha256:
+            raise WeightSyncError(f"{self.where}: adapter {weights}: SHA-256 {got} differs from the sender's {sha256}")
+        name = f"rlweave-adapter-{next(self._adapter_ids)}"
+        model.load_adapter(str(folder), adapter_name=name)
+        model.set_adapter(name)
+        previous, self._adapter = self._adapter, name
+        if previous is not None:
+            model.delete_adapter(previous)
+        return {"bytes": weights.stat().st_size, "seconds": time.perf_counter() - t0}
 
     # ----------------------------------------------------------- sleep/wake
     def sleep(self, level: int = 1) -> dict[str, Any]:

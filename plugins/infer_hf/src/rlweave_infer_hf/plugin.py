@@ -16,5 +16,6 @@ def rlweave_inference_engines():
             target="rlweave_infer_hf.engine:HFEngine",
             config_model=HFEngineConfig,
             parallel=(),
+            lora=True,  # applies the policy's LoRA adapter itself (weight_sync.lora: adapter), through PEFT
         )
     ]

@@ -67,8 +67,6 @@ from typing import Any, Iterable
 
 from rlweave.deps import require
 from rlweave.devices.cpu import slow_bf16_warning
-from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
-from rlweave.worker_errors import WorkerLost
 from rlweave.engine_helpers.requests import (
     CallRegistry,
     eos_token_ids,
@@ -78,9 +76,11 @@ from rlweave.engine_helpers.requests import (
     plan_requests,
     stop_token_ids,
 )
+from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
+from rlweave.worker_errors import WorkerLost
 
-from rlweave_infer_vllm.config import VLLMEngineConfig
 from rlweave_infer_vllm import scratch
+from rlweave_infer_vllm.config import VLLMEngineConfig
 from rlweave_infer_vllm.processes import engine_processes, exited, live_pids, reap
 
 log = logging.getLogger(__name__)
@@ -317,7 +317,7 @@ class VLLMEngine(RolloutEngine):
             with self._calls.call() as stop_flag:
                 try:
                     outs, aborted = self._run_requests(llm, [reqs[j].prompt_ids for j in todo], sps, stop_flag)
-                except Exception as exc:  # noqa: BLE001 - re-raised with role/rank
+                except Exception as exc:
                     raise self._engine_failed(exc, "generate") from exc
             for j, out in zip(todo, outs):
                 if out is None:  # stopped before vLLM produced a token for it
@@ -378,7 +378,7 @@ class VLLMEngine(RolloutEngine):
             if pending:
                 try:
                     engine.abort_request(sorted(pending))
-                except Exception:  # noqa: BLE001 - the engine may be dead; report the first error
+                except Exception:
                     pass
             raise
         if pending:
@@ -392,10 +392,9 @@ class VLLMEngine(RolloutEngine):
         ``adapter_model.safetensors`` must have the SHA-256 ``sha256`` (else WeightSyncError, and
         the adapter served before stays). Loaded at once under a new adapter id, replacing the
         previous one; returns ``bytes`` and ``seconds``."""
-        from vllm.lora.request import LoRARequest
-
         from rlweave.weight_sync.adapter import ADAPTER_FILE, file_sha256
         from rlweave.weight_sync.interface import WeightSyncError
+        from vllm.lora.request import LoRARequest
 
         llm = self._require()
         if self.ctx.lora is None:
@@ -409,7 +408,7 @@ class VLLMEngine(RolloutEngine):
         request = LoRARequest(f"rlweave-adapter-{n}", n, str(folder))
         try:
             llm.llm_engine.add_lora(request)
-        except Exception as exc:  # noqa: BLE001 - re-raised with role/rank
+        except Exception as exc:
             raise self._engine_failed(exc, "load_adapter") from exc
         previous, self._lora = self._lora, request
         if previous is not None:
@@ -461,10 +460,10 @@ class VLLMEngine(RolloutEngine):
             flush()
             result = llm.collective_rpc("rlweave_commit_weights")
             llm.reset_prefix_cache()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             try:
                 llm.collective_rpc("rlweave_discard_weights", timeout=30)
-            except Exception:  # noqa: BLE001 - engine may be dead; report the first error
+            except Exception:
                 pass
             raise self._engine_failed(exc, "load_weights") from exc
         return {"tensors": count, "bytes": total, "seconds": time.perf_counter() - t0, "workers": result}
@@ -523,7 +522,7 @@ class VLLMEngine(RolloutEngine):
         if llm is not None:
             try:
                 llm.llm_engine.engine_core.shutdown(timeout=self.cfg.shutdown_timeout_s)
-            except Exception:  # noqa: BLE001 - e.g. psutil.NoSuchProcess from vLLM's kill_process_tree when
+            except Exception:
                 pass  # a descendant vanishes mid-kill; the processes are reaped below either way
             del llm
             left = reap(procs, self.cfg.shutdown_timeout_s)
@@ -587,5 +586,5 @@ def _tied_embeddings_on_cpu(llm: Any) -> bool:
 
         hf_config = llm.llm_engine.model_config.hf_config
         return bool(current_platform.is_cpu() and getattr(hf_config, "tie_word_embeddings", False))
-    except Exception:  # noqa: BLE001 - an engine without these attributes is not the CPU build
+    except Exception:
         return False
