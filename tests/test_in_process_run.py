@@ -19,15 +19,13 @@ import math
 
 import pytest
 
-from rlweave.testing.runs import cli_env, metrics_rows, run_cli, workers
+from rlweave.testing.runs import cli_env, length_reward, metrics_rows, run_cli, workers
 
 STAND_IN_RAY = '''import os, traceback
 with open(os.environ["RAY_IMPORTED_LOG"], "a") as f:
     f.write("".join(traceback.format_stack()) + "\\n")
 raise ImportError("ray is not available in this test")
 '''
-#: rewards differ inside every group, so every step changes the weights
-LENGTH_REWARD = "def length(prompt, response, **fields):\n    return 0.1 * len(response)\n"
 
 
 def _cuda() -> bool:
@@ -44,8 +42,7 @@ def train_in_process(ws, tmp_path, name: str, device: str) -> list[dict]:
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "__init__.py").write_text(STAND_IN_RAY)
     log = tmp_path / "ray_imported.log"
-    (tmp_path / "length_reward.py").write_text(LENGTH_REWARD)
-    rewards = [{"name": "arith_exact"}, {"name": f"{tmp_path / 'length_reward.py'}:length", "weight": 0.5}]
+    rewards = [{"name": "arith_exact"}, {"name": length_reward(tmp_path), "weight": 0.5}]
     config = ws.config(name, 2, run={"scheduler": "in_process"}, logging={"backends": ["jsonl"]}, rewards=rewards,
                        resources={"pools": {"default": {"devices_per_node": 2, "device": device}}})
     rc, out, _ = run_cli(["train", str(config)], cli_env(tmp_path, RAY_IMPORTED_LOG=str(log)))

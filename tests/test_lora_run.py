@@ -16,22 +16,19 @@ import math
 
 import pytest
 import torch
-from rlweave.testing.runs import cli_env, metrics_rows, run_cli, workers
+from rlweave.testing.runs import cli_env, length_reward, metrics_rows, run_cli, workers
 
 pytestmark = pytest.mark.slow  # a run and an engine: scheduled first
 
 LORA = {"r": 8, "alpha": 32, "target_modules": "all-linear"}
-#: rewards differ inside every group, so every step changes the adapters
-LENGTH_REWARD = "def length(prompt, response, **fields):\n    return 0.1 * len(response)\n"
 
 
 @pytest.fixture(scope="module")
 def lora_run(grpo_workspace, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lora-run")
-    (tmp / "length_reward.py").write_text(LENGTH_REWARD)
     config = grpo_workspace.config("lora", 2, run={"scheduler": "in_process", "save_every": 2},
                                    logging={"backends": ["jsonl"]},
-                                   rewards=[{"name": f"{tmp / 'length_reward.py'}:length"}],
+                                   rewards=[{"name": length_reward(tmp)}],  # every step changes the adapters
                                    roles={"policy": {"lora": LORA, "optim": {"lr": 5e-2}}},
                                    weight_sync={"lora": "adapter"}, algorithm={"kl": {"beta": 0.1}})
     rc, out, _ = run_cli(["train", str(config)], cli_env(tmp))

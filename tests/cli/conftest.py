@@ -18,15 +18,13 @@ from pathlib import Path
 
 import pytest
 from rlweave import cli as rlweave_cli
-from rlweave.testing.runs import cli_env, run_cli
+from rlweave.testing.runs import cli_env, length_reward, run_cli
 from typer.testing import CliRunner
 
 _E2E_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 _spec = importlib.util.spec_from_file_location("rlweave_e2e_conftest", _E2E_CONFTEST)
 _e2e = sys.modules.setdefault(_spec.name, importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(_e2e)
-
-LENGTH_REWARD = "def length(prompt, response, **fields):\n    return 0.1 * len(response)\n"
 
 
 @dataclass(frozen=True)
@@ -43,8 +41,7 @@ class TrainedRun:
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> TrainedRun:
     ws = _e2e.build_grpo_workspace(tmp_path_factory.mktemp("cli"))
-    (ws.root / "length_reward.py").write_text(LENGTH_REWARD)
-    rewards = [{"name": "arith_exact"}, {"name": f"{ws.root / 'length_reward.py'}:length", "weight": 0.5}]
+    rewards = [{"name": "arith_exact"}, {"name": length_reward(ws.root), "weight": 0.5}]
     config = ws.config("cli", 2, run={"save_every": 1, "keep_last": 2, "scheduler": "in_process"}, rewards=rewards)
     rc, out, _ = run_cli(["train", str(config)], cli_env())
     assert rc == 0, out[-4000:]

@@ -5,7 +5,7 @@
 * :func:`alive` / :func:`kill` find and end what outlived it (a test asserts nothing did).
 * :func:`metrics_rows` reads a run's ``metrics.jsonl``; :func:`workers` its ``workers.json``.
 * :func:`cli_env` is the environment such a run needs (Ray token auth off, extra ``PYTHONPATH``
-  entries for user reward modules written by the test).
+  entries for user reward modules written by the test); :func:`length_reward` writes one.
 
 Stdlib and psutil only; nothing here imports torch or Ray.
 """
@@ -23,6 +23,15 @@ from pathlib import Path
 from typing import Callable
 
 RLWEAVE = [sys.executable, "-m", "rlweave.cli"]
+
+
+def length_reward(folder: str | os.PathLike[str]) -> str:
+    """Write ``folder/length_reward.py``, a reward of 0.1 x the response's length in characters
+    (it differs inside every group, so every GRPO step moves the weights); returns its
+    ``rewards[].name``."""
+    path = Path(folder) / "length_reward.py"
+    path.write_text("def length(prompt, response, **fields):\n    return 0.1 * len(response)\n")
+    return f"{path}:length"
 
 
 def cli_env(*paths: str | os.PathLike[str], **extra: str) -> dict[str, str]:

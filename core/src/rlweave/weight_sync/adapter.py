@@ -39,6 +39,17 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def verify_adapter(folder: str | Path, sha256: str, where: str) -> Path:
+    """The adapter file in ``folder``, after checking it has the SHA-256 ``sha256`` the sender
+    computed; a missing or different file raises :class:`WeightSyncError` naming ``where`` (the
+    receiving rank's engine)."""
+    weights = Path(folder) / ADAPTER_FILE
+    got = file_sha256(weights) if weights.is_file() else "(missing)"
+    if got != sha256:
+        raise WeightSyncError(f"{where}: adapter {weights}: SHA-256 {got} differs from the sender's {sha256}")
+    return weights
+
+
 class AdapterTransport(WeightTransport):
     """Syncs a LoRA adapter through folders under ``folder`` (see the module docstring)."""
 

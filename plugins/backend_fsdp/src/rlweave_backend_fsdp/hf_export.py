@@ -27,12 +27,17 @@ from rlweave.backend_helpers.hf_dir import TOKENIZER_FILES, write_hf  # noqa: F4
 from rlweave_backend_fsdp.moe_layout import CheckpointLayout
 
 
-def _plain_items(model: torch.nn.Module, skip: set[str]) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+def full(t: torch.Tensor) -> torch.Tensor:
+    """``t`` whole: a sharded DTensor gathered (a collective every rank joins), else ``t`` itself."""
     from torch.distributed.tensor import DTensor
 
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _plain_items(model: torch.nn.Module, skip: set[str]) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
     for name, t in model.state_dict().items():
         if name not in skip:
-            yield name, (t.full_tensor() if isinstance(t, DTensor) else t), t
+            yield name, full(t), t
 
 
 def stream_full(model: torch.nn.Module, rank: int, skip: set[str], dtype=None, device="cpu") -> Iterator[tuple[str, torch.Tensor]]:

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlweave_backend_fsdp.hf_export import full as _full
+
 #: prefix PEFT puts before the wrapped model's parameter names
 PREFIX = "base_model.model."
 _HEADS = {"value": ["score"], "reward": ["score"]}
@@ -54,7 +56,8 @@ def resolve_targets(model: nn.Module, targets: Any) -> list[str]:
     from rlweave.interfaces.lora import ALL_LINEAR
 
     if targets == ALL_LINEAR:
-        return [n for n in linear_names(model) if n not in _NOT_ADAPTED and n not in router_names(model)]
+        left_out = _NOT_ADAPTED | router_names(model)
+        return [n for n in linear_names(model) if n not in left_out]
     return list(targets)
 
 
@@ -128,12 +131,6 @@ def adapters_disabled(model: nn.Module) -> Iterator[None]:
 
 def trainable(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def _scaling(model: nn.Module) -> dict[str, float]:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from pathlib import Path
 from typing import Any, Iterable
 
 from rlweave.devices.cpu import slow_bf16_warning
@@ -247,15 +246,11 @@ class HFEngine(RolloutEngine):
         PEFT integration. Its ``adapter_model.safetensors`` must have the SHA-256 ``sha256`` (else
         WeightSyncError, and the adapter applied before stays); the previous adapter is deleted.
         Returns ``bytes`` and ``seconds``."""
-        from rlweave.weight_sync.adapter import ADAPTER_FILE, file_sha256
-        from rlweave.weight_sync.interface import WeightSyncError
+        from rlweave.weight_sync.adapter import verify_adapter
 
         model = self._require_model()
         t0 = time.perf_counter()
-        weights = Path(folder) / ADAPTER_FILE
-        got = file_sha256(weights) if weights.is_file() else "(missing)"
-        if got != sha256:
-            raise WeightSyncError(f"{self.where}: adapter {weights}: SHA-256 {got} differs from the sender's {sha256}")
+        weights = verify_adapter(folder, sha256, self.where)
         name = f"rlweave-adapter-{next(self._adapter_ids)}"
         model.load_adapter(str(folder), adapter_name=name)
         model.set_adapter(name)

@@ -62,7 +62,6 @@ import itertools
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any, Iterable
 
 from rlweave.deps import require
@@ -317,7 +316,7 @@ class VLLMEngine(RolloutEngine):
             with self._calls.call() as stop_flag:
                 try:
                     outs, aborted = self._run_requests(llm, [reqs[j].prompt_ids for j in todo], sps, stop_flag)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - re-raised with role/rank
                     raise self._engine_failed(exc, "generate") from exc
             for j, out in zip(todo, outs):
                 if out is None:  # stopped before vLLM produced a token for it
@@ -378,7 +377,7 @@ class VLLMEngine(RolloutEngine):
             if pending:
                 try:
                     engine.abort_request(sorted(pending))
-                except Exception:
+                except Exception:  # noqa: BLE001 - the engine may be dead; report the first error
                     pass
             raise
         if pending:
@@ -392,23 +391,19 @@ class VLLMEngine(RolloutEngine):
         ``adapter_model.safetensors`` must have the SHA-256 ``sha256`` (else WeightSyncError, and
         the adapter served before stays). Loaded at once under a new adapter id, replacing the
         previous one; returns ``bytes`` and ``seconds``."""
-        from rlweave.weight_sync.adapter import ADAPTER_FILE, file_sha256
-        from rlweave.weight_sync.interface import WeightSyncError
+        from rlweave.weight_sync.adapter import verify_adapter
         from vllm.lora.request import LoRARequest
 
         llm = self._require()
         if self.ctx.lora is None:
             raise RuntimeError(f"{self.where}: started without LoRA; it serves adapters with weight_sync.lora: adapter")
         t0 = time.perf_counter()
-        weights = Path(folder) / ADAPTER_FILE
-        got = file_sha256(weights) if weights.is_file() else "(missing)"
-        if got != sha256:
-            raise WeightSyncError(f"{self.where}: adapter {weights}: SHA-256 {got} differs from the sender's {sha256}")
+        weights = verify_adapter(folder, sha256, self.where)
         n = next(self._lora_ids)
         request = LoRARequest(f"rlweave-adapter-{n}", n, str(folder))
         try:
             llm.llm_engine.add_lora(request)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - re-raised with role/rank
             raise self._engine_failed(exc, "load_adapter") from exc
         previous, self._lora = self._lora, request
         if previous is not None:
@@ -460,10 +455,10 @@ class VLLMEngine(RolloutEngine):
             flush()
             result = llm.collective_rpc("rlweave_commit_weights")
             llm.reset_prefix_cache()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001
             try:
                 llm.collective_rpc("rlweave_discard_weights", timeout=30)
-            except Exception:
+            except Exception:  # noqa: BLE001 - engine may be dead; report the first error
                 pass
             raise self._engine_failed(exc, "load_weights") from exc
         return {"tensors": count, "bytes": total, "seconds": time.perf_counter() - t0, "workers": result}
@@ -522,7 +517,7 @@ class VLLMEngine(RolloutEngine):
         if llm is not None:
             try:
                 llm.llm_engine.engine_core.shutdown(timeout=self.cfg.shutdown_timeout_s)
-            except Exception:
+            except Exception:  # noqa: BLE001 - e.g. psutil.NoSuchProcess from vLLM's kill_process_tree when
                 pass  # a descendant vanishes mid-kill; the processes are reaped below either way
             del llm
             left = reap(procs, self.cfg.shutdown_timeout_s)
@@ -586,5 +581,5 @@ def _tied_embeddings_on_cpu(llm: Any) -> bool:
 
         hf_config = llm.llm_engine.model_config.hf_config
         return bool(current_platform.is_cpu() and getattr(hf_config, "tie_word_embeddings", False))
-    except Exception:
+    except Exception:  # noqa: BLE001 - an engine without these attributes is not the CPU build
         return False
