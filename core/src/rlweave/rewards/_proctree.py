@@ -60,9 +60,10 @@ def _signal(pid: int, sig: int, group: bool = False) -> None:
         pass
 
 
-def kill_tree(root: int, include_root: bool = True) -> set[int]:
+def kill_tree(root: int, include_root: bool = True, wait_s: float = 2.0) -> set[int]:
     """Kill every process of :func:`members` (and ``root`` when ``include_root``); returns
-    the pids that were signalled besides ``root``. Never signals the calling process.
+    the pids that were signalled besides ``root``, once they have exited (or after
+    ``wait_s``). Never signals the calling process.
 
     With ``include_root`` the caller must not have reaped ``root`` yet (a zombie is fine), so
     its pid and group id cannot belong to an unrelated process."""
@@ -84,7 +85,29 @@ def kill_tree(root: int, include_root: bool = True) -> set[int]:
         if include_root and root != me:
             _signal(root, signal.SIGKILL, group=True)
             _signal(root, signal.SIGKILL)
+        _wait_dead(stopped, wait_s)
     return stopped
+
+
+def _running(pid: int) -> bool:
+    """The process exists and has not exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return data[data.rfind(b")") + 2 :][:1] not in (b"Z", b"X")
+
+
+def _wait_dead(pids: set[int], wait_s: float) -> None:
+    """Wait (at most ``wait_s``) until each signalled process has exited: ``SIGKILL`` is
+    delivered when the process next runs, which on a busy machine is not at once."""
+    end = time.monotonic() + wait_s
+    left = set(pids)
+    while left and time.monotonic() < end:
+        left = {pid for pid in left if _running(pid)}
+        if left:
+            time.sleep(0.002)
 
 
 def has_live_children() -> bool:
