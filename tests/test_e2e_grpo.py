@@ -38,7 +38,7 @@ def write_config(ws, name: str, steps: int, save_every: int, bad_rewards: bool =
     if bad_rewards:
         (ws.root / "e2e_bad_rewards.py").write_text(BAD_REWARDS)
         extra = {"rewards": [{"name": "arith_exact"}, {"name": "e2e_bad_rewards:flaky", "weight": 0.5}],
-                 "reward_runtime": {"max_failed_share": 1.0}}
+                 "reward_runtime": {"max_failed_share": 1.0, "timeout_s": 1.0}}  # the hang costs 1 s per eval
     return ws.config(name, steps, run={"save_every": save_every}, algorithm={"ppo_epochs": 2, "mini_batches": 2},
                      **extra)
 

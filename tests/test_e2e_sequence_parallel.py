@@ -1,7 +1,7 @@
 """GRPO through ``rlweave train`` with the policy on 2 ranks in one Ulysses sequence-parallel
 group (``parallel: {sp: 2}``; the model's single key/value head is repeated) runs to the end on
 CPU, and its first step trains on the same rollouts with the same loss as the policy on one
-rank."""
+rank (that run with ``run.scheduler: in_process``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def test_grpo_with_sequence_parallel_policy(grpo_workspace):
     sp = ws.config("sp2", 2, resources=pools,
                    roles={"policy": {"devices": 2, "parallel": {"sp": 2},
                                      "options": {"max_tokens_per_micro_batch": 24}}})
-    one = ws.config("sp1", 1, resources=pools, roles={"policy": {"options": {"max_tokens_per_micro_batch": 24}}})
+    one = ws.config("sp1", 1, resources=pools, roles={"policy": {"options": {"max_tokens_per_micro_batch": 24}}},
+                    run={"scheduler": "in_process"})  # the one-rank reference needs no Ray
     rows = {}
     for name, cfg in (("sp2", sp), ("sp1", one)):
         rc, out, pids = run_cli(["train", str(cfg)], cli_env(ws.root))

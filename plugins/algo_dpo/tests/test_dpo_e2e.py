@@ -1,6 +1,7 @@
 """``rlweave train`` with the shipped examples/arith/dpo.yaml and online_dpo.yaml, a few
-steps each on a tiny model built by examples/arith/build_model.py (Ray, FSDP, HF engine,
-arith_exact reward: the real components). Slow: starts Ray twice."""
+steps each on a tiny model built by examples/arith/build_model.py (FSDP, HF engine,
+arith_exact reward: the real components; every role in the controller's process,
+``run.scheduler=in_process``, as the examples' roles have one rank each)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def train(example: str, task: Path, *overrides: str) -> dict:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     cmd = [sys.executable, "-m", "rlweave.cli", "train", str(ARITH / example), "--run-dir", str(run_dir),
            f"model.path={task / 'model'}", "run.total_steps=2", "data.batch_size=4", "data.eval_size=8",
-           f"data.eval={task / 'data' / 'test.jsonl'}", "ray.num_cpus=2", *overrides]
+           f"data.eval={task / 'data' / 'test.jsonl'}", "run.scheduler=in_process", *overrides]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     summary = json.loads((run_dir / "summary.json").read_text())

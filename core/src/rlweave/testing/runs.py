@@ -129,9 +129,13 @@ def workers(run_dir: str | os.PathLike[str]) -> dict[str, list[dict]]:
 
 
 def leftovers(pids: set[int], grace_s: float = 1.0) -> set[int]:
-    """After ``grace_s``, the processes of ``pids`` still running: killed, and returned so a
-    test can assert there were none (``assert not leftovers(pids)``)."""
-    time.sleep(grace_s)
+    """The processes of ``pids`` still running ``grace_s`` after the call (it returns as soon
+    as none runs): killed, and returned so a test can assert there were none
+    (``assert not leftovers(pids)``)."""
+    end = time.monotonic() + grace_s
     left = alive(pids)
+    while left and time.monotonic() < end:
+        time.sleep(0.05)
+        left = alive(left)
     kill(left)
     return left
