@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("scheduler",),  # roles as worker groups, dispatch, futures; its Ray implementation
     ("algo_helpers", "engine_helpers"),  # what algorithm and engine plugins share
     ("runner",),  # the run loop and its utilities
-    ("backend_helpers",),  # what training backend plugins share (checkpoints, RNG state)
+    ("backend_helpers",),  # what training backend plugins share (worker skeleton, checkpoints, RNG state)
     ("testing",),  # helpers and contract suites for plugin authors' tests
     ("commands",),  # generate, export, eval
     ("cli",),  # the rlweave command line

@@ -73,7 +73,7 @@ def _stock_load(run: Path, place: str) -> None:
 
             FileSystemReader(str(run / POLICY)).read_metadata()
         else:
-            from rlweave_backend_fsdp import safe_dcp
+            from rlweave.backend_helpers import safe_dcp
 
             md = safe_dcp.read_metadata(run / POLICY)
             info = next(v for k, v in md.storage_data.items() if k.fqn == LR_ITEM)

@@ -15,7 +15,7 @@ import dataclasses
 import pickle
 from pathlib import Path
 
-from rlweave_backend_fsdp import safe_dcp
+from rlweave.backend_helpers import safe_dcp
 
 
 def byte_items(path: str | Path) -> list[str]:

@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from rlweave.backend_helpers import safe_dcp
+from rlweave.backend_helpers.schedule import WarmupSchedule
 from rlweave.runner.checkpoint import CheckpointError
 from rlweave.testing.helper_modules import import_helper
 from rlweave.testing.tamper import malicious_pickle
-from rlweave_backend_fsdp import checkpoint, safe_dcp
-from rlweave_backend_fsdp.schedule import WarmupSchedule
+from rlweave_backend_fsdp import checkpoint
 
 _tamper = import_helper(Path(__file__).with_name("dcp_tamper.py"))
 byte_items, plant_byte_item = _tamper.byte_items, _tamper.plant_byte_item

@@ -44,7 +44,7 @@ def test_micro_batch_plan_respects_budget_and_covers_all():
 
 
 def test_schedule_warmup_cosine_constant():
-    from rlweave_backend_fsdp.schedule import WarmupSchedule
+    from rlweave.backend_helpers.schedule import WarmupSchedule
 
     s = WarmupSchedule(warmup_steps=2, schedule="cosine", total_steps=12, min_lr_ratio=0.1)
     assert [s(0), s(1)] == [0.5, 1.0]

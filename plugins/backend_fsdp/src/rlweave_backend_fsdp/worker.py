@@ -39,39 +39,32 @@ and ``reward`` (score at each sample's last token). See :mod:`.modeling` and
 from __future__ import annotations
 
 import contextlib
-import math
-import time
 from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 
-from rlweave.backend_helpers.device import move_optimizer_state, rank_device
+from rlweave.backend_helpers import finite
+from rlweave.backend_helpers.device import rank_device
+from rlweave.backend_helpers.training import TrainingSkeleton, model_dtype
 from rlweave.data.batch import Batch
-from rlweave.interfaces.backend import LossFn, TrainingWorker, merge_metric
-from rlweave_backend_fsdp import attention, checkpoint, checks, cpu, finite, hf_export, lora, micro, modeling, moe, prefix
+from rlweave.interfaces.backend import LossFn, merge_metric
+from rlweave_backend_fsdp import attention, checkpoint, checks, hf_export, lora, micro, modeling, moe, parallelize, prefix
 from rlweave_backend_fsdp import sequence_parallel as seqpar
 from rlweave_backend_fsdp.config import FSDPConfig
 from rlweave_backend_fsdp.outputs import Outputs, Window, last_token_scores, token_logprobs, token_values
-from rlweave_backend_fsdp.schedule import WarmupSchedule
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class FSDPWorker(TrainingWorker):
-    """Trains and/or scores one model shard on one rank (see module docstring)."""
+class FSDPWorker(TrainingSkeleton):
+    """Trains and/or scores one model shard on one rank (see module docstring); the train step,
+    optimizer and offload are :class:`~rlweave.backend_helpers.training.TrainingSkeleton`'s."""
 
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer | None = None
-    scheduler: Any = None
+    backend = "fsdp"
     moe_state: moe.MoETraining | None = None  # set for a mixture-of-experts model
     moe_kernel: dict[str, Any] | None = None  # the moe_groupgemm kernel's report when it replaced experts
 
     # ------------------------------------------------------------------ build
     def init_model(self) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
         ctx = self.ctx
         self.cfg = ctx.options_as(FSDPConfig)
         self.kind = ctx.model.get("model_type", "causal_lm")
@@ -81,47 +74,26 @@ class FSDPWorker(TrainingWorker):
         self._refuse(checks.sp_problems(sp, self.cfg.model_dump(), None))
         self.sp = seqpar.new_group(self.world_size, self.rank, sp)
         seed = self.cfg.seed if self.cfg.seed is not None else ctx.seed
-        dtype_name = ctx.model.get("dtype", "float32")
-        if dtype_name not in _DTYPES:
-            raise ValueError(f"fsdp backend: model.dtype {dtype_name!r} (role {ctx.role}); choose {sorted(_DTYPES)}")
+        dtype_name, dtype = model_dtype(ctx, "fsdp")
         # bf16 mixed precision keeps fp32 master weights and computes in bf16.
-        param_dtype = torch.float32 if self.cfg.mixed_precision == "bf16" else _DTYPES[dtype_name]
+        param_dtype = torch.float32 if self.cfg.mixed_precision == "bf16" else dtype
         self.attn_impl = attention.choose("varlen" if sp > 1 else self.cfg.attn_implementation, ctx.device)
         self.packing = self.cfg.use_packing
         bf16 = self.cfg.mixed_precision == "bf16" or param_dtype == torch.bfloat16
         model = modeling.load_model(ctx.model, self.attn_impl, param_dtype, seed)
+        # the steps of parallelize.py, in its order
         blocks = moe.find_blocks(model)
         self._refuse(checks.moe_problems(sp, blocks[0].num_experts if blocks else None))
-        # before sharding: the kernel swaps the experts' forward in place (same parameters)
-        self.moe_kernel = moe.apply_kernel(model, ctx.kernel(moe.KERNEL_NAME), self.device.type, blocks,
-                                           role=ctx.role, rank=self.rank)
-        if sp > 1:
-            c = model.config
-            self._refuse(checks.sp_problems(sp, {}, (c.num_attention_heads,
-                                                     getattr(c, "num_key_value_heads", None) or c.num_attention_heads)))
-        self.choices = cpu.prepare(model, self.cfg, self.device.type, bf16, self.world_size,
-                                   dtype_name=dtype_name, role=ctx.role, rank=self.rank)
-        if self.cfg.activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.moe_kernel = parallelize.apply_moe_kernel(model, blocks, ctx, self.device.type, self.rank)
+        self._refuse(parallelize.apply_sequence_parallel(model, sp))
+        self.choices = parallelize.apply_cpu_paths(model, self.cfg, self.device.type, bf16, self.world_size,
+                                                   dtype_name=dtype_name, role=ctx.role, rank=self.rank)
+        parallelize.apply_activation_checkpointing(model, self.cfg.activation_checkpointing)
         layers = modeling.decoder_layers(model)
-        if ctx.lora is not None:  # adapters wrap the targeted linear layers in place (same decoder layers)
-            model = lora.apply_lora(model, ctx.lora, self.kind, ctx.role)
-        mesh = init_device_mesh(self.device.type, (self.world_size,))
-        mp = None
-        if self.cfg.mixed_precision == "bf16":
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        reshard = self.cfg.reshard_after_forward
-        if reshard is None:  # one rank holds everything anyway: skip the re-gather in backward
-            reshard = self.world_size > 1
-        kw = {"mesh": mesh, "reshard_after_forward": reshard}
-        if mp is not None:
-            kw["mp_policy"] = mp
-        for layer in layers:
-            if self.cfg.compile:  # in place (same parameter names); before sharding, as FSDP2 expects
-                for part in modeling.compile_units(layer, self.choices.compile_scope):
-                    part.compile(dynamic=True)
-            fully_shard(layer, **kw)
-        fully_shard(model, **kw)
+        model = parallelize.apply_lora(model, ctx.lora, self.kind, ctx.role)
+        parallelize.apply_compile(layers, self.cfg.compile, self.choices.compile_scope)
+        parallelize.apply_fsdp(model, layers, self.device.type, self.world_size, self.cfg.mixed_precision,
+                               self.cfg.reshard_after_forward)
         self.model = model
         coef = self.cfg.moe_aux_loss_coef
         if coef is None:
@@ -131,20 +103,8 @@ class FSDPWorker(TrainingWorker):
         self.step = 0
         self.offloaded = False
         if ctx.optim is not None:
-            self._build_optimizer(ctx.optim)
+            self._build_optimizer(ctx.optim, lora.trainable(self.model))  # all parameters, or the adapters only
         torch.manual_seed(seed + 1000 + self.rank)  # per-rank dropout stream
-
-    def _build_optimizer(self, o: Any) -> None:
-        """AdamW and its LR schedule from ``o``, the role's ``OptimSection``."""
-        self.optim_cfg = o
-        kw = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
-        params = lora.trainable(self.model)  # all of them, or the adapters only
-        try:  # fused AdamW (CPU and CUDA, DTensor-aware): faster than the per-tensor loop (bench/RESULTS.md)
-            self.optimizer = torch.optim.AdamW(params, fused=True, **kw)
-        except (RuntimeError, TypeError, ValueError):
-            self.optimizer = torch.optim.AdamW(params, **kw)
-        sched = WarmupSchedule(o.warmup_steps, o.schedule, o.total_steps or self.ctx.optim_total_steps, o.min_lr_ratio)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, sched)
 
     def _refuse(self, problems: list[tuple[str, str]]) -> None:
         if problems:
@@ -152,20 +112,6 @@ class FSDPWorker(TrainingWorker):
                              + "; ".join(f"roles.{self.ctx.role}.{k}: {m}" for k, m in problems))
 
     # ---------------------------------------------------------------- helpers
-    def _max_over_ranks(self, n: int) -> int:
-        t = torch.tensor([n], dtype=torch.long, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
-
-    def _gather(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
-        return out
-
-    def _check_ready(self, what: str) -> None:
-        if self.offloaded and self.device.type == "cuda":
-            raise RuntimeError(f"fsdp backend: {what} on role {self.ctx.role} rank {self.rank} while offloaded; call onload()")
-
     def _sharing(self, batch: Batch) -> bool:
         return (self.packing and self.cfg.share_prompts and self.attn_impl == attention.NAME
                 and "prompt_len" in batch.sample and len(batch) > 1)
@@ -245,10 +191,6 @@ class FSDPWorker(TrainingWorker):
         raw, _ = self._raw(torch.zeros(2, dtype=torch.long, device=self.device), torch.tensor([0, 2]))
         return raw.float().sum() * 0.0
 
-    def _on_device(self, b: Batch) -> Batch:
-        mv = lambda d: {k: v.to(self.device) for k, v in d.items()}  # noqa: E731
-        return Batch(cu_seqlens=b.cu_seqlens, token=mv(b.token), sample=mv(b.sample), ids=b.ids, meta=b.meta)
-
     def _forward_budget(self) -> int:
         return self.cfg.max_tokens_per_forward or 2 * self.cfg.max_tokens_per_micro_batch
 
@@ -325,31 +267,14 @@ class FSDPWorker(TrainingWorker):
             out[torch.tensor(group, dtype=torch.long)] = scores
         return out
 
-    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
-        """One optimizer step (see :class:`TrainingWorker`).
-
-        A step is skipped on every rank (``skipped`` 1.0) when the clipped gradient norm or the
-        loss of any rank is NaN or inf: the gradients are dropped, parameters, optimizer state
-        and the LR schedule stay as they were (the schedule counts applied updates, as DeepSpeed
-        and Megatron-LM do on an overflow step), and the next step trains normally. ``self.step``
-        counts calls, skipped ones included.
-
-        For a mixture-of-experts model ``loss`` includes the weighted router load-balancing
-        loss, whose token-weighted mean is ``moe_aux_loss``; ``moe_load_max_over_mean``,
-        ``moe_load_min_over_mean`` and ``moe_tokens_per_expert_max`` describe the tokens each
-        expert received over all ranks (:func:`.moe.load_metrics`)."""
-        if self.optimizer is None:
-            raise RuntimeError(f"fsdp backend: role {self.ctx.role} has no optimizer (roles.{self.ctx.role}.optim unset)")
-        self._check_ready("train_step")
-        t0 = time.perf_counter()
-        self.model.train()
-        groups = self._plan(batch, self.cfg.max_tokens_per_micro_batch)
-        n_micro = self._max_over_ranks(len(groups))
-        entropy = bool(getattr(loss_fn, "needs_entropy", True)) and self.kind == "causal_lm"
-        temperature = float(getattr(loss_fn, "temperature", 1.0))
-        if not temperature > 0:
-            raise ValueError(f"fsdp backend: loss function {type(loss_fn).__name__} has temperature {temperature}; "
-                             "it must be > 0")
+    # ------------------------------------------------------------ train step
+    def _accumulate(self, batch: Batch, groups: list[list[int]], n_micro: int, loss_fn: LossFn,
+                    temperature: float, entropy: bool) -> tuple[float, dict[str, float]]:
+        """Micro-batch losses are scaled by the number of ranks before backward (undoing FSDP's
+        gradient averaging). For a mixture-of-experts model each micro-batch's loss includes the
+        weighted router load-balancing loss, whose token-weighted mean is ``moe_aux_loss``;
+        ``moe_load_max_over_mean``, ``moe_load_min_over_mean`` and ``moe_tokens_per_expert_max``
+        describe the tokens each expert received over all ranks (:func:`.moe.load_metrics`)."""
         loss_sum, metrics = 0.0, {}
         if self.moe_state is not None:
             self.moe_state.begin_step(batch.num_tokens, self.device)
@@ -369,28 +294,13 @@ class FSDPWorker(TrainingWorker):
                 loss = loss + aux
             (loss * self.world_size).backward()
             loss_sum += float(loss.detach())
-        grad_norm = self._clip()
-        lr = self.optimizer.param_groups[0]["lr"]
-        # the norm is global already; a rank's loss is not (a NaN added to a loss has finite gradients)
-        skipped = finite.any_rank(not (math.isfinite(grad_norm) and math.isfinite(loss_sum)), self.device)
-        if not skipped:
-            self.optimizer.step()
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        moe_sum, moe_global = self.moe_state.step_metrics(self.device) if self.moe_state is not None else ({}, {})
-        local = {"loss": loss_sum, "tokens": float(batch.num_tokens), "samples": float(len(batch)), **metrics,
-                 **moe_sum}
-        if self.sp is not None and self.sp.rank:  # the group's first rank reports the group's (equal) values
-            local = {}
-        gathered = self._gather((local, time.perf_counter() - t0))
-        out: dict[str, float] = {}
-        for d, _ in gathered:
-            for k, v in d.items():
-                out[k] = merge_metric(k, out.get(k), v)
-        out.update(grad_norm=grad_norm, lr=lr, time_s=max(t for _, t in gathered), num_micro_batches=float(n_micro),
-                   skipped=float(skipped), **moe_global)
-        return out
+        return loss_sum, metrics
+
+    def _step_metrics(self) -> tuple[dict[str, float], dict[str, float]]:
+        return self.moe_state.step_metrics(self.device) if self.moe_state is not None else ({}, {})
+
+    def _reports_metrics(self) -> bool:
+        return self.sp is None or not self.sp.rank  # the group's first rank reports the group's (equal) values
 
     def _clip(self) -> float:
         from torch.distributed.tensor import DTensor
@@ -458,55 +368,3 @@ class FSDPWorker(TrainingWorker):
         self.step = extra.get("step", 0)
         if self.scheduler is not None and extra.get("scheduler") is not None:
             self.scheduler.load_state_dict(extra["scheduler"])
-
-    # ---------------------------------------------------------------- offload
-    def _state_tensors(self) -> tuple[int, int]:
-        from torch.distributed.tensor import DTensor
-
-        local = lambda t: t.to_local() if isinstance(t, DTensor) else t  # noqa: E731
-        pb = sum(local(p).numel() * p.element_size() for p in self.model.parameters())
-        ob = 0
-        if self.optimizer is not None:
-            for st in self.optimizer.state.values():
-                for v in st.values():
-                    if torch.is_tensor(v):
-                        ob += local(v).numel() * v.element_size()
-        return pb, ob
-
-    def offload(self) -> dict[str, Any]:
-        """Move this rank's parameter shards and optimizer state to CPU memory.
-
-        Returns ``freed_bytes`` (measured: the drop of ``torch.cuda.memory_allocated``; 0 on a
-        CPU device, where the state already lives in CPU memory), ``moved_bytes`` (bytes of
-        the parameter shards and optimizer state) and the split ``param_bytes``/``optim_bytes``."""
-        pb, ob = self._state_tensors()
-        if self.offloaded:
-            return {"freed_bytes": 0, "moved_bytes": 0, "param_bytes": pb, "optim_bytes": ob, "device": self.device.type}
-        if self.optimizer is not None:
-            self.optimizer.zero_grad(set_to_none=True)
-        freed = 0
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-            before = torch.cuda.memory_allocated()
-            self.model.to("cpu")
-            move_optimizer_state(self.optimizer, "cpu")
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            freed = before - torch.cuda.memory_allocated()
-        self.offloaded = True
-        return {"freed_bytes": int(freed), "moved_bytes": pb + ob if self.device.type == "cuda" else 0,
-                "param_bytes": pb, "optim_bytes": ob, "device": self.device.type}
-
-    def onload(self) -> dict[str, Any]:
-        """Bring the state back to the device; returns ``loaded_bytes`` (measured on CUDA)."""
-        if not self.offloaded:
-            return {"loaded_bytes": 0}
-        loaded = 0
-        if self.device.type == "cuda":
-            before = torch.cuda.memory_allocated()
-            self.model.to(self.device)
-            move_optimizer_state(self.optimizer, self.device)
-            torch.cuda.synchronize()
-            loaded = torch.cuda.memory_allocated() - before
-        self.offloaded = False
-        return {"loaded_bytes": int(loaded)}

@@ -27,19 +27,18 @@ from __future__ import annotations
 
 import json
 import math
-import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
-from rlweave.backend_helpers.device import move_optimizer_state, rank_device
+from rlweave.backend_helpers.device import rank_device
 from rlweave.backend_helpers.hf_dir import HFReader, export_config, write_hf
-from rlweave.backend_helpers.schedule import WarmupSchedule
+from rlweave.backend_helpers.training import TrainingSkeleton, model_dtype
 from rlweave.data.batch import Batch
-from rlweave.interfaces.backend import LossFn, TrainingWorker, merge_metric
+from rlweave.interfaces.backend import LossFn, merge_metric
 from rlweave_backend_megatron import convert, model as mmodel, pipeline, vocab
 from rlweave_backend_megatron.config import MegatronConfig
 
@@ -48,15 +47,12 @@ from rlweave_backend_megatron.config import MegatronConfig
 for _msg in ("Transformer Engine and Apex are not installed", "Apex is not installed", "full scope is deprecated"):
     warnings.filterwarnings("ignore", message=f".*{_msg}.*", category=UserWarning)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+class MegatronWorker(TrainingSkeleton):
+    """Trains and/or scores one tensor/pipeline shard of a model on one rank; the train step,
+    optimizer and offload are :class:`~rlweave.backend_helpers.training.TrainingSkeleton`'s."""
 
-class MegatronWorker(TrainingWorker):
-    """Trains and/or scores one tensor/pipeline shard of a model on one rank."""
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer | None = None
-    scheduler: Any = None
+    backend = "megatron"
 
     # ------------------------------------------------------------------ build
     def init_model(self) -> None:
@@ -92,9 +88,7 @@ class MegatronWorker(TrainingWorker):
         self.dp_rank = ps.get_data_parallel_rank()
         seed = self.cfg.seed if self.cfg.seed is not None else ctx.seed
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
-        dtype_name = ctx.model.get("dtype", "float32")
-        if dtype_name not in _DTYPES:
-            raise ValueError(f"megatron backend: model.dtype {dtype_name!r} (role {ctx.role}); choose {sorted(_DTYPES)}")
+        _, dtype = model_dtype(ctx, "megatron")
         path = ctx.model.get("path")
         if not path or not Path(path).is_dir():
             raise FileNotFoundError(f"megatron backend: model.path {path!r} is not a local directory")
@@ -104,7 +98,7 @@ class MegatronWorker(TrainingWorker):
         self.impl = self._impl()
         with HFReader(path) as read:
             self.model, self.layer_offset = mmodel.build(
-                self.shape, self.kind, self.impl, self.tp, self.tp_rank, self.pp, self.pp_rank, _DTYPES[dtype_name],
+                self.shape, self.kind, self.impl, self.tp, self.tp_rank, self.pp, self.pp_rank, dtype,
                 self.device, read, seed, recompute=self.cfg.activation_checkpointing)
         self.stages = pipeline.Stages(self.model, self.pp_rank, self.pp, self.device)
         self.step = 0
@@ -126,13 +120,6 @@ class MegatronWorker(TrainingWorker):
                              "needs a CUDA device; use local (or auto) on CPU")
         return choice
 
-    def _build_optimizer(self, o: Any) -> None:
-        self.optim_cfg = o
-        kw = dict(lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), **kw)
-        sched = WarmupSchedule(o.warmup_steps, o.schedule, o.total_steps or self.ctx.optim_total_steps, o.min_lr_ratio)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, sched)
-
     # ---------------------------------------------------------------- helpers
     def _mp_group(self):
         from megatron.core import parallel_state as ps
@@ -148,16 +135,6 @@ class MegatronWorker(TrainingWorker):
         from megatron.core import parallel_state as ps
 
         return ps.get_data_parallel_group()
-
-    def _max_over_ranks(self, n: int) -> int:
-        t = torch.tensor([n], dtype=torch.long, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
-
-    def _check_ready(self, what: str) -> None:
-        if self.offloaded and self.device.type == "cuda":
-            raise RuntimeError(f"megatron backend: {what} on role {self.ctx.role} rank {self.rank} while offloaded; "
-                               "call onload()")
 
     def _plan(self, batch: Batch, budget: int) -> list[list[int]]:
         """Micro-batches whose padded rows (samples x longest sample) stay within ``budget``."""
@@ -244,25 +221,15 @@ class MegatronWorker(TrainingWorker):
             raise NotImplementedError(f"megatron backend: role {self.ctx.role} is a causal_lm; set model_type: reward")
         return self._per_token(batch, ("scores",))["scores"]
 
-    def train_step(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
-        """One optimizer step (see :class:`TrainingWorker`). A step whose gradient norm or loss
-        is not finite on any rank is skipped on every rank (``skipped`` 1.0), as in the FSDP backend."""
-        if self.optimizer is None:
-            raise RuntimeError(f"megatron backend: role {self.ctx.role} has no optimizer (roles.{self.ctx.role}.optim unset)")
-        self._check_ready("train_step")
-        t0 = time.perf_counter()
-        self.model.train()
-        groups = self._plan(batch, self.cfg.max_tokens_per_micro_batch) if len(batch) else []
-        n_micro = self._max_over_ranks(len(groups))
-        entropy = bool(getattr(loss_fn, "needs_entropy", True)) and self.kind == "causal_lm"
-        temperature = float(getattr(loss_fn, "temperature", 1.0))
-        if not temperature > 0:
-            raise ValueError(f"megatron backend: loss function {type(loss_fn).__name__} has temperature "
-                             f"{temperature}; it must be > 0")
+    # ------------------------------------------------------------ train step
+    def _accumulate(self, batch: Batch, groups: list[list[int]], n_micro: int, loss_fn: LossFn,
+                    temperature: float, entropy: bool) -> tuple[float, dict[str, float]]:
+        """Micro-batches through the pipeline stages; the last stage computes the loss (and
+        its sum and metrics; other stages return 0 and none)."""
         loss_sum, metrics = 0.0, {}
         for i in range(n_micro):
             mb = batch.select(groups[i]) if i < len(groups) else None
-            dev_mb = _on_device(mb, self.device) if mb is not None else None
+            dev_mb = self._on_device(mb) if mb is not None else None
             raw, res = self._forward(dev_mb, grad=True, temperature=temperature, with_entropy=entropy)
             loss = None
             if self.stages.last:
@@ -275,30 +242,10 @@ class MegatronWorker(TrainingWorker):
                     loss = raw.float().sum() * 0.0
                 loss_sum += float(loss.detach())
             self.stages.backward(raw, loss)
-        self._reduce_grads()
-        grad_norm = self._clip()
-        lr = self.optimizer.param_groups[0]["lr"]
-        bad = not (math.isfinite(grad_norm) and math.isfinite(loss_sum))
-        flag = torch.tensor([1.0 if bad else 0.0], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        skipped = bool(flag.item())
-        if not skipped:
-            self.optimizer.step()
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        reporter = self.stages.last and self.tp_rank == 0
-        local = {"loss": loss_sum, "tokens": float(batch.num_tokens), "samples": float(len(batch)), **metrics} \
-            if reporter else {}
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, (local, time.perf_counter() - t0))
-        out: dict[str, float] = {}
-        for d, _ in gathered:
-            for k, v in d.items():
-                out[k] = merge_metric(k, out.get(k), v)
-        out.update(grad_norm=grad_norm, lr=lr, time_s=max(t for _, t in gathered), num_micro_batches=float(n_micro),
-                   skipped=float(skipped))
-        return out
+        return loss_sum, metrics
+
+    def _reports_metrics(self) -> bool:
+        return self.stages.last and self.tp_rank == 0
 
     def _reduce_grads(self) -> None:
         """Sum gradients over data-parallel replicas; share the tied output weight's with the embedding."""
@@ -312,6 +259,9 @@ class MegatronWorker(TrainingWorker):
         self.stages.share_embedding_grads()
 
     def _clip(self) -> float:
+        """Data-parallel reduction (:meth:`_reduce_grads`), then the norm over the model-parallel
+        group, each value counted once, and clipping."""
+        self._reduce_grads()
         sq = torch.zeros(1, dtype=torch.float64, device=self.device)
         for name, p in self.model.named_parameters():
             if p.grad is None or not self._counted(name, p):
@@ -422,36 +372,6 @@ class MegatronWorker(TrainingWorker):
 
         checkpoint.load(self, path)
 
-    # ---------------------------------------------------------------- offload
-    def offload(self) -> dict[str, Any]:
-        """Move parameters and optimizer state to CPU memory (a no-op on a CPU device)."""
-        if self.offloaded or self.device.type != "cuda":
-            self.offloaded = True
-            return {"freed_bytes": 0, "moved_bytes": 0, "device": self.device.type}
-        if self.optimizer is not None:
-            self.optimizer.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        self.model.to("cpu")
-        move_optimizer_state(self.optimizer, "cpu")
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        self.offloaded = True
-        return {"freed_bytes": int(before - torch.cuda.memory_allocated()), "device": "cuda"}
-
-    def onload(self) -> dict[str, Any]:
-        if not self.offloaded:
-            return {"loaded_bytes": 0}
-        loaded = 0
-        if self.device.type == "cuda":
-            before = torch.cuda.memory_allocated()
-            self.model.to(self.device)
-            move_optimizer_state(self.optimizer, self.device)
-            torch.cuda.synchronize()
-            loaded = torch.cuda.memory_allocated() - before
-        self.offloaded = False
-        return {"loaded_bytes": int(loaded)}
-
     def shutdown(self) -> None:
         try:
             from megatron.core import parallel_state as ps
@@ -468,9 +388,4 @@ class _Outputs:
 
     def __init__(self, logprobs, entropy, values):
         self.logprobs, self.entropy, self.values = logprobs, entropy, values
-
-
-def _on_device(b: Batch, device) -> Batch:
-    mv = lambda d: {k: v.to(device) for k, v in d.items()}  # noqa: E731
-    return Batch(cu_seqlens=b.cu_seqlens, token=mv(b.token), sample=mv(b.sample), ids=b.ids, meta=b.meta)
 

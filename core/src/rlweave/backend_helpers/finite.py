@@ -1,4 +1,5 @@
-"""Non-finite values (NaN, inf) in training state, agreed on by all ranks of a role.
+"""Non-finite values (NaN, inf) in training state, agreed on by all ranks of a role (any
+training backend).
 
 A rank alone cannot act on a non-finite value: skipping an optimizer step or refusing a
 checkpoint on one rank while the others go on would desynchronise the shards or hang a
