@@ -2,7 +2,8 @@
 
 * a short run writes metrics, summary, plot and a loadable HF checkpoint, survives rewards
   that raise or hang, and leaves no process behind;
-* SIGTERM stops the run and every process; policy and rollout on one device trade places.
+* policy and rollout on one device trade places every step, and SIGTERM stops such a run and
+  every process.
 
 A run SIGKILLed while it writes a checkpoint, resumed: ``reliability/test_checkpoint_resume_equal.py``.
 """
@@ -71,30 +72,22 @@ def test_grpo_run_end_to_end(grpo_workspace):
     assert pids and not leftovers(pids)
 
 
-def test_sigterm_stops_the_run_and_every_process(grpo_workspace):
-    """SIGTERM (a scheduler's stop, ``kill``) mid-run: a clean shut-down of workers, rewards and
+def test_sigterm_stops_a_colocated_run_and_every_process(grpo_workspace):
+    """Policy and rollout on one shared device (Ray actors): every step puts the idle role
+    away and brings it back (offload/onload, sleep/wake_up over Ray), and the run trains; then
+    SIGTERM (a scheduler's stop, ``kill``) mid-run: a clean shut-down of workers, rewards and
     Ray (Ray's own SIGTERM handler must not pre-empt ours), exit code 143, nothing left running."""
     ws = grpo_workspace
-    cfg = write_config(ws, "term", steps=200, save_every=0)
-    metrics = ws.root / "runs" / "term" / "metrics.jsonl"
+    cfg = ws.config("colocated", 200, resources={"pools": {"default": {"devices_per_node": 1}},
+                                                 "colocate": [["policy", "rollout"]]},
+                    algorithm={"ppo_epochs": 2})
+    metrics = ws.root / "runs" / "colocated" / "metrics.jsonl"
     rc, out, pids = run_cli(["train", str(cfg)], cli_env(), sig=signal.SIGTERM,
                             kill_when=lambda: metrics.exists() and '"step": 2' in metrics.read_text())
     assert rc == 128 + signal.SIGTERM, out[-4000:]
     assert "interrupted: received signal SIGTERM" in out
     assert pids and not leftovers(pids)
-
-
-def test_colocated_grpo_moves_roles_between_phases(grpo_workspace):
-    """Policy and rollout on one shared device (Ray actors): every step puts the idle role
-    away and brings it back (offload/onload, sleep/wake_up over Ray), and the run trains."""
-    ws = grpo_workspace
-    cfg = ws.config("colocated", 2, resources={"pools": {"default": {"devices_per_node": 1}},
-                                               "colocate": [["policy", "rollout"]]},
-                    algorithm={"ppo_epochs": 2})
-    rc, out, pids = run_cli(["train", str(cfg)], cli_env(ws.root))
-    assert rc == 0, out[-4000:]
     steps = [r for r in metrics_rows(ws.root / "runs" / "colocated") if r["step"] >= 1]
-    assert [r["step"] for r in steps] == [1, 2]
+    assert [r["step"] for r in steps][:2] == [1, 2]
     # policy out for generation, rollout out and policy in for log-probs and training, rollout in to sync
     assert all(r["offload/moves"] == 4 and math.isfinite(r["loss"]) for r in steps), steps
-    assert pids and not leftovers(pids)
