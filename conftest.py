@@ -1,4 +1,6 @@
-"""Workspace-wide test guard: every test module reaps the processes it starts.
+"""Workspace-wide test guards: every test module reaps the processes it starts, and leaves no
+``torch.distributed`` process group initialised in the pytest process
+(:func:`_no_leftover_process_group`).
 
 After each test module, no descendant of the pytest process that appeared during the
 module may remain, neither running nor as a zombie (a child that ended and was never
@@ -123,6 +125,29 @@ def _no_leftover_processes(request):
         f"{request.node.nodeid} left {len(lines)} process(es) it started behind after {GRACE_S:g} s "
         f"(now killed and reaped); stop and wait for (join) every process a test starts:\n  " + "\n  ".join(lines)
     )
+    if mode == "warn":
+        warnings.warn(msg, stacklevel=1)
+    else:
+        pytest.fail(msg, pytrace=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_leftover_process_group(request):
+    """A module must not leave ``torch.distributed``'s default process group initialised in
+    the pytest process (a worker built in process joins one): the next module on this xdist
+    worker could not form its own. Destroyed here, and the module errors naming itself
+    (``RLWEAVE_PROCESS_GUARD=warn``: a warning; ``off``: not checked). Costs nothing where
+    torch was never imported."""
+    import sys
+
+    yield
+    mode = os.environ.get(MODE_ENV, "error")
+    dist = sys.modules.get("torch.distributed")
+    if mode == "off" or dist is None or not (dist.is_available() and dist.is_initialized()):
+        return
+    dist.destroy_process_group()
+    msg = (f"{request.node.nodeid} left torch.distributed's default process group initialised (now destroyed); "
+           "shut down (worker.shutdown()) every worker a test builds in this process")
     if mode == "warn":
         warnings.warn(msg, stacklevel=1)
     else:

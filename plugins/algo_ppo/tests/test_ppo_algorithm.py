@@ -91,13 +91,16 @@ def roles(model_dir):
     from rlweave.testing.ranks import free_port
 
     port = free_port()
-    return {
+    built = {
         "policy": _role("policy", model_dir, "causal_lm", 1e-3, port),
         "reference": _role("reference", model_dir, "causal_lm", None, port),
         "critic": _role("critic", model_dir, "value", 1e-3, port),
         "reward": _role("reward", model_dir, "reward", None, port),
         "rollout": _role("rollout", model_dir),
     }
+    yield built
+    for r in built.values():  # the FSDP workers' shutdown ends the process group they share
+        r.h.shutdown()
 
 
 def _weights(h):

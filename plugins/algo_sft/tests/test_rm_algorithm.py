@@ -61,40 +61,47 @@ def test_rm_learns_preferences_and_saves_a_loadable_reward_model(sft_dir, tmp_pa
 
     port = free_port()
     policy = _fsdp_role("policy", sft_dir, "reward", 3e-3, port)
-    cfg = RunConfig(roles={"policy": {"backend": "fsdp", "model": {"path": sft_dir, "model_type": "reward"}}})
-    ctx = RunContext(roles={"policy": policy}, tokenizer=CharTokenizer(), run_dir=tmp_path, config=cfg, seed=3)
-    algo = RewardModelTraining({"name": "rm"}, ctx)
-    held_out = _records(24, offset=1000)
-    before = algo.evaluate(held_out)
-    w0 = {k: v.clone() for k, v in policy.group.workers[0].named_weights()}
-    ranked = {"id": "r", "query": "1+1=", "response": ["2 ok", "2 no", "2 ok!"], "score": [1.0, 0.0, 1.0]}
-    losses = []
-    for step in range(12):
-        m = algo.step(_records(8, offset=8 * step) + ([ranked] if step % 3 == 0 else []))
-        losses.append(m["loss"])
-        assert m["pairs"] == (8 + 2 if step % 3 == 0 else 8)  # ranked: 2 ordered pairs, tie skipped
-    after = algo.evaluate(held_out)
-    assert all(x == x and abs(x) < 1e3 for x in losses)
-    assert before["n"] == after["n"] == 24
-    print("rm held-out before/after:", before, after)
-    assert after["accuracy"] >= 0.9
-    assert after["loss"] < before["loss"]
-    w1 = dict(policy.group.workers[0].named_weights())
-    assert any(not torch.equal(w0[k], w1[k]) for k in w0)
+    handles = [policy]
+    try:
+        cfg = RunConfig(roles={"policy": {"backend": "fsdp", "model": {"path": sft_dir, "model_type": "reward"}}})
+        ctx = RunContext(roles={"policy": policy}, tokenizer=CharTokenizer(), run_dir=tmp_path, config=cfg, seed=3)
+        algo = RewardModelTraining({"name": "rm"}, ctx)
+        held_out = _records(24, offset=1000)
+        before = algo.evaluate(held_out)
+        w0 = {k: v.clone() for k, v in policy.group.workers[0].named_weights()}
+        ranked = {"id": "r", "query": "1+1=", "response": ["2 ok", "2 no", "2 ok!"], "score": [1.0, 0.0, 1.0]}
+        losses = []
+        for step in range(12):
+            m = algo.step(_records(8, offset=8 * step) + ([ranked] if step % 3 == 0 else []))
+            losses.append(m["loss"])
+            assert m["pairs"] == (8 + 2 if step % 3 == 0 else 8)  # ranked: 2 ordered pairs, tie skipped
+        after = algo.evaluate(held_out)
+        assert all(x == x and abs(x) < 1e3 for x in losses)
+        assert before["n"] == after["n"] == 24
+        print("rm held-out before/after:", before, after)
+        assert after["accuracy"] >= 0.9
+        assert after["loss"] < before["loss"]
+        w1 = dict(policy.group.workers[0].named_weights())
+        assert any(not torch.equal(w0[k], w1[k]) for k in w0)
 
-    # saved HF checkpoint: loads as a reward model (same scores) and as a critic whose value
-    # after the last token equals the reward model's score
-    out = tmp_path / "rm_hf"
-    policy.save_hf(str(out)).result()
-    seqs = [[3, 4, 5, 6, 2], [7, 8, 2]]
-    b = Batch.from_sequences(seqs)
-    want = policy.scores(b).result()
-    reward = _fsdp_role("reward", str(out), "reward", None, port)
-    assert torch.allclose(reward.scores(b).result(), want, atol=1e-5)
-    critic = _fsdp_role("critic", str(out), "value", 1e-4, port)
-    ext = Batch.from_sequences([s + [0] for s in seqs])
-    vals = critic.values(ext).result()
-    assert torch.allclose(vals[ext.cu_seqlens[1:] - 1], want, atol=1e-5)
+        # saved HF checkpoint: loads as a reward model (same scores) and as a critic whose value
+        # after the last token equals the reward model's score
+        out = tmp_path / "rm_hf"
+        policy.save_hf(str(out)).result()
+        seqs = [[3, 4, 5, 6, 2], [7, 8, 2]]
+        b = Batch.from_sequences(seqs)
+        want = policy.scores(b).result()
+        reward = _fsdp_role("reward", str(out), "reward", None, port)
+        handles.append(reward)
+        assert torch.allclose(reward.scores(b).result(), want, atol=1e-5)
+        critic = _fsdp_role("critic", str(out), "value", 1e-4, port)
+        handles.append(critic)
+        ext = Batch.from_sequences([s + [0] for s in seqs])
+        vals = critic.values(ext).result()
+        assert torch.allclose(vals[ext.cu_seqlens[1:] - 1], want, atol=1e-5)
+    finally:
+        for h in handles:  # the FSDP workers' shutdown ends the process group they share
+            h.shutdown()
 
 
 def test_rm_rejects_a_causal_lm_policy(sft_dir, tmp_path):
