@@ -4,7 +4,8 @@ A reward worker leads its own session and process group (it calls ``os.setsid()`
 and on Linux it is a child subreaper, so processes its rewards start stay findable: by
 process group, by session, or as its descendants. :func:`kill_tree` stops all of them with
 ``SIGSTOP`` (a stopped process cannot fork), looks again until nothing new turns up, then
-sends ``SIGKILL``. Where ``/proc`` is missing only the process group is killed.
+sends ``SIGKILL`` and waits until they have exited. Where ``/proc`` is missing only the
+process group is killed.
 """
 
 from __future__ import annotations
