@@ -13,7 +13,7 @@ import torch.distributed as dist
 from rlweave.backend_helpers.training import TrainingSkeleton
 from rlweave.interfaces.backend import merge_metric
 from rlweave.interfaces.worker import WorkerContext
-from rlweave.testing.scenarios.batches import fixed_batch, shard_indices
+from rlweave.testing.scenarios.batches import fixed_batch
 from rlweave.testing.scenarios.losses import TemperedLogprobSum, nll_loss
 
 
@@ -75,11 +75,11 @@ def skeleton_scenario(ctx_kw: dict) -> dict:
     """Rank r trains on its share of one batch (rank 0: 4 samples, rank 1: 2): a normal step,
     a step whose loss is NaN on rank 1 only, and another normal step; then the temperature and
     no-optimizer refusals and offload/onload. Returns what rank 0 saw."""
-    rank, world = ctx_kw["rank"], ctx_kw["world_size"]
+    rank = ctx_kw["rank"]
     w = _worker(ctx_kw, {"lr": 0.1, "warmup_steps": 0})
     full = fixed_batch()
-    mine = full.select([0, 1, 2, 3] if rank == 0 else [4, 5]) if world == 2 else full.select(shard_indices(1, 0, 6))
-    res: dict = {"steps": [], "lr_epochs": []}
+    mine = full.select([0, 1, 2, 3] if rank == 0 else [4, 5])
+    res: dict = {"steps": []}
     params = lambda: [p.detach().clone() for p in w.model.parameters()]
     for poison in (False, True, False):
         w.poison = poison and rank == 1

@@ -24,7 +24,8 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     return bool(t.item())
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor ``t``; any other tensor as it is."""
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
@@ -32,14 +33,14 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 def _named_state(model: torch.nn.Module, optimizer) -> list[tuple[str, torch.Tensor]]:
     params = list(model.named_parameters())
-    out = [(f"parameter {n}", _local(p.detach())) for n, p in params]
+    out = [(f"parameter {n}", local_shard(p.detach())) for n, p in params]
     if optimizer is not None:
         names = {id(p): n for n, p in params}
         for group in optimizer.param_groups:
             for p in group["params"]:
                 for k, v in optimizer.state.get(p, {}).items():
                     if torch.is_tensor(v):
-                        out.append((f"optimizer state {names.get(id(p), '<unnamed>')} [{k}]", _local(v.detach())))
+                        out.append((f"optimizer state {names.get(id(p), '<unnamed>')} [{k}]", local_shard(v.detach())))
     return [(n, t) for n, t in out if t.is_floating_point() and t.numel()]
 
 

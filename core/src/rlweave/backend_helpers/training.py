@@ -16,7 +16,8 @@ report metrics (``_reports_metrics``) and the checkpoint format. The skeleton ho
 * the readiness check, moving a :class:`~rlweave.data.batch.Batch` to the device, the
   ``model.dtype`` table.
 
-Subclasses set, in ``init_model``: ``cfg`` (options with ``max_tokens_per_micro_batch``),
+Subclasses set, in ``init_model``: ``cfg`` (options with ``max_tokens_per_micro_batch`` and
+``max_tokens_per_forward``),
 ``kind``, ``device``, ``model``, ``step = 0``, ``offloaded = False`` and, for a role with
 ``optim``, call :meth:`TrainingSkeleton._build_optimizer`. ``backend`` names the backend in
 every error message.
@@ -33,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from rlweave.backend_helpers.device import move_optimizer_state
-from rlweave.backend_helpers.finite import any_rank
+from rlweave.backend_helpers.finite import any_rank, local_shard
 from rlweave.backend_helpers.schedule import WarmupSchedule
 from rlweave.data.batch import Batch
 from rlweave.interfaces.backend import LossFn, TrainingWorker, merge_metric
@@ -67,12 +68,6 @@ def on_device(b: Batch, device: torch.device) -> Batch:
     """``b`` with its token and sample tensors on ``device`` (offsets stay where they are)."""
     mv = lambda d: {k: v.to(device) for k, v in d.items()}
     return Batch(cu_seqlens=b.cu_seqlens, token=mv(b.token), sample=mv(b.sample), ids=b.ids, meta=b.meta)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class TrainingSkeleton(TrainingWorker):
@@ -118,6 +113,11 @@ class TrainingSkeleton(TrainingWorker):
 
     def _on_device(self, b: Batch) -> Batch:
         return on_device(b, self.device)
+
+    def _forward_budget(self) -> int:
+        """Tokens per micro-batch of a forward without gradients (``max_tokens_per_forward``,
+        default twice the training budget: no activations are kept for backward)."""
+        return self.cfg.max_tokens_per_forward or 2 * self.cfg.max_tokens_per_micro_batch
 
     # ------------------------------------------------------------ train step
     def _plan(self, batch: Batch, budget: int) -> list[list[int]]:
@@ -189,13 +189,13 @@ class TrainingSkeleton(TrainingWorker):
     # ---------------------------------------------------------------- offload
     def _state_bytes(self) -> tuple[int, int]:
         """Bytes of this rank's parameter shards and optimizer state."""
-        pb = sum(_local(p).numel() * p.element_size() for p in self.model.parameters())
+        pb = sum(local_shard(p).numel() * p.element_size() for p in self.model.parameters())
         ob = 0
         if self.optimizer is not None:
             for st in self.optimizer.state.values():
                 for v in st.values():
                     if torch.is_tensor(v):
-                        ob += _local(v).numel() * v.element_size()
+                        ob += local_shard(v).numel() * v.element_size()
         return pb, ob
 
     def offload(self) -> dict[str, Any]:

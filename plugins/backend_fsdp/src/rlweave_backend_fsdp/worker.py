@@ -191,9 +191,6 @@ class FSDPWorker(TrainingSkeleton):
         raw, _ = self._raw(torch.zeros(2, dtype=torch.long, device=self.device), torch.tensor([0, 2]))
         return raw.float().sum() * 0.0
 
-    def _forward_budget(self) -> int:
-        return self.cfg.max_tokens_per_forward or 2 * self.cfg.max_tokens_per_micro_batch
-
     @torch.no_grad()
     def _per_token(self, batch: Batch, fn) -> list[tuple[list[int], Any]]:
         """Run ``fn(micro_batch)`` over budgeted micro-batches (same count on all ranks)."""

@@ -182,8 +182,7 @@ class MegatronWorker(TrainingSkeleton):
                    with_entropy: bool = False) -> dict[str, torch.Tensor]:
         self._check_ready("forward")
         self.model.eval()
-        budget = self.cfg.max_tokens_per_forward or 2 * self.cfg.max_tokens_per_micro_batch
-        groups = self._plan(batch, budget) if len(batch) else []
+        groups = self._plan(batch, self._forward_budget()) if len(batch) else []
         n = self._max_over_ranks(len(groups))
         cu = batch.cu_seqlens.tolist()
         out = {k: torch.zeros(len(batch) if k == "scores" else batch.num_tokens, dtype=torch.float32) for k in keys}
