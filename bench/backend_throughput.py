@@ -1,4 +1,4 @@
-"""Training throughput of the megatron backend next to the FSDP backend, same model, same batches.
+"""Training throughput of the megatron and deepspeed backends next to the FSDP backend, same model, same batches.
 
 Runs the real ``train_step`` of each backend on a random Qwen2 model (the presets of
 ``bench/fsdp_throughput.py``) with sample lengths drawn uniformly from [min_len, max_len]; every
@@ -17,14 +17,19 @@ Configurations (``--backends``), each in fresh processes (``rlweave.testing.rank
 * ``megatron-tp2``: two ranks, tensor-parallel 2 (gloo on CPU). On a 2-core machine both ranks
   share the cores that one rank uses alone (one thread each instead of two), so this compares a
   tensor-parallel split with one rank on the same cores, not two machines' worth of compute.
+* ``deepspeed-z2``, ``deepspeed-z3`` (optional): ``DeepSpeedWorker`` on one rank, ZeRO-2 / ZeRO-3,
+  packed micro-batches like ``fsdp``; ``deepspeed-z2-offload`` adds the optimizer offload to host
+  memory, ``deepspeed-z3-offload`` the optimizer and parameter offload. On one rank nothing is
+  sharded: the rows measure what each mode costs per step (on CPU an offload moves nothing).
 
-Precision: ``fp32`` everywhere on CPU. ``bf16`` (meant for GPUs) is FSDP's mixed precision (fp32
-parameters and optimizer, bf16 compute) and megatron's ``model.dtype: bfloat16`` (bf16
+Precision: ``fp32`` everywhere on CPU. ``bf16`` (meant for GPUs) is FSDP's and DeepSpeed's mixed
+precision (fp32 master weights and optimizer, bf16 compute) and megatron's ``model.dtype: bfloat16`` (bf16
 parameters and AdamW state: the backend keeps no fp32 master copy), so the two do not keep the
 same numbers at bf16.
 
     python bench/backend_throughput.py                           # CPU yardstick, fsdp, megatron, megatron-tp2
     python bench/backend_throughput.py --steps 3 --tokens-per-step 4096   # quick check
+    python bench/backend_throughput.py --backends fsdp,megatron,deepspeed-z2,deepspeed-z3,deepspeed-z2-offload,deepspeed-z3-offload
 
 On one GPU (fsdp and megatron tp=1; MFU against the dense bf16 peak of ``fsdp_throughput.CEILING``,
 989 TFLOP/s: H100 SXM's, which the H200 shares):
@@ -64,6 +69,17 @@ CONFIGS = {
     "fsdp-padded": ("fsdp", 1, 1),
     "megatron": ("megatron", 1, 1),
     "megatron-tp2": ("megatron", 2, 2),
+    "deepspeed-z2": ("deepspeed", 1, 1),
+    "deepspeed-z3": ("deepspeed", 1, 1),
+    "deepspeed-z2-offload": ("deepspeed", 1, 1),
+    "deepspeed-z3-offload": ("deepspeed", 1, 1),
+}
+#: options of the deepspeed configurations (ZeRO stage; offload of the optimizer, and at stage 3 the parameters)
+DEEPSPEED = {
+    "deepspeed-z2": {"zero_stage": 2},
+    "deepspeed-z3": {"zero_stage": 3},
+    "deepspeed-z2-offload": {"zero_stage": 2, "offload_optimizer": "cpu"},
+    "deepspeed-z3-offload": {"zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
 }
 OPTIM = {"lr": 1e-4}
 
@@ -77,13 +93,16 @@ def _build(ctx_kw: dict, name: str, model_dir: str, opts: dict):
     if backend == "fsdp":
         return train_worker("fsdp", ctx_kw, {"path": model_dir}, OPTIM, mixed_precision="bf16" if bf16 else "none",
                             use_packing=name == "fsdp", max_tokens_per_micro_batch=budget)
+    if backend == "deepspeed":
+        return train_worker("deepspeed", ctx_kw, {"path": model_dir}, OPTIM, mixed_precision="bf16" if bf16 else "none",
+                            max_tokens_per_micro_batch=budget, **DEEPSPEED[name])
     return train_worker("megatron", ctx_kw, {"path": model_dir, "dtype": "bfloat16" if bf16 else "float32"}, OPTIM,
                         {"tp": tp}, max_tokens_per_micro_batch=budget)
 
 
 def _grid_tokens(w, name: str, lens: list[int], budget: int) -> int:
     """Tokens of the rows the forward passes of one step run over (real + padding)."""
-    if name == "fsdp":
+    if name == "fsdp" or CONFIGS[name][0] == "deepspeed":  # packed rows
         return sum(lens)
     if CONFIGS[name][0] == "fsdp":
         from rlweave_backend_fsdp import micro

@@ -73,7 +73,7 @@ def on_device(b: Batch, device: torch.device) -> Batch:
 class TrainingSkeleton(TrainingWorker):
     """What training backends share (see the module docstring); a subclass implements
     ``init_model``, ``_plan``, ``_accumulate`` and ``_clip``, and may override the hooks
-    ``_step_metrics`` and ``_reports_metrics``."""
+    ``_update``, ``_step_metrics`` and ``_reports_metrics``."""
 
     backend: ClassVar[str] = "training"
     model: torch.nn.Module
@@ -94,6 +94,16 @@ class TrainingSkeleton(TrainingWorker):
             self.optimizer = torch.optim.AdamW(params, **kw)
         sched = WarmupSchedule(o.warmup_steps, o.schedule, o.total_steps or self.ctx.optim_total_steps, o.min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, sched)
+
+    def _load_schedule(self, state: dict[str, Any] | None) -> None:
+        """Restore the LR schedule from its ``state_dict`` (None: nothing saved) and set each
+        parameter group's learning rate to the schedule's last one, which a checkpoint that
+        does not hold the optimizer's param groups would otherwise leave at the first step's."""
+        if self.scheduler is None or state is None:
+            return
+        self.scheduler.load_state_dict(state)
+        for group, lr in zip(self.scheduler.optimizer.param_groups, self.scheduler.get_last_lr()):
+            group["lr"] = lr
 
     # ---------------------------------------------------------------- helpers
     def _max_over_ranks(self, n: int) -> int:
@@ -137,6 +147,20 @@ class TrainingSkeleton(TrainingWorker):
         clipping) and return the global gradient norm (the same on every rank)."""
         raise NotImplementedError
 
+    def _update(self, loss_sum: float) -> tuple[float, bool]:
+        """Clip (:meth:`_clip`), then step the optimizer and the LR schedule unless the gradient
+        norm or any rank's loss (``loss_sum``: this rank's) is NaN or inf; gradients are zeroed
+        either way. Returns ``(global gradient norm, skipped)``, the same on every rank. A
+        backend whose optimizer clips and skips by itself overrides this."""
+        grad_norm = self._clip()
+        # the norm is global already; a rank's loss is not (a NaN added to a loss has finite gradients)
+        skipped = any_rank(not (math.isfinite(grad_norm) and math.isfinite(loss_sum)), self.device)
+        if not skipped:
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, skipped
+
     def _step_metrics(self) -> tuple[dict[str, float], dict[str, float]]:
         """Backend metrics of the step just taken, called on every rank after the optimizer
         step (may be collective): ``(per-rank values merged over ranks, global values)``."""
@@ -165,14 +189,8 @@ class TrainingSkeleton(TrainingWorker):
         n_micro = self._max_over_ranks(len(groups))
         entropy, temperature = loss_settings(loss_fn, self.kind, self.backend)
         loss_sum, metrics = self._accumulate(batch, groups, n_micro, loss_fn, temperature, entropy)
-        grad_norm = self._clip()
         lr = self.optimizer.param_groups[0]["lr"]
-        # the norm is global already; a rank's loss is not (a NaN added to a loss has finite gradients)
-        skipped = any_rank(not (math.isfinite(grad_norm) and math.isfinite(loss_sum)), self.device)
-        if not skipped:
-            self.optimizer.step()
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm, skipped = self._update(loss_sum)
         self.step += 1
         per_rank, global_metrics = self._step_metrics()
         local = {"loss": loss_sum, "tokens": float(batch.num_tokens), "samples": float(len(batch)), **metrics,

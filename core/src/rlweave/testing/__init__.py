@@ -3,6 +3,8 @@ of the examples' tiny models).
 
 * :mod:`rlweave.testing.engine_contract`: :class:`EngineContractSuite`, the pytest class
   every inference-engine plugin subclasses in its own tests.
+* :mod:`rlweave.testing.backend_contract`: :class:`BackendContractSuite`, the same for training
+  backends (its rank side: :mod:`rlweave.testing.scenarios.contract`).
 * :mod:`rlweave.testing.reference`: transformers reference computations (greedy decoding,
   per-token log-probs) the suites compare against.
 * :mod:`rlweave.testing.tiny_model`: tiny random Qwen2 and MoE checkpoints (no downloads) for

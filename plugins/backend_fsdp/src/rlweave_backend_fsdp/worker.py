@@ -108,7 +108,7 @@ class FSDPWorker(TrainingSkeleton):
 
     def _refuse(self, problems: list[tuple[str, str]]) -> None:
         if problems:
-            raise ValueError(f"fsdp backend: role {self.ctx.role}: "
+            raise ValueError(f"{self.backend} backend: role {self.ctx.role}: "
                              + "; ".join(f"roles.{self.ctx.role}.{k}: {m}" for k, m in problems))
 
     # ---------------------------------------------------------------- helpers
@@ -147,7 +147,7 @@ class FSDPWorker(TrainingSkeleton):
             kw = micro.packed_inputs(ids, cu, self.device)
         else:
             kw, flat = micro.padded_inputs(ids, cu, self.device)
-        out = self.model(**kw, use_cache=False)
+        out = self._forward(**kw)
         if self.moe_state is not None:
             self.moe_state.tap.keep_rows(flat)
         raw = out if self.kind != "causal_lm" else out.logits
@@ -171,7 +171,7 @@ class FSDPWorker(TrainingSkeleton):
         else:
             bounds = cu.tolist() + ([total + part.pad] if part.pad else [])
             kw.update(micro.varlen_kwargs(torch.tensor(bounds), self.device))
-        out = self.model(**kw, use_cache=False)
+        out = self._forward(**kw)
         raw = out if self.kind != "causal_lm" else out.logits
         return raw.squeeze(0), Window(part.lo, part.n, lambda x: seqpar.combine(x, self.sp))
 
@@ -224,10 +224,10 @@ class FSDPWorker(TrainingSkeleton):
         """See :class:`TrainingWorker`; ``adapters=False`` (a role with LoRA adapters): the base
         model's log-probs, with every adapter and ``modules_to_save`` copy switched off."""
         if self.kind != "causal_lm":
-            raise NotImplementedError(f"fsdp backend: role {self.ctx.role} is a {self.kind} model; no log-probs")
+            raise NotImplementedError(f"{self.backend} backend: role {self.ctx.role} is a {self.kind} model; no log-probs")
         if not adapters:
             if not lora.is_peft(self.model):
-                raise ValueError(f"fsdp backend: role {self.ctx.role} has no LoRA adapters to disable "
+                raise ValueError(f"{self.backend} backend: role {self.ctx.role} has no LoRA adapters to disable "
                                  f"(roles.{self.ctx.role}.lora is not set)")
             with lora.adapters_disabled(self.model):
                 return self.compute_logprobs(batch, temperature, with_entropy)
@@ -244,13 +244,13 @@ class FSDPWorker(TrainingSkeleton):
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         if self.kind == "causal_lm":
-            raise NotImplementedError(f"fsdp backend: role {self.ctx.role} is a causal_lm; set model_type: value")
+            raise NotImplementedError(f"{self.backend} backend: role {self.ctx.role} is a causal_lm; set model_type: value")
         res = self._per_token(batch, lambda mb: {"values": self._outputs(mb).values})
         return self._scatter_tokens(batch, res, "values")
 
     def compute_scores(self, batch: Batch) -> torch.Tensor:
         if self.kind == "causal_lm":
-            raise NotImplementedError(f"fsdp backend: role {self.ctx.role} is a causal_lm; set model_type: reward")
+            raise NotImplementedError(f"{self.backend} backend: role {self.ctx.role} is a causal_lm; set model_type: reward")
 
         def fn(mb: Batch):
             ids = mb.token["input_ids"].to(self.device)
@@ -289,9 +289,17 @@ class FSDPWorker(TrainingSkeleton):
             aux = self.moe_state.micro_loss(tokens) if self.moe_state is not None else None
             if aux is not None:  # the router load-balancing loss, token-weighted (see .moe)
                 loss = loss + aux
-            (loss * self.world_size).backward()
+            self._backward(loss * self.world_size)
             loss_sum += float(loss.detach())
         return loss_sum, metrics
+
+    def _forward(self, **kw: Any):
+        """The model's forward on keyword inputs (a subclass may run it through a wrapper)."""
+        return self.model(**kw, use_cache=False)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """Backward of one micro-batch's (rank-scaled) loss, accumulating into the gradients."""
+        loss.backward()
 
     def _step_metrics(self) -> tuple[dict[str, float], dict[str, float]]:
         return self.moe_state.step_metrics(self.device) if self.moe_state is not None else ({}, {})

@@ -188,6 +188,5 @@ def load(w: "MegatronWorker", path: str) -> None:
         for p in w.model.parameters():
             w.optimizer.state[p]["step"] = torch.tensor(step)
     w.step = int(extra.get("step", 0))
-    if w.scheduler is not None and extra.get("scheduler") is not None:
-        w.scheduler.load_state_dict(extra["scheduler"])
+    w._load_schedule(extra.get("scheduler"))  # the optimizer's param groups are not saved
     rng.set_state(rng_state)

@@ -10,10 +10,13 @@ another backend. A backend plugin keeps its own scenarios in its tests folder (l
 
 * :mod:`.batches`: :func:`fixed_batch`, :func:`group_batch`, :func:`shard_indices`,
   :func:`gather_by_sample`;
-* :mod:`.losses`: :func:`nll_loss`, :func:`value_loss`, :class:`TemperedLogprobSum`;
+* :mod:`.losses`: :func:`nll_loss`, :func:`value_loss`, :class:`TemperedLogprobSum`,
+  :class:`NaNOnRank`;
 * :mod:`.reference`: single-process transformers references (:func:`reference_logprobs`,
-  :func:`sample_logprobs`, :func:`reference_grad_norm`);
-* :mod:`.workers`: :func:`train_worker`, :func:`full_grads`, :func:`train_step_with_grads`.
+  :func:`sample_logprobs`, :func:`reference_grad_norm`, :func:`reference_outputs`,
+  :func:`reference_train_step`, :func:`reference_heads`);
+* :mod:`.workers`: :func:`train_worker`, :func:`full_grads`, :func:`train_step_with_grads`;
+* :mod:`.contract`: the scenarios of :class:`rlweave.testing.backend_contract.BackendContractSuite`.
 
 Importing this package is light (torch and transformers are imported when a function runs).
 

@@ -36,3 +36,23 @@ class TemperedLogprobSum:
     def __call__(self, outputs, mb):
         wlp = (mb.token["token_weight"] * outputs.logprobs).sum()
         return wlp * 0.0, {"wlp": float(wlp.detach())}
+
+
+class NaNOnRank:
+    """:func:`nll_loss` plus NaN on global rank ``rank`` only: a step whose loss is not finite
+    on one rank while its gradients stay finite (the derivative of ``loss + nan`` is that of
+    ``loss``), so a backend must look at every rank's loss, not only the gradient norm, to
+    skip it."""
+
+    needs_entropy = False
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def __call__(self, outputs, mb):
+        import torch.distributed as dist
+
+        loss, metrics = nll_loss(outputs, mb)
+        if dist.get_rank() == self.rank:
+            loss = loss + float("nan")
+        return loss, metrics
