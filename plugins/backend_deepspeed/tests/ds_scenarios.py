@@ -16,6 +16,7 @@ VARIANTS = {
     "zero2": {"zero_stage": 2},
     # no parameter kept whole on every rank (DeepSpeed's default keeps those under 1e5 elements: all of a tiny model)
     "zero3": {"zero_stage": 3, "ds_config": {"zero_optimization": {"stage3_param_persistence_threshold": 0}}},
+    "zero3_checkpointing": {"zero_stage": 3, "activation_checkpointing": True},
     "zero2_offload": {"zero_stage": 2, "offload_optimizer": "cpu"},
     "zero3_offload": {"zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
     # bf16 parameters and compute, fp32 master weights: close to fp32, not equal

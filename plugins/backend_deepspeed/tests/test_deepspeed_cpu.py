@@ -1,8 +1,8 @@
 """DeepSpeed backend on CPU with 2 ranks over gloo, against the FSDP backend on the same ranks.
 
-One spawn (a module-scoped fixture) compares FSDP with ZeRO 1/2/3 and the two offload
-settings. The non-finite skip and the checkpoint reload at another world size and ZeRO stage
-are the backend contract's (test_deepspeed_contract.py).
+One spawn (a module-scoped fixture) compares FSDP with ZeRO 1/2/3, ZeRO-3 with activation
+checkpointing, the two offload settings and bf16. The non-finite skip and the checkpoint reload
+at another world size and ZeRO stage are the backend contract's (test_deepspeed_contract.py).
 """
 
 from __future__ import annotations
