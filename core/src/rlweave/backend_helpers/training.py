@@ -105,6 +105,18 @@ class TrainingSkeleton(TrainingWorker):
         for group, lr in zip(self.scheduler.optimizer.param_groups, self.scheduler.get_last_lr()):
             group["lr"] = lr
 
+    def _refuse_nonfinite(self, path: str, bad: str | None) -> None:
+        """Before a checkpoint is written (collective): ``bad`` is this rank's first non-finite
+        tensor (None: none). When any rank has one, raises FloatingPointError on every rank
+        naming the role, the ranks and their tensors, so nothing is written and no non-finite
+        value reaches a checkpoint (a resume would only repeat the failure)."""
+        if any_rank(bad is not None, self.device):
+            found = [(r, b) for r, b in enumerate(self._gather(bad)) if b is not None]
+            where = "; ".join(f"rank {r}: {b}" for r, b in found)
+            raise FloatingPointError(
+                f"{self.backend} backend: refusing to save checkpoint {path} of role {self.ctx.role} (called on rank "
+                f"{self.rank}): non-finite values in {where}. Nothing was written; resume from an earlier checkpoint.")
+
     # ---------------------------------------------------------------- helpers
     def _max_over_ranks(self, n: int) -> int:
         t = torch.tensor([n], dtype=torch.long, device=self.device)

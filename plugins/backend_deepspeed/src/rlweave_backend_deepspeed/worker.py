@@ -179,18 +179,8 @@ class DeepSpeedWorker(FSDPWorker):
         once beyond the rank's shards (ZeRO-3; 0 otherwise) and the ``largest`` parameter's."""
         return {"peak_gathered": self.stream_stats.peak_gathered, "largest": self.stream_stats.largest}
 
-    def save_hf(self, path: str) -> None:
-        self._check_ready("save_hf")
-        items = self._stream()
-        if self.rank == 0:
-            dtype = next(iter(self.model.parameters())).dtype
-            cfg = hf_export.export_config(self.model, self.kind, dtype)
-            tok = self.ctx.model.get("tokenizer") or self.ctx.model.get("path")
-            hf_export.write_hf(path, items, cfg, self.kind, tok, self.cfg.hf_shard_bytes)
-        else:
-            for _ in items:
-                pass
-        dist.barrier()
+    def _export_items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self._stream()
 
     def save_adapter(self, path: str) -> None:
         raise ValueError(f"deepspeed backend: role {self.ctx.role} has no LoRA adapters (the deepspeed backend does not "
@@ -203,13 +193,7 @@ class DeepSpeedWorker(FSDPWorker):
         fp32 master partitions or AdamW state hold a NaN or an inf (FloatingPointError naming
         the role, the ranks and each rank's first non-finite tensor)."""
         self._check_ready("save_checkpoint")
-        bad = finite.first_nonfinite(self.model, self.base_optimizer)
-        if finite.any_rank(bad is not None, self.device):
-            found = [(r, b) for r, b in enumerate(self._gather(bad)) if b is not None]
-            where = "; ".join(f"rank {r}: {b}" for r, b in found)
-            raise FloatingPointError(
-                f"deepspeed backend: refusing to save checkpoint {path} of role {self.ctx.role} (called on rank "
-                f"{self.rank}): non-finite values in {where}. Nothing was written; resume from an earlier checkpoint.")
+        self._refuse_nonfinite(path, finite.first_nonfinite(self.model, self.base_optimizer))
         extra = {"step": self.step, "scheduler": self.scheduler.state_dict() if self.scheduler else None}
         checkpoint.save(path, self.model, self.base_optimizer, extra, self.rank, self.cfg.zero_stage,
                         self.cfg.checkpoint_shard_bytes)

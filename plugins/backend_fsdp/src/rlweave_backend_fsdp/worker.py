@@ -323,9 +323,13 @@ class FSDPWorker(TrainingSkeleton):
         self._check_ready("named_weights")
         yield from hf_export.stream_full(self.model, self.rank, self.skip_names, dtype=dtype, device=device)
 
+    def _export_items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What ``save_hf`` writes: HF-named full tensors as stored, rank 0 yields (all ranks iterate)."""
+        return hf_export.stream_full(self.model, self.rank, self.skip_names)
+
     def save_hf(self, path: str) -> None:
         self._check_ready("save_hf")
-        items = hf_export.stream_full(self.model, self.rank, self.skip_names)
+        items = self._export_items()
         if self.rank == 0:
             dtype = next(iter(lora.base_of(self.model).parameters())).dtype
             cfg = hf_export.export_config(self.model, self.kind, dtype)
@@ -357,13 +361,7 @@ class FSDPWorker(TrainingSkeleton):
         ranks and each rank's first non-finite tensor, so no non-finite value reaches a
         checkpoint (a resume would only repeat the failure)."""
         self._check_ready("save_checkpoint")
-        bad = finite.first_nonfinite(self.model, self.optimizer)
-        if finite.any_rank(bad is not None, self.device):
-            found = [(r, b) for r, b in enumerate(self._gather(bad)) if b is not None]
-            where = "; ".join(f"rank {r}: {b}" for r, b in found)
-            raise FloatingPointError(
-                f"fsdp backend: refusing to save checkpoint {path} of role {self.ctx.role} (called on rank {self.rank}): "
-                f"non-finite values in {where}. Nothing was written; resume from an earlier checkpoint.")
+        self._refuse_nonfinite(path, finite.first_nonfinite(self.model, self.optimizer))
         extra = {"step": self.step, "scheduler": self.scheduler.state_dict() if self.scheduler else None}
         checkpoint.save(path, self.model, self.optimizer, extra, self.rank, frozen=not lora.is_peft(self.model))
 

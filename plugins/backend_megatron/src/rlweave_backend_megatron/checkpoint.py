@@ -127,13 +127,7 @@ def save(w: "MegatronWorker", path: str) -> None:
 
     from rlweave.backend_helpers.extra_state import save_extra
 
-    bad = _first_nonfinite(w)
-    found: list = [None] * dist.get_world_size()
-    dist.all_gather_object(found, bad)
-    if any(found):
-        where = "; ".join(f"rank {r}: {b}" for r, b in enumerate(found) if b)
-        raise FloatingPointError(f"megatron backend: refusing to save checkpoint {path} of role {w.ctx.role}: "
-                                 f"non-finite values in {where}. Nothing was written; resume from an earlier checkpoint.")
+    w._refuse_nonfinite(path, _first_nonfinite(w))
     Path(path).mkdir(parents=True, exist_ok=True)
     steps = _step_count(w)
     with_optim = w.optimizer is not None and steps > 0
