@@ -10,7 +10,7 @@ read it and got the mutated value (:mod:`rlweave.testing.config_keys`).
 The runs (tiny fp32 model, 1-2 steps, no Ray: :mod:`rlweave.testing.recorded_run`):
 
 * ``grpo``, ``grpo_async`` (run modes, partial rollout, off-policy correction), ``ppo``, ``dpo``,
-  ``online_dpo``, ``sft`` (with a vLLM rollout), ``rm``, ``megatron_rm`` (the megatron backend's options): the real
+  ``online_dpo``, ``sft`` (with a vLLM rollout), ``rm``, ``megatron_rm``, ``deepspeed_rm`` (those backends' options): the real
   ``rlweave.runner.loop.run`` (controller, role builder, workers, algorithm with its steps,
   evaluations and checkpoints, rewards) with every rank in this process;
 * ``fsdp_init``: an fsdp role built with settings whose cost is paid at the first forward
@@ -219,6 +219,7 @@ RUNS = {
     "sft": _loop_run,
     "rm": _loop_run,
     "megatron_rm": _loop_run,
+    "deepspeed_rm": _loop_run,
     "in_process": _loop_run,
     "fsdp_init": lambda user, rec: _build_only(user, rec, "policy", init=True),
     "hf_unseeded": lambda user, rec: _build_only(user, rec, "rollout", init=True, calls=_unseeded_generate()),

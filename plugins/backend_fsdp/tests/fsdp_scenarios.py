@@ -153,49 +153,74 @@ def heads_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
     return res if rank == 0 else {}
 
 
-def compile_scenario(ctx_kw: dict, model_dir: str, work: str, scope: str = "auto") -> dict:
-    """The same model eager and with ``compile: true`` (``compile_scope``): log-probs of a
-    packed and of a shared-prompt batch (two micro-batch shapes each, so the dynamic graph
-    is reused), then three training steps from the same weights. ``compiled`` counts the
-    compiled modules in the decoder layers."""
+def _compiled_run(ctx_kw: dict, model: dict, optim: dict, **cfg) -> dict:
+    """One worker built with ``cfg`` (compile options): log-probs of a packed and of a
+    shared-prompt batch (two micro-batch shapes each, so the dynamic graph is reused), then
+    three training steps from the same weights; ``compiled`` names the compiled modules in
+    its decoder layers, ``graphs`` counts the graphs dynamo made while it ran (the counter is
+    per process: the runs before it compiled their own)."""
     from torch._dynamo.utils import counters
 
     from rlweave_backend_fsdp.modeling import decoder_layers
 
+    before = int(counters["stats"]["unique_graphs"])
+    w = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=32, **cfg)
+    out = {f"lp_{name}": w.compute_logprobs(b)["logprobs"] for name, b in
+           (("packed", fixed_batch()), ("shared", group_batch()))}
+    out["losses"] = [w.train_step(b, nll_loss)["nll"] for b in (fixed_batch(), group_batch(), fixed_batch())]
+    out["compiled"] = sorted(type(m).__name__.removeprefix("FSDP")  # FSDP2 renames the classes it wraps
+                             for layer in decoder_layers(w.model) for m in layer.modules()
+                             if getattr(m, "_compiled_call_impl", None) is not None)
+    out["graphs"] = int(counters["stats"]["unique_graphs"]) - before
+    return out
+
+
+def compile_scenario(ctx_kw: dict, model_dir: str, work: str, scope: str = "auto") -> dict:
+    """The same model eager (``False``) and with ``compile: true`` (``True``, ``compile_scope``),
+    each a :func:`_compiled_run`."""
     model = {"path": model_dir, "dtype": "float32", "model_type": "causal_lm"}
     optim = {"lr": 3e-3, "grad_clip": 1.0}
-    res: dict = {}
-    for compiled in (False, True):
-        w = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=32, compile=compiled, compile_scope=scope)
-        out = {f"lp_{name}": w.compute_logprobs(b)["logprobs"] for name, b in
-               (("packed", fixed_batch()), ("shared", group_batch()))}
-        out["losses"] = [w.train_step(b, nll_loss)["nll"] for b in (fixed_batch(), group_batch(), fixed_batch())]
-        out["compiled"] = sorted(type(m).__name__.removeprefix("FSDP")  # FSDP2 renames the classes it wraps
-                                 for layer in decoder_layers(w.model) for m in layer.modules()
-                                 if getattr(m, "_compiled_call_impl", None) is not None)
-        out["graphs"] = int(counters["stats"]["unique_graphs"])
-        res[compiled] = out
-    return res
+    return {compiled: _compiled_run(ctx_kw, model, optim, compile=compiled, compile_scope=scope)
+            for compiled in (False, True)}
 
 
-def bf16_attention_backward_scenario(ctx_kw: dict, model_dir: str, work: str) -> dict:
-    """bf16 compute with ``compile: true`` on CPU, the attention backward chosen by
-    ``cpu.attention_backward`` (``fp32``, and ``auto``, which resolves to the compiled bf16
-    one): the backward each worker set for its attention modules, and the losses of three
-    training steps from the same weights (packed and shared-prompt rows)."""
+def compiled_cpu_scenario(ctx_kw: dict, model_dir: str, work: str, scopes: list[str], bf16_ratio: str) -> dict:
+    """Every compiled run of the CPU tests in one process, so the spawn, inductor's start-up
+    and the compiled log-prob kernels of the fp32 runs are paid once: the model eager
+    (``"eager"``), then with ``compile: true`` at each of ``scopes`` (``"layer"``, ``"auto"``),
+    each a :func:`_compiled_run` in fp32; then bf16 compute with ``compile: true`` on a CPU whose
+    bf16 speed is ``bf16_ratio`` (``RLWEAVE_CPU_BF16_RATIO``, set for these two workers only)
+    and the attention backward chosen by ``cpu.attention_backward`` (``"bf16_fp32"``: ``fp32``;
+    ``"bf16_auto"``: ``auto``, which resolves to the compiled bf16 one): the backward each
+    worker set for its attention modules (``marks``) and the losses of three training steps
+    from the same weights (packed and shared-prompt rows)."""
+    from rlweave.devices.cpu import ENV
     from rlweave_backend_fsdp.cpu.attention import modes_of
     from rlweave_backend_fsdp.modeling import decoder_layers
 
     model = {"path": model_dir, "dtype": "float32", "model_type": "causal_lm"}
     optim = {"lr": 3e-3, "grad_clip": 1.0}
-    res: dict = {}
-    for kind in ("fp32", "auto"):
-        w = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=32, compile=True, mixed_precision="bf16",
-                    cpu={"attention_backward": kind})
-        res[kind] = {
-            "marks": [modes_of(layer.self_attn).backward for layer in decoder_layers(w.model)],
-            "losses": [w.train_step(b, nll_loss)["nll"] for b in (fixed_batch(), group_batch(), fixed_batch())],
-        }
+    res = {"eager": _compiled_run(ctx_kw, model, optim, compile=False)}
+    for scope in scopes:
+        res[scope] = _compiled_run(ctx_kw, model, optim, compile=True, compile_scope=scope)
+    # the bf16 runs could reuse none of dynamo's fp32 graphs (other dtypes): they start from fresh
+    # dynamo caches and recompile counts, as in a process of their own (inductor's caches stay)
+    torch._dynamo.reset()
+    old = os.environ.get(ENV)
+    os.environ[ENV] = bf16_ratio
+    try:
+        for kind in ("fp32", "auto"):
+            w = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=32, compile=True, mixed_precision="bf16",
+                        cpu={"attention_backward": kind})
+            res[f"bf16_{kind}"] = {
+                "marks": [modes_of(layer.self_attn).backward for layer in decoder_layers(w.model)],
+                "losses": [w.train_step(b, nll_loss)["nll"] for b in (fixed_batch(), group_batch(), fixed_batch())],
+            }
+    finally:
+        if old is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = old
     return res
 
 

@@ -70,25 +70,30 @@ def policy_scenario(ctx_kw: dict, model_dir: str, work: str, parallel: dict, bud
     return res
 
 
-def heads_scenario(ctx_kw: dict, model_dir: str, kind: str, parallel: dict) -> dict[str, Any]:
-    """Values (``value``) or scores (``reward``) of the fixed batch, then one train step on a
-    squared-error loss and the streamed weights after it."""
-    w = worker(ctx_kw, {"path": model_dir, "dtype": "float32", "model_type": kind}, parallel)
-    batch = sc.fixed_batch()
-    res: dict[str, Any] = {}
-    if kind == "value":
-        res["values"] = w.compute_values(batch)
-        res["metrics"] = w.train_step(batch, sc.value_loss)
-    else:
-        res["scores"] = w.compute_scores(batch)
-    res["weights"] = hf_weights(w)
-    w.shutdown()
-    return res
+def heads_scenario(ctx_kw: dict, model_dir: str, kinds: list[str], parallel: dict) -> dict[str, dict[str, Any]]:
+    """For each of ``kinds``, one worker after the other in this spawn (sharing its process
+    group, which the last one shuts down): values (``value``) or scores (``reward``) of the
+    fixed batch, for ``value`` then one train step on a squared-error loss, and the streamed
+    weights after it; by kind."""
+    out: dict[str, dict[str, Any]] = {}
+    w = None
+    for kind in kinds:
+        w = worker(ctx_kw, {"path": model_dir, "dtype": "float32", "model_type": kind}, parallel)
+        batch = sc.fixed_batch()
+        res: dict[str, Any] = {}
+        if kind == "value":
+            res["values"] = w.compute_values(batch)
+            res["metrics"] = w.train_step(batch, sc.value_loss)
+        else:
+            res["scores"] = w.compute_scores(batch)
+        res["weights"] = hf_weights(w)
+        out[kind] = res
+    if w is not None:
+        w.shutdown()
+    return out
 
 
-def fsdp_policy(ctx_kw: dict, model_dir: str, kind: str = "causal_lm") -> dict[str, Any]:
-    """The FSDP backend on one rank, same batch, loss and optimizer: outputs, step metrics and
-    the weights after the step."""
+def _fsdp_run(ctx_kw: dict, model_dir: str, kind: str) -> tuple[Any, dict[str, Any]]:
     w = sc.train_worker("fsdp", ctx_kw, {"path": model_dir, "dtype": "float32", "model_type": kind}, OPTIM,
                         max_tokens_per_micro_batch=64)
     batch = sc.fixed_batch()
@@ -101,14 +106,35 @@ def fsdp_policy(ctx_kw: dict, model_dir: str, kind: str = "causal_lm") -> dict[s
     else:
         res["metrics"] = w.train_step(batch, sc.nll_loss)
     res["weights"] = dict(w.named_weights())
+    return w, res
+
+
+def fsdp_policy(ctx_kw: dict, model_dir: str, kind: str = "causal_lm") -> dict[str, Any]:
+    """The FSDP backend on one rank, same batch, loss and optimizer: outputs, step metrics and
+    the weights after the step."""
+    w, res = _fsdp_run(ctx_kw, model_dir, kind)
     w.shutdown()
     return res
 
 
+def fsdp_references(ctx_kw: dict, runs: dict[str, tuple[str, str]]) -> dict[str, dict[str, Any]]:
+    """:func:`fsdp_policy` of each ``name: (model_dir, kind)`` of ``runs``, one worker after the
+    other in this spawn (sharing its process group, which the last one shuts down); by name."""
+    out: dict[str, dict[str, Any]] = {}
+    w = None
+    for name, (model_dir, kind) in runs.items():
+        w, out[name] = _fsdp_run(ctx_kw, model_dir, kind)
+    if w is not None:
+        w.shutdown()
+    return out
+
+
 def resume_scenario(ctx_kw: dict, model_dir: str, ckpt: str, parallel: dict, save: bool) -> dict[str, Any]:
     """``save``: one step, checkpoint into ``ckpt``, then a second step; else: load ``ckpt``
-    and take the second step. Returns the second step's metrics, log-probs of a third batch
-    and the weights after it."""
+    and take the second step. Returns the second step's metrics, log-probs of a third batch,
+    the weights after it and each rank's peak bytes while they were streamed."""
+    import torch.distributed as dist
+
     w = worker(ctx_kw, {"path": model_dir, "dtype": "float32"}, parallel, max_tokens_per_micro_batch=64)
     if save:
         w.train_step(sc.fixed_batch(), sc.nll_loss)
@@ -117,5 +143,8 @@ def resume_scenario(ctx_kw: dict, model_dir: str, ckpt: str, parallel: dict, sav
         w.load_checkpoint(ckpt)
     res = {"step": w.step, "metrics": w.train_step(sc.fixed_batch(seed=4), sc.nll_loss),
            "logprobs": w.compute_logprobs(sc.fixed_batch(seed=5))["logprobs"], "weights": hf_weights(w)}
+    peaks: list = [None] * dist.get_world_size()
+    dist.all_gather_object(peaks, w.stream_peak_bytes)
+    res["stream_peak_bytes"] = peaks
     w.shutdown()
     return res

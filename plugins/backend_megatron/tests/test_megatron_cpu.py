@@ -1,6 +1,6 @@
 """The megatron backend on CPU ranks over gloo, fp32, against transformers and the FSDP backend.
 
-A tiny Qwen2 (4 layers, 4 query heads, 2 key/value heads) at TP=1, TP=2 and PP=2 (the last with
+A tiny Qwen2 (4 layers, 4 query heads, 2 key/value heads) at TP=1 and PP=2 (the latter with
 tied embeddings, whose copy on the last stage shares its gradient with the embedding):
 
 * log-probs and entropy equal transformers' within 1e-5;
@@ -8,9 +8,14 @@ tied embeddings, whose copy on the last stage shares its gradient with the embed
   norm and updated weights within 1e-5, and the weights did move;
 * the exported HF directory holds the streamed weights, loads in transformers and scores as the
   trained worker does; while streaming, no rank held more than one gathered tensor (and its
-  HF pieces) beyond its own shards;
-* value and reward heads at TP=2 equal their FSDP counterparts;
+  HF pieces) beyond its own shards (also at TP=2, in the TP=2 checkpoint run);
+* value and reward heads at TP=2 equal their FSDP counterparts (streamed weights, and a value
+  step's loss, gradient norm and weights);
 * a checkpoint resumes with equal weights and optimizer state, also at another TP/PP layout.
+
+TP=2 alone is the backend contract's layout (``test_megatron_contract.py``: log-probs, entropy,
+one train step, HF export against transformers and plain torch), so it is not repeated here.
+The FSDP references run in one spawn, the TP=2 heads in another.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from rlweave.testing.ranks import run_ranks  # noqa: E402
 mt = import_helper(Path(__file__).with_name("megatron_scenarios.py"))
 
 TOL = 1e-5
-CASES = {"tp1": ({}, False), "tp2": ({"tp": 2}, False), "pp2": ({"pp": 2}, True)}
+CASES = {"tp1": ({}, False), "pp2": ({"pp": 2}, True)}
+HEAD_KINDS = ("value", "reward")
 
 
 def _world(parallel: dict) -> int:
@@ -47,8 +53,33 @@ def models(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def fsdp(models):
-    return {tied: run_ranks(mt.fsdp_policy, 1, d) for tied, d in models.items()}
+def heads_model(tmp_path_factory):
+    """A value/reward model: a tiny Qwen2 without ``lm_head`` and with a one-label ``score.weight``."""
+    from safetensors.torch import load_file, save_file
+
+    from rlweave.testing.tiny_model import build_tiny_qwen2
+
+    d = build_tiny_qwen2(tmp_path_factory.mktemp("megatron_heads") / "m", layers=2, seed=5)
+    tensors = load_file(str(d / "model.safetensors"))
+    tensors.pop("lm_head.weight")
+    tensors["score.weight"] = torch.randn(1, 64, generator=torch.Generator().manual_seed(1)) * 0.3
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def fsdp(models, heads_model):
+    """The FSDP references of every comparison, in one spawn: the causal LMs (``tied``,
+    ``untied``) after one NLL step, the heads model as ``value`` (one step) and ``reward``."""
+    runs = {("tied" if tied else "untied"): (d, "causal_lm") for tied, d in models.items()}
+    runs.update({kind: (heads_model, kind) for kind in HEAD_KINDS})
+    return run_ranks(mt.fsdp_references, 1, runs)
+
+
+@pytest.fixture(scope="module")
+def heads(heads_model):
+    """The heads model as ``value`` and ``reward`` at TP=2, in one spawn."""
+    return run_ranks(mt.heads_scenario, 2, heads_model, list(HEAD_KINDS), {"tp": 2})
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -83,7 +114,7 @@ def test_logprobs_and_entropy_equal_transformers(case):
 
 
 def test_train_step_equals_fsdp(case, fsdp):
-    ref = fsdp[case["tied"]]
+    ref = fsdp["tied" if case["tied"] else "untied"]
     got = case["res"]
     for key in ("loss", "grad_norm", "tokens", "nll"):
         assert abs(got["metrics"][key] - ref["metrics"][key]) < TOL * max(1.0, abs(ref["metrics"][key])), key
@@ -114,8 +145,7 @@ def test_exported_hf_directory_loads_and_scores_like_the_worker(case):
         assert torch.allclose(lp, lps[i], atol=TOL, rtol=0), i
 
 
-def test_streaming_holds_one_gathered_tensor_at_a_time(case):
-    res = case["res"]
+def _streamed_one_gathered_tensor_at_a_time(res: dict) -> None:
     largest = max(t.numel() * t.element_size() for t in res["weights"].values())
     total = sum(t.numel() * t.element_size() for t in res["weights"].values())
     # a full megatron tensor is at most two HF tensors (gate and up); held with its shards or its HF pieces
@@ -124,19 +154,19 @@ def test_streaming_holds_one_gathered_tensor_at_a_time(case):
         assert peak <= 2 * 2 * largest and peak < total / 2
 
 
-@pytest.mark.parametrize("kind", ["value", "reward"])
-def test_heads_equal_fsdp(kind, models, tmp_path):
-    from safetensors.torch import load_file, save_file
+def test_streaming_holds_one_gathered_tensor_at_a_time(case):
+    _streamed_one_gathered_tensor_at_a_time(case["res"])
 
-    from rlweave.testing.tiny_model import build_tiny_qwen2
 
-    d = build_tiny_qwen2(tmp_path / "m", layers=2, seed=5)
-    tensors = load_file(str(d / "model.safetensors"))
-    tensors.pop("lm_head.weight")
-    tensors["score.weight"] = torch.randn(1, 64, generator=torch.Generator().manual_seed(1)) * 0.3
-    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
-    ref = run_ranks(mt.fsdp_policy, 1, str(d), kind)
-    got = run_ranks(mt.heads_scenario, 2, str(d), kind, {"tp": 2})
+def test_streaming_at_tp2_holds_one_gathered_tensor_at_a_time(checkpoints):
+    """The same at TP=2, where each full tensor is gathered from two ranks' shards (the weights
+    the TP=2 checkpoint run streamed after its second step)."""
+    _streamed_one_gathered_tensor_at_a_time(checkpoints({"tp": 2})[1])
+
+
+@pytest.mark.parametrize("kind", HEAD_KINDS)
+def test_heads_equal_fsdp(kind, heads, fsdp):
+    ref, got = fsdp[kind], heads[kind]
     key = "values" if kind == "value" else "scores"
     assert got[key].abs().max() > 1e-2
     assert torch.allclose(got[key], ref[key], atol=TOL, rtol=0)
@@ -175,3 +205,7 @@ def test_checkpoint_resumes_equal_in_any_layout(saved, loaded, models, checkpoin
     assert torch.allclose(a["logprobs"], b["logprobs"], atol=TOL, rtol=0)
     for name, w in a["weights"].items():
         assert (b["weights"][name] - w).abs().max().item() < TOL, name
+    from rlweave.backend_helpers.hf_dir import HFReader
+
+    with HFReader(models[True]) as files:  # the saving layout's steps moved the weights: equal means something
+        assert max((w - files(name)).abs().max().item() for name, w in a["weights"].items()) > 1e-3

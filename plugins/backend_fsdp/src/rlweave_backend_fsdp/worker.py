@@ -113,7 +113,7 @@ class FSDPWorker(TrainingSkeleton):
 
     # ---------------------------------------------------------------- helpers
     def _sharing(self, batch: Batch) -> bool:
-        return (self.packing and self.cfg.share_prompts and self.attn_impl == attention.NAME
+        return (self.cfg.share_prompts and self.packing and self.attn_impl == attention.NAME
                 and "prompt_len" in batch.sample and len(batch) > 1)
 
     def _plan(self, batch: Batch, budget: int) -> list[list[int]]:
