@@ -100,7 +100,8 @@ class DeepSpeedWorker(FSDPWorker):
 
     # ------------------------------------------------------- the HF model layer's hooks
     def _forward(self, **kw: Any):
-        return (self.engine or self.model)(**kw, use_cache=False)
+        module = self.engine if self.engine is not None else self.model
+        return module(**kw, use_cache=False)
 
     def _backward(self, loss: torch.Tensor) -> None:
         if not bool(torch.isfinite(loss.detach())):
