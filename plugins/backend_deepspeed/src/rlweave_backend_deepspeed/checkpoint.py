@@ -115,28 +115,32 @@ def _index(root: Path) -> dict[str, Any]:
     return data
 
 
-def _tensors(root: Path, files: list[str]) -> dict[str, tuple[Path, str]]:
-    from safetensors import SafetensorError, safe_open
+class _Tensors:
+    """The tensors of a checkpoint's safetensors files by name, each file opened once (until
+    :meth:`close`). Raises CheckpointError naming a file that is not readable safetensors."""
 
-    where = {}
-    for name in files:
-        try:
-            with safe_open(str(root / name), framework="pt") as f:
-                for key in f.keys():  # noqa: SIM118 - a safetensors handle is not a dict
-                    where[key] = (root / name, key)
-        except (OSError, SafetensorError) as exc:
-            raise CheckpointError(f"{root / name}: not a readable safetensors file ({exc})") from None
-    return where
+    def __init__(self, root: Path, files: list[str]):
+        from contextlib import ExitStack
 
+        from safetensors import SafetensorError, safe_open
 
-def _read(where: dict[str, tuple[Path, str]], key: str, root: Path) -> torch.Tensor:
-    from safetensors import safe_open
+        self.root, self.where, self._files = root, {}, ExitStack()
+        for name in files:
+            try:
+                f = self._files.enter_context(safe_open(str(root / name), framework="pt"))
+            except (OSError, SafetensorError) as exc:
+                self.close()
+                raise CheckpointError(f"{root / name}: not a readable safetensors file ({exc})") from None
+            for key in f.keys():  # noqa: SIM118 - a safetensors handle is not a dict
+                self.where[key] = f
 
-    if key not in where:
-        raise CheckpointError(f"{root}: the checkpoint has no tensor {key!r}")
-    file, name = where[key]
-    with safe_open(str(file), framework="pt") as f:
-        return f.get_tensor(name)
+    def read(self, key: str) -> torch.Tensor:
+        if key not in self.where:
+            raise CheckpointError(f"{self.root}: the checkpoint has no tensor {key!r}")
+        return self.where[key].get_tensor(key)
+
+    def close(self) -> None:
+        self._files.close()
 
 
 def flat_partitions(zero_optimizer) -> list[torch.Tensor]:
@@ -162,30 +166,16 @@ def _init_moments(zero_optimizer, step: int) -> None:
         st["step"] = torch.tensor(float(step), dtype=torch.float32, device=fp.device if on_device else "cpu")
 
 
-def load(path: str, model: torch.nn.Module, zero_optimizer, rank: int, zero3: bool) -> dict:
-    """All ranks: restore what :func:`save` wrote into ``model`` and ``zero_optimizer`` (the
-    engine's ZeRO optimizer; None for a role without one; see the module docstring); returns
-    this rank's extra state (RNG already set). A refused file raises :class:`CheckpointError`
-    on every rank."""
+def _restore(model: torch.nn.Module, zero_optimizer, weights: _Tensors, moments: _Tensors, rank: int, zero3: bool,
+             step: int) -> None:
+    """Set every trainable parameter's fp32 master value, AdamW moments (``step``: AdamW's step
+    count) and the model's own copy from the checkpoint's full tensors."""
     import deepspeed
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
-    root = Path(path)
-    if not root.is_dir():
-        raise FileNotFoundError(f"deepspeed backend: checkpoint {path} does not exist (rank {rank})")
-    problem, data, weights, moments, extra, rng_state = None, {}, {}, {}, {}, {}
-    try:
-        data = _index(root)
-        weights = _tensors(root, data["files"].get("model", []))
-        moments = _tensors(root, data["files"].get("optim", [])) if zero_optimizer is not None else {}
-        mine = rank if (root / f"extra_rank{rank}.json").exists() or rank < int(data.get("world_size", 1)) else 0
-        extra, rng_state = read_extra(root, mine)
-    except CheckpointError as exc:
-        problem = str(exc)
-    agree(problem)
     base = getattr(zero_optimizer, "optimizer", None)
     if base is not None:
-        _init_moments(zero_optimizer, int(data.get("optimizer_step", 0)))
+        _init_moments(zero_optimizer, step)
         # ZeRO-1/2 map each parameter to its piece of the AdamW state once that state exists
         link = getattr(zero_optimizer, "_lazy_init_hp_params_optimizer_state", None)
         if link is not None:
@@ -193,11 +183,11 @@ def load(path: str, model: torch.nn.Module, zero_optimizer, rank: int, zero3: bo
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        value = _read(weights, name, root)
+        value = weights.read(name)
         if base is not None:
             safe_set_full_fp32_param(p, value)
             for key in MOMENTS:
-                safe_set_full_optimizer_state(p, _read(moments, f"{key}.{name}", root), key)
+                safe_set_full_optimizer_state(p, moments.read(f"{key}.{name}"), key)
         if zero3:
             with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
                 if rank == 0:
@@ -205,6 +195,32 @@ def load(path: str, model: torch.nn.Module, zero_optimizer, rank: int, zero3: bo
         else:
             with torch.no_grad():
                 p.data.copy_(value.to(p.dtype))
+
+
+def load(path: str, model: torch.nn.Module, zero_optimizer, rank: int, zero3: bool) -> dict:
+    """All ranks: restore what :func:`save` wrote into ``model`` and ``zero_optimizer`` (the
+    engine's ZeRO optimizer; None for a role without one; see the module docstring); returns
+    this rank's extra state (RNG already set). A refused file raises :class:`CheckpointError`
+    on every rank."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"deepspeed backend: checkpoint {path} does not exist (rank {rank})")
+    problem, data, weights, moments, extra, rng_state = None, {}, None, None, {}, {}
+    try:
+        data = _index(root)
+        weights = _Tensors(root, data["files"].get("model", []))
+        moments = _Tensors(root, data["files"].get("optim", []) if zero_optimizer is not None else [])
+        mine = rank if (root / f"extra_rank{rank}.json").exists() or rank < int(data.get("world_size", 1)) else 0
+        extra, rng_state = read_extra(root, mine)
+    except CheckpointError as exc:
+        problem = str(exc)
+    try:
+        agree(problem)
+        _restore(model, zero_optimizer, weights, moments, rank, zero3, int(data.get("optimizer_step", 0)))
+    finally:
+        for files in (weights, moments):
+            if files is not None:
+                files.close()
     dist.barrier()
     rng.set_state(rng_state)
     return extra

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlweave_backend_fsdp.checks import _text_config, moe_experts
+from rlweave_backend_fsdp.checks import moe_experts, text_config
 
 from rlweave_backend_deepspeed import ds_json
 from rlweave_backend_deepspeed.config import DeepSpeedConfig
@@ -81,7 +81,7 @@ def check_role(role: str, section: Any, model: Any) -> list[tuple[str, str]]:
     if moe_experts(model):
         out.append((f"{at}.backend", f"role {role!r}: mixture-of-experts models are not supported by the deepspeed "
                     f"backend yet (model {model.path}); use backend: fsdp"))
-    cfg = _text_config(model)
+    cfg = text_config(model)
     n = param_count(cfg) if cfg else None
     need = host_bytes(opts, n) if n else 0
     if need:

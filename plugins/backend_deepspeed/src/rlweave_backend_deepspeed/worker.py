@@ -31,11 +31,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from rlweave.backend_helpers import finite
 from rlweave.backend_helpers.device import rank_device
 from rlweave.backend_helpers.training import model_dtype
-from rlweave_backend_fsdp import attention, hf_export, modeling, moe, parallelize
+from rlweave_backend_fsdp import attention, modeling, moe, parallelize
 from rlweave_backend_fsdp.config import FSDPConfig
 from rlweave_backend_fsdp.worker import FSDPWorker
 

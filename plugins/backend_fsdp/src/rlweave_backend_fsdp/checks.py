@@ -25,7 +25,7 @@ def kv_repeat(n_heads: int, n_kv: int, sp: int) -> int:
     return sp // n_kv
 
 
-def _text_config(model: Any) -> dict[str, Any] | None:
+def text_config(model: Any) -> dict[str, Any] | None:
     """A local model directory's config.json (its ``text_config`` where it has one), or None."""
     path = getattr(model, "path", None)
     cfg = Path(path) / "config.json" if path else None
@@ -37,7 +37,7 @@ def _text_config(model: Any) -> dict[str, Any] | None:
 
 def _heads(model: Any) -> tuple[int, int] | None:
     """``(attention heads, key/value heads)`` from a local model directory's config.json."""
-    data = _text_config(model) or {}
+    data = text_config(model) or {}
     heads = data.get("num_attention_heads")
     if not heads:
         return None
@@ -47,7 +47,7 @@ def _heads(model: Any) -> tuple[int, int] | None:
 def moe_experts(model: Any) -> int | None:
     """Routed experts per MoE layer from a local model directory's config.json
     (``num_experts`` or ``num_local_experts``); None for a dense model or no readable config."""
-    data = _text_config(model) or {}
+    data = text_config(model) or {}
     n = data.get("num_experts") or data.get("num_local_experts")
     return int(n) if isinstance(n, int) and n > 0 else None
 
