@@ -1,7 +1,7 @@
 """Partial rollout and the overlapping run modes on the long-tail task, side by side in one run.
 
-The task of ``examples/longtail`` (count from a to b; response lengths heavy-tailed: median 5
-tokens, the longest ~240) from its SFT model, GRPO as ``examples/longtail/grpo.yaml`` has it
+The task of ``examples/longtail`` (count from a to b; the prompt sets the response length, heavy-tailed:
+median 17 tokens, p99 239) from its SFT model, GRPO as ``examples/longtail/grpo.yaml`` has it
 (16 prompts x 4 samples a step, FSDP policy and vLLM rollout on devices of their own, no
 colocation), once per mode, each through ``rlweave train`` in its own process:
 
@@ -19,7 +19,8 @@ that, overlapping generation and training oversubscribes the cores.
 Per mode, from each run's ``metrics.jsonl`` (the steps after the first ``--warmup``): steps per
 hour and trained samples per second (over the sum of ``time/step``), the ratio to sync, the
 held-out reward after the last step (``eval/reward_mean`` on ``data/test.jsonl``, in points; in
-brackets the difference to sync), the mean and largest staleness, the share of trained samples
+brackets the difference to sync), the trained response lengths (each step's p50/p90/p99 averaged
+over the timed steps, and the longest), the mean and largest staleness, the share of trained samples
 that took more than one round, and each role's idle seconds per step (``time/idle/rollout``,
 ``time/idle/policy``; plain sync steps report none, so they are derived and marked ``~``: the
 policy waits while the engine generates, ``time/generate``, and the engine for the rest).
@@ -177,6 +178,9 @@ def summarize(run_dir: Path, warmup: int) -> dict:
         **{f"{k}_s": _mean(timed, f"time/{k}") for k in ("generate", "train", "train_compute", "sync")},
         "response_len_mean": _mean(timed, "response_len/mean"),
         "response_len_max": _mean(timed, "response_len/max"),
+        **{f"response_len_p{q}": _mean(timed, f"response_len/p{q}") for q in (50, 90, 99)},
+        "response_len_longest": max((float(r["response_len/max"]) for r in timed if "response_len/max" in r),
+                                    default=None),
     }
 
 
@@ -195,6 +199,8 @@ def pooled(mode: str, runs: list[dict]) -> dict:
             out[k] = _mean(runs, k)
     maxes = [r["staleness_max"] for r in runs if r["staleness_max"] is not None]
     out["staleness_max"] = max(maxes) if maxes else None
+    longest = [r["response_len_longest"] for r in runs if r.get("response_len_longest") is not None]
+    out["response_len_longest"] = max(longest) if longest else None
     rewards = [r["eval_after"] for r in runs if r["eval_after"] is not None]
     out["eval_after_range"] = (min(rewards), max(rewards)) if rewards else None
     return out
@@ -202,7 +208,14 @@ def pooled(mode: str, runs: list[dict]) -> dict:
 
 # -------------------------------------------------------------------------------- table
 HEAD = ("mode", "samples", "s/step", "steps/h", "samples/s", "vs sync", "held-out reward",
-        "staleness mean/max", "partial", "idle rollout s/step", "idle policy s/step")
+        "response len p50/p90/p99/max", "staleness mean/max", "partial", "idle rollout s/step", "idle policy s/step")
+
+
+def lengths(r: dict) -> str:
+    """Trained response lengths: the step's 50th, 90th and 99th percentiles averaged over the
+    timed steps, and the longest response of the run(s)."""
+    return "/".join(_f(r.get(k), ".0f") for k in ("response_len_p50", "response_len_p90", "response_len_p99",
+                                                    "response_len_longest"))
 
 
 def _f(v: float | None, fmt: str) -> str:
@@ -234,7 +247,7 @@ def rows(results: list[dict]) -> list[tuple[str, ...]]:
         if base and r is not base and r["eval_after"] is not None and base["eval_after"] is not None:
             reward += f" ({100 * (r['eval_after'] - base['eval_after']):+.1f})"
         out.append((r["mode"], f"{r['trained_samples'] / r['runs']:.0f}", f"{r['timed_s'] / r['timed_steps']:.2f}",
-                    f"{r['steps_per_hour']:.0f}", f"{r['samples_per_s']:.1f}", ratio, reward,
+                    f"{r['steps_per_hour']:.0f}", f"{r['samples_per_s']:.1f}", ratio, reward, lengths(r),
                     f"{_f(r['staleness_mean'], '.2f')}/{_f(r['staleness_max'], '.0f')}",
                     _f(r["partial_ratio"], ".2f"), *idle(r)))
     return out

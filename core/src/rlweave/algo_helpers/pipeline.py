@@ -128,7 +128,8 @@ class RolloutPipeline:
 
     def sync_weights(self, steps_done: int) -> dict[str, float]:
         """Sync the policy (now version ``steps_done``) into the rollout engine: blocking in
-        ``sync`` mode, else begun here and finished at the next step (or :meth:`close`)."""
+        ``sync`` mode, else begun here (landing while the engine generates) and finished at
+        the next step or at :meth:`drain`."""
         ws = self.ctx.weight_sync
         if not self.overlapped:
             info = ws.sync("policy", "rollout", version=steps_done)
@@ -145,8 +146,13 @@ class RolloutPipeline:
             pending, self.pending_sync = self.pending_sync, None
             pending.result()
 
-    def drain(self) -> None:
-        """Wait for every request and sync in flight (before an evaluation or the end)."""
+    def drain(self, abort: bool = False) -> None:
+        """Wait for every request and the weight sync in flight, raising the sync's error
+        (before an evaluation, a checkpoint and at the end: ``Algorithm.drain``). With
+        ``abort`` the engine is first asked to stop its running calls (their samples come back
+        unfinished and are merged, to be continued or generated again)."""
+        if abort and self.queue.in_flight:
+            self.ctx.roles["rollout"].abort().result(timeout=60)
         while self.queue.in_flight:
             self.queue.poll(block=True)
         self._finish_sync()

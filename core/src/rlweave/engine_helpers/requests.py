@@ -171,7 +171,7 @@ def finish_generation(
     token_ids: Sequence[int],
     logprobs: Sequence[float],
     stops: Sequence[int],
-    version: int,
+    version: "int | Sequence[int]",
     aborted: bool = False,
 ) -> "Generation":
     """The :class:`Generation` of one sample from its raw continuation.
@@ -180,7 +180,8 @@ def finish_generation(
     reached that limit is ``"length"``, or ``"aborted"`` when the limit was the token budget
     (``req.budget_limited``). ``aborted``: the engine stopped the call early on request; a
     sample short of its limit without a stop token is then ``"aborted"`` too. Every token is
-    stamped with ``version``."""
+    stamped with ``version``, or with its own entry when ``version`` is a sequence (one per
+    token of ``token_ids``: weights that changed during the call)."""
     from rlweave.interfaces.engine import Generation
 
     ids, lps, reason = cut_at_stop(token_ids, logprobs, stops, req.max_new_tokens)
@@ -188,9 +189,13 @@ def finish_generation(
         at_limit = len(ids) >= req.max_new_tokens
         if (at_limit and req.budget_limited) or (not at_limit and aborted):
             reason = "aborted"
-    return Generation(
-        token_ids=ids, logprobs=lps, finish_reason=reason, truncated=req.truncated, versions=[int(version)] * len(ids)
-    )
+    if isinstance(version, int):
+        stamps = [int(version)] * len(ids)
+    else:
+        stamps = [int(v) for v in version[:len(ids)]]
+        if len(stamps) != len(ids):
+            raise ValueError(f"finish_generation: {len(version)} versions for {len(token_ids)} tokens")
+    return Generation(token_ids=ids, logprobs=lps, finish_reason=reason, truncated=req.truncated, versions=stamps)
 
 
 class CallRegistry:

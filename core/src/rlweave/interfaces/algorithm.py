@@ -8,7 +8,8 @@ which dispatch to every rank and return futures, so independent calls overlap.
 Lifecycle, all on the controller process:
 ``__init__(config, ctx)`` -> ``setup()`` (roles are built and reachable) ->
 ``step(records)`` once per step -> ``evaluate(records)`` on the schedule ->
-``state_dict()`` at each checkpoint / ``load_state_dict()`` on resume.
+``state_dict()`` at each checkpoint / ``load_state_dict()`` on resume. ``drain()`` before
+each evaluation and checkpoint, at the end of the run, and (``abort=True``) when it fails.
 """
 
 from __future__ import annotations
@@ -98,6 +99,14 @@ class Algorithm(ABC):
     def evaluate(self, records: list[dict[str, Any]]) -> dict[str, float]:
         """Held-out metrics (e.g. exact-match accuracy); never trains."""
         return {}
+
+    def drain(self, abort: bool = False) -> None:
+        """Finish what earlier steps left running (a weight sync begun at the last step,
+        generate requests in flight) and raise its error: the runner calls it before each
+        evaluation and checkpoint and at the end of the run, so these see every update
+        landed and an error in the last sync fails the run with its cause. ``abort``: the run
+        is failing; stop generation in flight first instead of waiting for it. Default:
+        nothing (an algorithm that leaves nothing running)."""
 
     def state_dict(self) -> dict[str, Any]:
         """Algorithm state to checkpoint (KL controller, counters...), JSON-able."""

@@ -16,14 +16,19 @@ role and rank.
 
 from __future__ import annotations
 
+import threading
 from abc import abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from rlweave.interfaces.worker import Worker
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+
+
+_GATE_MADE = threading.Lock()
 
 
 @dataclass
@@ -91,11 +96,50 @@ class Generation:
 class RolloutEngine(Worker):
     """Generates with the policy's weights and accepts new weights in place.
 
-    ``weight_version``: the policy version of the weights the engine holds (0 at start; the
-    controller sets it with :meth:`set_weight_version` right after each weight sync), stamped
-    on every generated token (``Generation.versions``)."""
+    ``weight_version``: the policy version of the weights the engine holds (0 at start; set
+    with each weight sync, inside :meth:`weights_landing`, or by :meth:`set_weight_version`),
+    stamped on every generated token (``Generation.versions``).
+
+    **Control plane.** An engine whose class sets ``control_plane = True`` promises that
+    :meth:`weights_landing` (with the ``load_weights`` inside it), :meth:`weight_dtype`,
+    :meth:`set_weight_version` and :meth:`abort` may run on another thread while ``generate``
+    runs: its ``generate`` holds :attr:`step_gate` (``running()``) and, where it can, calls
+    ``step_gate.boundary()`` between decoding steps, so new weights land between two steps
+    of a running call and the tokens after them carry the new version. The scheduler then
+    gives each rank a control channel that is never queued behind ``generate`` (a Ray
+    concurrency group), and weight syncs and aborts use it. Without it (default) those calls
+    wait for the calls queued before them."""
 
     weight_version: int = 0
+    control_plane: bool = False
+
+    @property
+    def lands_between_steps(self) -> bool:
+        """Whether new weights land between two decoding steps of a running ``generate``
+        call (else they wait for its end); ``control_plane`` unless the engine says more."""
+        return bool(self.control_plane)
+
+    @property
+    def step_gate(self) -> Any:
+        """This engine's :class:`~rlweave.interfaces.step_gate.StepGate` (made on first use)."""
+        gate = self.__dict__.get("_step_gate")
+        if gate is None:
+            from rlweave.interfaces.step_gate import StepGate
+
+            with _GATE_MADE:  # the control thread and a generate call may both ask first
+                gate = self.__dict__.setdefault("_step_gate", StepGate())
+        return gate
+
+    @contextmanager
+    def weights_landing(self, version: int | None = None) -> Iterator[None]:
+        """Held by a weight sync's receiving end around ``load_weights``: no decoding step
+        runs inside it (:attr:`step_gate`), and on success the engine takes ``version`` (when
+        given) before any step runs again, so every token is stamped with the version of the
+        weights that produced it."""
+        with self.step_gate.update():
+            yield
+            if version is not None:
+                self.set_weight_version(version)
 
     def set_weight_version(self, version: int) -> int:
         """Record that the weights now loaded are policy version ``version``; returns it."""

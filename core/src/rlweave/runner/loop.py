@@ -144,6 +144,7 @@ class _Run:
         self.roles: dict[str, Any] = {}
         self.builder = None
         self.ctx = None
+        self.algo = None
         self.rewards = None
         self.metrics = None
         self.progress = None
@@ -411,7 +412,11 @@ class _Run:
         m = dict(self.algo.step([dict(r) for r in records]))
         m["time/step"] = time.perf_counter() - t0
         eval_after = None
-        if step == total or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
+        evaluating = step == total or bool(cfg.run.eval_every and step % cfg.run.eval_every == 0)
+        saving = step == total or bool(cfg.run.save_every and step % cfg.run.save_every == 0)
+        if evaluating or saving:  # every update landed, background errors raised, before either
+            self.algo.drain()
+        if evaluating:
             ev = self._evaluate("after" if step == total else f"at step {step}")
             if ev:
                 m.update(ev)
@@ -426,7 +431,7 @@ class _Run:
             times.pop("step", None)
             line = format_status(step, total, m, {**times, "total": m["time/step"]}, fields=STATUS_FIELDS)
         self.progress.update(step, line)
-        if (cfg.run.save_every and step % cfg.run.save_every == 0) or step == total:
+        if saving:
             self._save(step)
         return eval_after
 
@@ -497,15 +502,22 @@ class _Run:
 
     def _shutdown(self, failure: BaseException | None = None) -> None:
         """Stop rewards, roles and Ray; never raises (the original error wins). Roles that
-        ``failure`` lost (dead or hung ranks) are ended at once: they would not answer."""
+        ``failure`` lost (dead or hung ranks) are ended at once: they would not answer; with
+        none lost the algorithm is drained first (generation in flight aborted)."""
         if failure is not None and self.roles:
             from rlweave.runner.recovery import lost_roles
 
-            for role in lost_roles(failure, list(self.roles)):
+            lost = lost_roles(failure, list(self.roles))
+            for role in lost:
                 try:
                     self.roles[role].kill()
                 except Exception as exc:  # noqa: BLE001
                     log.warning("shutdown of role %s: %s", role, exc)
+            if not lost and self.algo is not None:
+                try:
+                    self.algo.drain(abort=True)
+                except Exception as exc:  # noqa: BLE001 - the run's own error is the one reported
+                    log.warning("shutdown: draining the algorithm: %s", exc)
         for closer in (
             lambda: self.ctx.weight_sync.close() if self.ctx is not None else None,
             lambda: self.progress.close() if self.progress is not None else None,

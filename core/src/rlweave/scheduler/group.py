@@ -17,6 +17,12 @@ Contract:
   :class:`~rlweave.worker_errors.WorkerTimeout` when ``timeout`` runs out.
 * :meth:`kill` ends every rank; it is idempotent and never raises.
 
+Control channel: with ``control=True`` a call goes to the rank's control channel, which is
+never queued behind the rank's other calls, where the group has one (a Ray rank whose worker
+class sets ``control_plane = True``: a concurrency group of its own); elsewhere it runs like
+any call. The worker decides what is safe to run beside its other calls (see
+``RolloutEngine.control_plane``).
+
 Generic calls: with ``fn`` given, each rank runs ``fn(worker, rank, *args, **kwargs)`` in its
 own process instead of a worker method, and ``method`` only names the call (in errors, fault
 injection and timeouts). This is how components that own both ends of an exchange (weight-sync
@@ -40,11 +46,12 @@ class WorkerGroup(ABC):
     @abstractmethod
     def submit(
         self, method: str, ranks: Sequence[int], rank_args: Sequence[RankArgs], on_actor: bool = False,
-        fn: Callable[..., Any] | None = None,
+        fn: Callable[..., Any] | None = None, control: bool = False,
     ) -> list[Any]:
         """Start ``method`` on ``ranks`` (``rank_args[i]`` for ``ranks[i]``). ``on_actor``
         targets the rank's wrapper (``address``, ``placement``) instead of the worker object;
-        ``fn``: a generic call named ``method`` (see the module contract)."""
+        ``fn``: a generic call named ``method``; ``control``: on the control channel (see the
+        module contract)."""
 
     @abstractmethod
     def wait(self, pending: list[Any], timeout: float | None = None) -> list[Any]:

@@ -68,7 +68,7 @@ class RoleHandle:
     # ------------------------------------------------------------------ core
     def submit_ranks(self, method: str, ranks: list[int], rank_args: list, combine: Callable[[list[Any]], Any],
                      on_actor: bool = False, fn: Callable[..., Any] | None = None,
-                     started: float | None = None) -> RoleFuture:
+                     started: float | None = None, control: bool = False) -> RoleFuture:
         """Low level: ``method`` on ``ranks`` (``rank_args[i] = (args, kwargs)`` for
         ``ranks[i]``), results combined by ``combine(list in ranks order)``. ``on_actor``
         targets the rank's wrapper (``address``, ``placement``) instead of the worker. With
@@ -76,12 +76,14 @@ class RoleHandle:
         ``method`` names the call (errors, faults, its :data:`TIMEOUT_KEYS` entry): the one
         generic call through which weight-sync transports run their rank-side ends. ``started``
         (a ``time.perf_counter()`` reading) is when the caller began preparing the call: the
-        future's ``dispatch_s`` counts from there."""
+        future's ``dispatch_s`` counts from there. ``control``: on the ranks' control channel
+        (:mod:`rlweave.scheduler.group`), never queued behind their other calls where they have one."""
         started = time.perf_counter() if started is None else started
         if self._closed:
             raise RuntimeError(f"role {self.name!r} is shut down; cannot call {method}()")
         limit, setting = self.timeout_for(method)
-        fut = RoleFuture(self.group, self.group.submit(method, ranks, rank_args, on_actor=on_actor, fn=fn), combine,
+        fut = RoleFuture(self.group, self.group.submit(method, ranks, rank_args, on_actor=on_actor, fn=fn,
+                                                       control=control), combine,
                          default_timeout=limit, setting=setting)
         fut.dispatch_s = time.perf_counter() - started
         return fut
@@ -159,6 +161,12 @@ class RoleHandle:
             return dsp.reorder_lists(values, [p for _, p in used], n)
 
         return self.submit_ranks("generate", [r for r, _ in used], rank_args, reassemble, started=started)
+
+    def abort(self) -> RoleFuture:
+        """Ask every replica's ``generate`` call in progress to stop at its next decoding step
+        (``RolloutEngine.abort``, on the control channel); resolves to the number of calls
+        asked, summed over the replicas."""
+        return self.submit_ranks("abort", list(self._leaders), [((), {})] * len(self._leaders), sum, control=True)
 
     def load_weights(self, named_tensors: list) -> RoleFuture:
         """Send ``[(name, tensor), ...]`` to every rank's ``load_weights`` directly (small

@@ -79,7 +79,7 @@ class InProcessWorkerGroup(LocalWorkerGroup):
         self.devices = [ctx.device for ctx in contexts]
 
     def submit(self, method: str, ranks: Sequence[int], rank_args: Sequence, on_actor: bool = False,
-               fn: Any = None) -> list:
+               fn: Any = None, control: bool = False) -> list:  # noqa: ARG002 - calls run at once
         if not on_actor or fn is not None:
             return super().submit(method, ranks, rank_args, fn=fn)
         if method != "placement":

@@ -41,7 +41,7 @@ class LocalWorkerGroup(SyncWorkerGroup):
         self.workers = [worker_cls(ctx) for ctx in contexts]
 
     def submit(self, method: str, ranks: Sequence[int], rank_args: Sequence[RankArgs], on_actor: bool = False,
-               fn: Callable[..., Any] | None = None) -> list:
+               fn: Callable[..., Any] | None = None, control: bool = False) -> list:  # noqa: ARG002 - calls run at once
         out = []
         for rank, (args, kwargs) in zip(ranks, rank_args):
             try:

@@ -463,6 +463,54 @@ class EngineContractSuite:
         again = [g[0] for g in engine.generate(prompts, params)]
         assert [(g.token_ids, g.finish_reason) for g in again] == [(f.token_ids, "length") for f in full]
 
+    def test_weights_land_between_steps_of_a_running_call(self, engine, contract_state):
+        """A weight sync's landing (``weights_landing(version)`` + ``load_weights``) from
+        another thread while a long greedy call runs: on an engine that
+        ``lands_between_steps`` it finishes before the call does, the call's tokens carry the
+        old version, then the new one (never back), and, the weights being the same, the
+        tokens equal an uninterrupted call's (pausing keeps the running sequences intact);
+        on one that does not, it waits for the call's end and every token is old."""
+        prompts = [[(5 * i) % 97 + 2, (3 * i) % 89 + 2] for i in range(self.abort_batch)]
+        params = SamplingParams(temperature=0.0, max_new_tokens=self.max_model_len, ignore_eos=True)
+        before = engine.weight_version
+        full = [g[0].token_ids for g in engine.generate(prompts, params)]
+        weights = list(contract_state["weights"].items())
+        try:
+            for _ in range(3):  # should the call end before the landing reaches it (a fast machine), again
+                result: dict = {}
+
+                def run() -> None:
+                    result["out"] = engine.generate(prompts, params)
+                    result["ended"] = time.perf_counter()
+
+                worker = threading.Thread(target=run, name="contract-generate")
+                worker.start()
+                while not engine.step_gate.busy and worker.is_alive():
+                    time.sleep(0.001)
+                version = engine.weight_version + 1
+                with engine.weights_landing(version):
+                    engine.load_weights(iter(weights))
+                landed = time.perf_counter()
+                worker.join(timeout=600)
+                assert not worker.is_alive() and "out" in result, "generate did not return"
+                out = [g[0] for g in result["out"]]
+                if not engine.lands_between_steps or any(version in g.versions for g in out):
+                    break
+            assert engine.weight_version == version
+            for g, f in zip(out, full):
+                assert len(g.versions) == len(g.token_ids) and g.versions == sorted(g.versions)
+                assert set(g.versions) <= {version - 1, version}
+                assert g.token_ids == f, "tokens changed across a reload of the same weights"
+            stamps = {v for g in out for v in g.versions}
+            if engine.lands_between_steps:
+                assert landed < result["ended"] and stamps == {version - 1, version}, stamps
+            else:
+                assert stamps == {version - 1}, stamps
+            again = engine.generate(prompts[:1], SamplingParams(temperature=0.0, max_new_tokens=3, ignore_eos=True))
+            assert again[0][0].versions == [version] * 3
+        finally:
+            engine.set_weight_version(before)
+
     # ------------------------------------------------------ through the scheduler
     @pytest.mark.slow
     def test_dead_engine_reported_with_role_and_rank(self, model_dir):

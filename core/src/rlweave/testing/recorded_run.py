@@ -83,7 +83,8 @@ class InProcessGroup(SyncWorkerGroup):
             return getattr(actor, method)(*args, **kwargs)
         return actor.call(method, tuple(args), dict(kwargs))
 
-    def submit(self, method: str, ranks, rank_args, on_actor: bool = False, fn: Any = None) -> list:
+    def submit(self, method: str, ranks, rank_args, on_actor: bool = False, fn: Any = None,
+               control: bool = False) -> list:
         out = []
         for rank, (args, kwargs) in zip(ranks, rank_args):
             actor = self.actors[rank]
@@ -242,8 +243,8 @@ def recorded_run(recorder: Recorder, option_models: Mapping[str, str] = {}) -> I
         patch(resolve, "resolve_plugins", resolve_plugins)
         patch(build, "worker_context", worker_context)
         patch(build, "_process_settings", _process_settings)
-        patch(build, "remote_actor_class", lambda: _LocalActorClass())
-        patch(build, "RayWorkerGroup", lambda name, actors: InProcessGroup(name, actors, recorder))
+        patch(build, "remote_actor_class", lambda *_a, **_k: _LocalActorClass())
+        patch(build, "RayWorkerGroup", lambda name, actors, **_k: InProcessGroup(name, actors, recorder))
         patch(build, "RoleHandle", _recording_handle(recorder))
         patch(cluster, "start_ray", lambda *a, **k: None)
         patch(cluster, "shutdown_ray", lambda *a, **k: None)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Any, Iterable, Iterator
 
@@ -135,21 +136,49 @@ class StuckReceiver(ProbeWorker):
         super().load_weights(named_tensors)
 
 
+def engine_busy(worker: Any, rank: int) -> bool:  # noqa: ARG001
+    """Generic call (send it on the control channel): whether the engine's ``generate`` runs."""
+    return bool(worker.step_gate.busy)
+
+
 class ProbeEngine(RolloutEngine):
-    """Generation ``k`` of a prompt is ``reversed(prompt) + [k, rank]``."""
+    """Generation ``k`` of a prompt is ``reversed(prompt) + [k, rank]``, every token stamped
+    with the weight version. With option ``step_s`` > 0 a call instead takes
+    ``max_new_tokens`` decoding steps of ``step_s`` seconds each (generation ``k`` is
+    ``[k] * max_new_tokens``), with a step boundary after each (``control_plane``: weight
+    syncs land there), and :meth:`abort` stops it at the next one."""
+
+    control_plane = True
 
     def init_engine(self) -> None:
         self.state: dict[str, Any] = {}
+        self._abort = threading.Event()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
-        return [
-            [Generation(token_ids=list(reversed(p)) + [k, self.rank], logprobs=[0.0] * (len(p) + 2),
-                        finish_reason="length") for k in range(params.n)]
-            for p in prompts
-        ]
+        step_s = float((self.ctx.options or {}).get("step_s", 0))
+        with self.step_gate.running():
+            if step_s <= 0:
+                return [[Generation(token_ids=list(reversed(p)) + [k, self.rank], logprobs=[0.0] * (len(p) + 2),
+                                    finish_reason="length", versions=[self.weight_version] * (len(p) + 2))
+                         for k in range(params.n)] for p in prompts]
+            self._abort.clear()
+            versions: list[int] = []
+            while len(versions) < params.max_new_tokens and not self._abort.is_set():
+                time.sleep(step_s)
+                versions.append(self.weight_version)
+                self.step_gate.boundary()
+            reason = "length" if len(versions) == params.max_new_tokens else "aborted"
+            return [[Generation(token_ids=[k] * len(versions), logprobs=[0.0] * len(versions), finish_reason=reason,
+                                versions=list(versions)) for k in range(params.n)] for _ in prompts]
+
+    def abort(self) -> int:
+        busy = self.step_gate.busy
+        self._abort.set()
+        return int(busy)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        self.state = {name: t.clone() for name, t in named_tensors}
+        with self.step_gate.update():
+            self.state = {name: t.clone() for name, t in named_tensors}
 
     def weight_dtype(self) -> str | None:
         """Option ``weight_dtype`` (None by default)."""

@@ -32,9 +32,9 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rlweave.weight_sync.buckets import BucketMeta, cast_floating, iter_buckets, unpack_bucket
+from rlweave.weight_sync.dtype import dtype_for
 from rlweave.weight_sync.interface import WeightSyncError, WeightTransport
-from rlweave.weight_sync.object_store import destination_dtype
-from rlweave.weight_sync.paired import channel_errors, join_channel, leave_channel, run_both_ends
+from rlweave.weight_sync.paired import channel_errors, join_channel, leave_channel, start_both_ends
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -158,9 +158,12 @@ def _buckets(pg: Any, device: Any) -> Iterator[tuple[BucketMeta, Any]]:
         yield _meta(header.cpu().numpy().tobytes()), payload if device.type == "cuda" else payload.numpy()
 
 
-def receive_end(worker: Any, rank: int, key: str) -> dict[str, int]:  # noqa: ARG001
+def receive_end(worker: Any, rank: int, key: str, version: int | None = None) -> dict[str, int]:  # noqa: ARG001
     """Receiving end, on every destination rank: verify each bucket and stream it into
-    ``worker.load_weights``; drain to the end marker before raising on a bad bucket."""
+    ``worker.load_weights`` (landing as :mod:`rlweave.weight_sync.landing` says, the worker
+    taking ``version``); drain to the end marker before raising on a bad bucket."""
+    from rlweave.weight_sync.landing import landing
+
     load = getattr(worker, "load_weights", None)
     if load is None:
         raise WeightSyncError(f"{type(worker).__name__} has no load_weights(); it cannot receive weights")
@@ -185,7 +188,8 @@ def receive_end(worker: Any, rank: int, key: str) -> dict[str, int]:  # noqa: AR
             yield from items
 
     try:
-        load(tensors())
+        with landing(worker, version):
+            load(tensors())
     finally:
         for _ in incoming:  # keep the group in step: the sender broadcasts to the end
             drained += 1
@@ -209,6 +213,7 @@ class BroadcastTransport(WeightTransport):
     ``tamper``: for tests, see :func:`send_end`."""
 
     name = "broadcast"
+    stamps_version = True
 
     def __init__(self, timeout_s: float = 900.0, tamper: Callable[[BucketMeta, Any], Any] | None = None):
         super().__init__(timeout_s)
@@ -231,15 +236,22 @@ class BroadcastTransport(WeightTransport):
         self.key = key
         self._members = [(src, [0]), (dst, dst_ranks)]
 
-    def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float) -> dict[str, Any]:
+    def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float,
+             version: int | None = None) -> dict[str, Any]:
         """See :meth:`WeightTransport.sync`; floating tensors travel in the destination's
         ``weight_dtype()`` when it names one."""
+        return self.begin(src, dst, bucket_bytes, timeout_s, version=version)()
+
+    def begin(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float,
+              queued_s: float = 0.0, version: int | None = None) -> Callable[[], dict[str, Any]]:
+        """See :meth:`WeightTransport.begin`: both ends are started (the receiving end on the
+        destination's control channel) and the returned function waits for them."""
         if self.key is None:
             raise WeightSyncError("broadcast transport: setup() was not called (or the transport is closed)")
         start = time.monotonic()
-        dtype = destination_dtype(dst, timeout_s)
-        return run_both_ends("broadcast", src, dst, send_end, (self.key, bucket_bytes, dtype, self.tamper),
-                             receive_end, (self.key,), start, timeout_s, dtype)
+        dtype = dtype_for(self, dst, timeout_s)
+        return start_both_ends("broadcast", src, dst, send_end, (self.key, bucket_bytes, dtype, self.tamper),
+                               receive_end, (self.key, version), start, timeout_s + queued_s, dtype)
 
     def close(self) -> None:
         """Leave the group on every member (idempotent; members that are gone are skipped)."""

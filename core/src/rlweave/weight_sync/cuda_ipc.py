@@ -37,6 +37,7 @@ import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from rlweave.weight_sync.dtype import dtype_for
 from rlweave.weight_sync.interface import WeightSyncError, WeightSyncTimeout, WeightTransport
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -224,13 +225,17 @@ def send_end(worker: Any, rank: int, key: str, n: int, receivers: int, bucket_by
     return send_buckets(store, n, receivers, named, bucket_bytes, _device(worker), timeout_s, tamper)
 
 
-def receive_end(worker: Any, rank: int, key: str, n: int) -> dict[str, int]:
-    """Receiving end, on every destination rank."""
+def receive_end(worker: Any, rank: int, key: str, n: int, version: int | None = None) -> dict[str, int]:
+    """Receiving end, on every destination rank (landing as :mod:`rlweave.weight_sync.landing`
+    says, the worker taking ``version``)."""
+    from rlweave.weight_sync.landing import landing
+
     load = getattr(worker, "load_weights", None)
     if load is None:
         raise WeightSyncError(f"{type(worker).__name__} has no load_weights(); it cannot receive weights")
     store, _ = _channel(key)
-    return receive_buckets(store, n, rank, load, _device(worker))
+    with landing(worker, version):
+        return receive_buckets(store, n, rank, load, _device(worker))
 
 
 # ------------------------------------------------------------- controller side
@@ -241,6 +246,7 @@ class CudaIpcTransport(WeightTransport):
     :func:`send_buckets`."""
 
     name = "cuda_ipc"
+    stamps_version = True
 
     def __init__(self, timeout_s: float = 900.0, tamper: Callable[["BucketMeta", Any], Any] | None = None):
         super().__init__(timeout_s)
@@ -267,20 +273,26 @@ class CudaIpcTransport(WeightTransport):
         self.key = key
         self._members = [(src, [0]), (dst, dst_ranks)]
 
-    def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float) -> dict[str, Any]:
+    def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float,
+             version: int | None = None) -> dict[str, Any]:
         """See :meth:`WeightTransport.sync`; floating tensors travel in the destination's
         ``weight_dtype()`` when it names one."""
-        from rlweave.weight_sync.object_store import destination_dtype
-        from rlweave.weight_sync.paired import run_both_ends
+        return self.begin(src, dst, bucket_bytes, timeout_s, version=version)()
+
+    def begin(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float,
+              queued_s: float = 0.0, version: int | None = None) -> Callable[[], dict[str, Any]]:
+        """See :meth:`WeightTransport.begin`: both ends are started (the receiving end on the
+        destination's control channel) and the returned function waits for them."""
+        from rlweave.weight_sync.paired import start_both_ends
 
         if self.key is None:
             raise WeightSyncError("cuda_ipc transport: setup() was not called (or the transport is closed)")
         start = time.monotonic()
-        dtype = destination_dtype(dst, timeout_s)
+        dtype = dtype_for(self, dst, timeout_s)
         self.syncs += 1
-        return run_both_ends("cuda_ipc", src, dst, send_end,
-                             (self.key, self.syncs, dst.world_size, bucket_bytes, dtype, self.tamper),
-                             receive_end, (self.key, self.syncs), start, timeout_s, dtype)
+        return start_both_ends("cuda_ipc", src, dst, send_end,
+                               (self.key, self.syncs, dst.world_size, bucket_bytes, dtype, self.tamper),
+                               receive_end, (self.key, self.syncs, version), start, timeout_s + queued_s, dtype)
 
     def close(self) -> None:
         """Leave the channel on every member (idempotent; members that are gone are skipped)."""

@@ -28,8 +28,8 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from rlweave.weight_sync.buckets import BucketMeta, cast_floating, iter_buckets, unpack_bucket
+from rlweave.weight_sync.dtype import dtype_for
 from rlweave.weight_sync.interface import WeightSyncError, WeightSyncTimeout, WeightTransport, from_worker_error
-from rlweave.weight_sync.object_store import destination_dtype
 
 if TYPE_CHECKING:  # pragma: no cover
     from rlweave.scheduler.handle import RoleHandle
@@ -54,10 +54,14 @@ def send_end(worker: Any, rank: int, bucket_bytes: int, dtype: str | None = None
     return out
 
 
-def receive_end(worker: Any, rank: int, buckets: list[tuple[BucketMeta, Any]]) -> dict[str, int]:  # noqa: ARG001
+def receive_end(worker: Any, rank: int, buckets: list[tuple[BucketMeta, Any]],  # noqa: ARG001
+                version: int | None = None) -> dict[str, int]:
     """Receiving end, on every destination rank: verify each bucket (a mismatch raises
     :class:`WeightSyncError` naming the bucket and its tensors) and stream its tensors into
-    ``worker.load_weights``; returns ``buckets``, ``bytes``, ``tensors`` loaded."""
+    ``worker.load_weights`` (landing as :mod:`rlweave.weight_sync.landing` says, the worker
+    taking ``version``); returns ``buckets``, ``bytes``, ``tensors`` loaded."""
+    from rlweave.weight_sync.landing import landing
+
     load = getattr(worker, "load_weights", None)
     if load is None:
         raise WeightSyncError(f"{type(worker).__name__} has no load_weights(); it cannot receive weights")
@@ -71,7 +75,8 @@ def receive_end(worker: Any, rank: int, buckets: list[tuple[BucketMeta, Any]]) -
             stats["tensors"] += len(items)
             yield from items
 
-    load(tensors())
+    with landing(worker, version):
+        load(tensors())
     if stats["buckets"] != len(buckets):
         raise WeightSyncError(
             f"load_weights() of {type(worker).__name__} stopped after {stats['buckets']} of {len(buckets)} buckets")
@@ -85,17 +90,19 @@ class InProcessTransport(WeightTransport):
     ``tamper``: for tests, see :func:`send_end`."""
 
     name = "in_process"
+    stamps_version = True
 
     def __init__(self, timeout_s: float = 900.0, tamper: Tamper | None = None):
         super().__init__(timeout_s)
         self.tamper = tamper
         self.syncs = 0
 
-    def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float) -> dict[str, Any]:
+    def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float,
+             version: int | None = None) -> dict[str, Any]:
         from rlweave.worker_errors import WorkerError, WorkerTimeout
 
         start = time.monotonic()
-        dtype = destination_dtype(dst, timeout_s)
+        dtype = dtype_for(self, dst, timeout_s)
         src_ranks, dst_ranks = list(range(src.world_size)), list(range(dst.world_size))
         try:
             sent = src.submit_ranks("send_weights", src_ranks, [((bucket_bytes, dtype, self.tamper), {})] * len(
@@ -107,8 +114,8 @@ class InProcessTransport(WeightTransport):
             raise WeightSyncError(f"weight sync from {src.name!r} rank {exc.rank}: sending failed: {exc.summary}") \
                 from exc
         try:
-            dst.submit_ranks("receive_weights", dst_ranks, [((sent,), {})] * len(dst_ranks), list,
-                             fn=receive_end).result(timeout=self._left(start, timeout_s))
+            dst.submit_ranks("receive_weights", dst_ranks, [((sent, version), {})] * len(dst_ranks), list,
+                             fn=receive_end, control=True).result(timeout=self._left(start, timeout_s))
         except WorkerTimeout as exc:
             raise WeightSyncTimeout(f"weight sync into {dst.name!r}: rank(s) {', '.join(map(str, exc.ranks))} did "
                                     f"not answer within {timeout_s:g} s") from None

@@ -28,6 +28,17 @@ than that travels alone), each with a checksum over its names, shapes, dtypes an
 Every destination rank receives every bucket, verifies it, and streams the tensors into its
 worker's ``load_weights(iterable of (name, tensor))``.
 
+Version: ``sync``/``begin`` take the policy ``version`` of the weights; every destination
+rank takes it (``set_weight_version``) as its load ends, inside the same step boundary on an
+engine with a control plane (:mod:`rlweave.weight_sync.landing`), so no token is stamped with
+the wrong version.
+
+Control channel: the destination's rank-side ends (dtype query, receiving end) go through
+the role's control channel (``submit_ranks(..., control=True)``): on an engine with a control
+plane they never wait behind queued ``generate`` calls, and the load lands between two
+decoding steps of a running one. The destination's ``weight_dtype()`` is asked once per
+transport and destination (:meth:`WeightTransport.destination_dtype`).
+
 Timeout: a whole ``sync`` finishes within ``timeout_s`` or raises
 :class:`WeightSyncTimeout` naming the role and ranks that did not answer. It never hangs.
 
@@ -41,7 +52,7 @@ may still be busy: sync again, or shut the role down.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:  # pragma: no cover
     from rlweave.scheduler.handle import RoleHandle
@@ -69,6 +80,9 @@ class WeightTransport(ABC):
     """Moves weights from one role's ranks to another's (see the module contract)."""
 
     name: str = "abstract"
+    #: ``sync``/``begin`` take ``version`` and the destination takes it as its load ends (see
+    #: the module contract); a transport without it gets the version set after its sync
+    stamps_version: bool = False
 
     def __init__(self, timeout_s: float = 900.0):
         #: how long a channel the transport holds open (e.g. a process group) may wait
@@ -78,11 +92,22 @@ class WeightTransport(ABC):
         """Prepare the channel once both roles run (e.g. form a broadcast group)."""
 
     @abstractmethod
-    def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float) -> dict[str, Any]:
-        """Move the source's current weights into every destination rank.
+    def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float,
+             version: int | None = None) -> dict[str, Any]:
+        """Move the source's current weights into every destination rank (which takes
+        ``version`` when given, see :attr:`stamps_version`).
 
         Returns stats: ``bytes`` (payload), ``tensors``, ``buckets``, ``seconds`` (wall
         time of the whole sync), ``bytes_per_s``."""
+
+    def begin(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float,
+              queued_s: float = 0.0, version: int | None = None) -> Callable[[], dict[str, Any]]:
+        """Start a sync without waiting for it; the returned function waits (once) and
+        returns :meth:`sync`'s stats, raising its errors. ``queued_s``: how long the receiving
+        end may wait behind calls queued on a destination without a control channel, on top
+        of ``timeout_s``. Default: the whole sync runs here."""
+        info = self.sync(src, dst, bucket_bytes, timeout_s, **({"version": version} if self.stamps_version else {}))
+        return lambda: info
 
     def close(self) -> None:
         """Release what :meth:`setup` made (idempotent)."""

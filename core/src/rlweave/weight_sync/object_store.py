@@ -4,9 +4,9 @@ Controller side (:class:`ObjectStoreTransport`): every source rank runs :func:`s
 rank 0 returns ``[(BucketMeta, ObjectRef), ...]``; every destination rank runs
 :func:`receive_end` on that list; all within one deadline.
 
-Rank side (:func:`send_end`, :func:`receive_end`, :func:`dtype_end`): run inside the rank
-processes through the role handle's generic call (``submit_ranks(..., fn=...)``), named
-``send_weights``, ``receive_weights`` and ``weight_dtype`` in errors, timeouts and faults.
+Rank side (:func:`send_end`, :func:`receive_end`): run inside the rank processes through the
+role handle's generic call (``submit_ranks(..., fn=...)``), named ``send_weights`` and
+``receive_weights`` in errors, timeouts and faults.
 
 Memory: rank 0 holds one bucket at a time, but the object store keeps every bucket of a
 sync until the sync returns (the whole model once, in shared memory); receivers copy one
@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from rlweave.weight_sync.buckets import BucketMeta, iter_buckets, unpack_bucket
+from rlweave.weight_sync.dtype import dtype_for
 from rlweave.weight_sync.interface import WeightSyncError, WeightSyncTimeout, WeightTransport, from_worker_error
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -82,31 +83,14 @@ def send_end(worker: Any, rank: int, bucket_bytes: int, dtype: str | None = None
     return put_buckets(cast_floating(worker.named_weights(), dtype), bucket_bytes, keep=rank == 0)
 
 
-def receive_end(worker: Any, rank: int, bucket_refs: list, timeout_s: float) -> dict[str, Any]:  # noqa: ARG001
-    """Receiving end, on every destination rank: :func:`load_buckets`."""
-    return load_buckets(worker, bucket_refs, timeout_s)
+def receive_end(worker: Any, rank: int, bucket_refs: list, timeout_s: float,  # noqa: ARG001
+                version: int | None = None) -> dict[str, Any]:
+    """Receiving end, on every destination rank: :func:`load_buckets`, landing as
+    :func:`rlweave.weight_sync.landing.landing` says (the worker takes ``version``)."""
+    from rlweave.weight_sync.landing import landing
 
-
-def dtype_end(worker: Any, rank: int) -> str | None:  # noqa: ARG001
-    """The worker's ``weight_dtype()`` (engines, see ``RolloutEngine``), else None."""
-    fn = getattr(worker, "weight_dtype", None)
-    return fn() if callable(fn) else None
-
-
-# ------------------------------------------------------------- controller side
-def destination_dtype(dst: "RoleHandle", timeout_s: float) -> str | None:
-    """The destination's ``weight_dtype()`` (asked of its rank 0, :func:`dtype_end`), or None;
-    every transport sends floating tensors in it."""
-    from rlweave.worker_errors import WorkerError, WorkerTimeout
-
-    try:
-        return dst.submit_ranks("weight_dtype", [0], [((), {})], lambda v: v[0], fn=dtype_end).result(
-            timeout=timeout_s)
-    except WorkerTimeout:
-        raise WeightSyncTimeout(f"weight sync into {dst.name!r}: rank 0 did not answer within {timeout_s:g} s") \
-            from None
-    except WorkerError as exc:
-        raise WeightSyncError(f"weight sync into {dst.name!r} rank {exc.rank}: {exc.summary}") from exc
+    with landing(worker, version):
+        return load_buckets(worker, bucket_refs, timeout_s)
 
 
 def _remaining(deadline: float) -> float:
@@ -118,6 +102,7 @@ class ObjectStoreTransport(WeightTransport):
     :mod:`rlweave.weight_sync.interface` for the contract). Works wherever Ray runs."""
 
     name = "object_store"
+    stamps_version = True
 
     def send(self, src: "RoleHandle", bucket_bytes: int, timeout_s: float,
              dtype: str | None = None) -> list[tuple[BucketMeta, Any]]:
@@ -139,16 +124,20 @@ class ObjectStoreTransport(WeightTransport):
             raise WeightSyncError(f"weight sync from {src.name!r} rank {exc.rank}: sending failed: {exc.summary}") from exc
 
     def receive(
-        self, dst: "RoleHandle", sent: list[tuple[BucketMeta, Any]], timeout_s: float, wait_s: float | None = None
+        self, dst: "RoleHandle", sent: list[tuple[BucketMeta, Any]], timeout_s: float, wait_s: float | None = None,
+        version: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Phase 2: every destination rank fetches, verifies and loads ``sent``, within
-        ``wait_s`` (default ``timeout_s``, the sync's whole budget named in errors)."""
+        """Phase 2: every destination rank fetches, verifies and loads ``sent`` (and takes
+        ``version``), within ``wait_s`` (default ``timeout_s``, the sync's whole budget named
+        in errors)."""
         wait_s = timeout_s if wait_s is None else wait_s
-        return self._wait_receive(dst, sent, self._submit_receive(dst, sent, wait_s), timeout_s, wait_s)
+        return self._wait_receive(dst, sent, self._submit_receive(dst, sent, wait_s, version), timeout_s, wait_s)
 
-    def _submit_receive(self, dst: "RoleHandle", sent: list[tuple[BucketMeta, Any]], wait_s: float) -> Any:
+    def _submit_receive(self, dst: "RoleHandle", sent: list[tuple[BucketMeta, Any]], wait_s: float,
+                        version: int | None) -> Any:
         ranks = list(range(dst.world_size))
-        return dst.submit_ranks("receive_weights", ranks, [((sent, wait_s), {})] * len(ranks), list, fn=receive_end)
+        return dst.submit_ranks("receive_weights", ranks, [((sent, wait_s, version), {})] * len(ranks), list,
+                                fn=receive_end, control=True)
 
     def _wait_receive(self, dst: "RoleHandle", sent: list[tuple[BucketMeta, Any]], fut: Any, timeout_s: float,
                       wait_s: float) -> list[dict[str, Any]]:
@@ -167,18 +156,18 @@ class ObjectStoreTransport(WeightTransport):
             raise from_worker_error(exc, f"weight sync into {dst.name!r}") from exc
 
     def begin(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float,
-              queued_s: float = 0.0) -> Callable[[], dict[str, Any]]:
-        """A sync whose receiving end may wait behind calls already queued on ``dst`` (a
-        generate request in flight): the source's buckets are in the object store when this
-        returns (the source is free to train again), the destination's loading is queued
-        after its earlier calls; the returned function waits for it and returns
-        :meth:`sync`'s stats. ``queued_s``: how long the loading may wait behind those calls,
-        on top of ``timeout_s``."""
+              queued_s: float = 0.0, version: int | None = None) -> Callable[[], dict[str, Any]]:
+        """A sync that does not wait for the destination: the source's buckets are in the
+        object store when this returns (the source is free to train again) and the
+        destination's receiving end is started on its control channel (on an engine with a
+        control plane the load lands between two decoding steps of a running call; without
+        one it waits behind the calls queued before it, up to ``queued_s`` on top of
+        ``timeout_s``); the returned function waits for it and returns :meth:`sync`'s stats."""
         start = time.monotonic()
-        dtype = destination_dtype(dst, timeout_s + queued_s)
+        dtype = dtype_for(self, dst, timeout_s)
         sent = self.send(src, bucket_bytes, timeout_s, dtype)
         wait_s = timeout_s + queued_s
-        fut = self._submit_receive(dst, sent, wait_s)
+        fut = self._submit_receive(dst, sent, wait_s, version)
 
         def finish() -> dict[str, Any]:
             self._wait_receive(dst, sent, fut, timeout_s, max(0.0, start + wait_s - time.monotonic()))
@@ -186,14 +175,15 @@ class ObjectStoreTransport(WeightTransport):
 
         return finish
 
-    def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float) -> dict[str, Any]:
+    def sync(self, src: "RoleHandle", dst: "RoleHandle", bucket_bytes: int, timeout_s: float,
+             version: int | None = None) -> dict[str, Any]:
         """See :meth:`WeightTransport.sync`; floating tensors travel in the destination's
         ``weight_dtype()`` when it names one."""
         start = time.monotonic()
         deadline = start + timeout_s
-        dtype = destination_dtype(dst, timeout_s)
+        dtype = dtype_for(self, dst, timeout_s)
         sent = self.send(src, bucket_bytes, _remaining(deadline), dtype)
-        self.receive(dst, sent, timeout_s, wait_s=_remaining(deadline))
+        self.receive(dst, sent, timeout_s, wait_s=_remaining(deadline), version=version)
         return self._stats(sent, time.monotonic() - start, dtype)
 
     @staticmethod

@@ -1,10 +1,11 @@
 """Controller side shared by transports whose two ends run at the same time over a channel of
 their own (:mod:`~rlweave.weight_sync.broadcast`, :mod:`~rlweave.weight_sync.cuda_ipc`).
 
-:func:`run_both_ends` starts the sending end on every source rank and the receiving end on
-every destination rank, waits for both within the sync's deadline, maps timeouts and worker
-errors to the weight-sync errors of :mod:`rlweave.weight_sync.interface`, checks that every
-destination received what the source sent, and returns the sync's stats.
+:func:`start_both_ends` starts the sending end on every source rank and the receiving end on
+every destination rank (on its control channel) and returns the function that waits for both
+within the sync's deadline, maps timeouts and worker errors to the weight-sync errors of
+:mod:`rlweave.weight_sync.interface`, checks that every destination received what the source
+sent, and returns the sync's stats.
 :func:`join_channel` opens such a channel on source rank 0 and every destination rank (inside
 :func:`channel_errors`, which maps the ranks' failures while a channel is set up), and
 :func:`leave_channel` closes it.
@@ -37,38 +38,43 @@ def both(sending: Any, receiving: Any, deadline: float, poll_s: float = 0.005) -
     return sending.result(timeout=max(0.0, deadline - time.monotonic())), received
 
 
-def run_both_ends(transport: str, src: "RoleHandle", dst: "RoleHandle", send_fn: Callable[..., Any],
-                  send_args: tuple, receive_fn: Callable[..., Any], receive_args: tuple, start: float,
-                  timeout_s: float, dtype: str | None) -> dict[str, Any]:
-    """One sync: ``send_fn(worker, rank, *send_args)`` on every source rank (rank 0's stats
-    count) and ``receive_fn(worker, rank, *receive_args)`` on every destination rank, all
-    within ``timeout_s`` from ``start`` (a ``time.monotonic()`` reading). ``transport`` names
-    the transport in errors. Returns rank 0's stats plus ``seconds``, ``bytes_per_s`` and
-    ``dtype``."""
+def start_both_ends(transport: str, src: "RoleHandle", dst: "RoleHandle", send_fn: Callable[..., Any],
+                    send_args: tuple, receive_fn: Callable[..., Any], receive_args: tuple, start: float,
+                    timeout_s: float, dtype: str | None) -> Callable[[], dict[str, Any]]:
+    """Start one sync: ``send_fn(worker, rank, *send_args)`` on every source rank (rank 0's
+    stats count) and ``receive_fn(worker, rank, *receive_args)`` on every destination rank
+    (on its control channel); returns the function that waits for both, all within
+    ``timeout_s`` from ``start`` (a ``time.monotonic()`` reading), and returns rank 0's
+    stats plus ``seconds``, ``bytes_per_s`` and ``dtype``. ``transport`` names the
+    transport in errors."""
     from rlweave.worker_errors import WorkerError, WorkerTimeout
 
     deadline = start + timeout_s
     src_ranks, dst_ranks = list(range(src.world_size)), list(range(dst.world_size))
-    try:
-        sending = src.submit_ranks("send_weights", src_ranks, [(send_args, {})] * len(src_ranks), lambda v: v[0],
-                                   fn=send_fn)
-        receiving = dst.submit_ranks("receive_weights", dst_ranks, [(receive_args, {})] * len(dst_ranks), list,
-                                     fn=receive_fn)
-        sent, received = both(sending, receiving, deadline)
-    except WorkerTimeout as exc:
-        side = "from" if exc.role == src.name else "into"
-        raise WeightSyncTimeout(
-            f"weight sync {side} {exc.role!r} ({transport}): rank(s) {', '.join(map(str, exc.ranks))} did not "
-            f"finish within {timeout_s:g} s; the receiving worker may be stuck in load_weights()") from None
-    except WorkerError as exc:
-        side = "from" if exc.role == src.name else "into"
-        raise from_worker_error(exc, f"weight sync {side} {exc.role!r}", f" ({transport})") from exc
-    if any(r != sent for r in received):
-        raise WeightSyncError(f"weight sync into {dst.name!r} ({transport}): ranks received {received}, "
-                              f"source sent {sent}")
-    seconds = time.monotonic() - start
-    return {**sent, "seconds": seconds, "bytes_per_s": sent["bytes"] / seconds if seconds > 0 else float("inf"),
-            "dtype": dtype}
+    sending = src.submit_ranks("send_weights", src_ranks, [(send_args, {})] * len(src_ranks), lambda v: v[0],
+                               fn=send_fn)
+    receiving = dst.submit_ranks("receive_weights", dst_ranks, [(receive_args, {})] * len(dst_ranks), list,
+                                 fn=receive_fn, control=True)
+
+    def finish() -> dict[str, Any]:
+        try:
+            sent, received = both(sending, receiving, deadline)
+        except WorkerTimeout as exc:
+            side = "from" if exc.role == src.name else "into"
+            raise WeightSyncTimeout(
+                f"weight sync {side} {exc.role!r} ({transport}): rank(s) {', '.join(map(str, exc.ranks))} did not "
+                f"finish within {timeout_s:g} s; the receiving worker may be stuck in load_weights()") from None
+        except WorkerError as exc:
+            side = "from" if exc.role == src.name else "into"
+            raise from_worker_error(exc, f"weight sync {side} {exc.role!r}", f" ({transport})") from exc
+        if any(r != sent for r in received):
+            raise WeightSyncError(f"weight sync into {dst.name!r} ({transport}): ranks received {received}, "
+                                  f"source sent {sent}")
+        seconds = time.monotonic() - start
+        return {**sent, "seconds": seconds, "bytes_per_s": sent["bytes"] / seconds if seconds > 0 else float("inf"),
+                "dtype": dtype}
+
+    return finish
 
 
 @contextmanager

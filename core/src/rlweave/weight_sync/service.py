@@ -126,19 +126,17 @@ class WeightSync:
         the timeout is ``weight_sync.timeout_s``, else the destination's ``timeouts.sync``.
         ``version``: the policy version of these weights, given to an engine destination
         (``RolloutEngine.set_weight_version``) once they are loaded."""
-        info = sync_weights(self._handle(src), self._handle(dst), bucket_bytes=self.bucket_bytes,
-                            timeout_s=self.timeout_s, transport=self.transport(src, dst))
-        if version is not None:
-            self._handle(dst).call("set_weight_version", int(version)).result()
-        return info
+        return sync_weights(self._handle(src), self._handle(dst), bucket_bytes=self.bucket_bytes,
+                            timeout_s=self.timeout_s, transport=self.transport(src, dst), version=version)
 
     def start(self, src: str, dst: str, version: int | None = None) -> "PendingSync":
-        """Begin a sync into ``dst`` without waiting for calls already queued there (a
-        generate request in flight): with a transport that can split its two ends (the object
-        store), ``src`` is done sending when this returns and ``dst`` loads the weights, then
-        takes ``version``, after the calls sent to it before; otherwise the sync runs to the end
-        here. :meth:`PendingSync.result` waits for it. The loading may wait behind queued calls
-        for the destination's generate timeout on top of the sync timeout."""
+        """Begin a sync into ``dst`` without waiting for it (``WeightTransport.begin``): the
+        destination's receiving end runs on its control channel, so on an engine with a
+        control plane the weights (and ``version``) land between two decoding steps of a
+        generate call in flight; on a destination without one they land after the calls sent
+        to it before, which the loading may wait behind for the destination's generate timeout
+        on top of the sync timeout. A transport without ``begin`` runs the sync to the end
+        here. :meth:`PendingSync.result` waits for it."""
         transport = self.transport(src, dst)
         begin = getattr(transport, "begin", None)
         if begin is None:
@@ -146,8 +144,10 @@ class WeightSync:
         handle = self._handle(dst)
         timeout_s = sync_timeout(handle, self.timeout_s)
         queued_s = getattr(handle, "timeout_for", lambda _m: (None, None))("generate")[0] or 0.0
-        finish = begin(self._handle(src), handle, self.bucket_bytes, timeout_s, queued_s=float(queued_s))
-        stamp = handle.call("set_weight_version", int(version)) if version is not None else None
+        stamps = getattr(transport, "stamps_version", False)
+        finish = begin(self._handle(src), handle, self.bucket_bytes, timeout_s, queued_s=float(queued_s),
+                       **({"version": version} if stamps else {}))
+        stamp = handle.call("set_weight_version", int(version)) if version is not None and not stamps else None
         return PendingSync(finish=finish, stamp=stamp)
 
     def forget(self, role: str) -> None:

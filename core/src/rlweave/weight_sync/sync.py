@@ -29,6 +29,7 @@ def sync_weights(
     bucket_bytes: int = 64 << 20,
     timeout_s: float | None = None,
     transport: "WeightTransport | None" = None,
+    version: int | None = None,
 ) -> dict[str, Any]:
     """Copy ``src``'s current weights into every rank of ``dst`` (blocking).
 
@@ -47,4 +48,10 @@ def sync_weights(
         from rlweave.weight_sync.object_store import ObjectStoreTransport
 
         transport = ObjectStoreTransport()
-    return transport.sync(src, dst, bucket_bytes, timeout_s)
+    if version is None:
+        return transport.sync(src, dst, bucket_bytes, timeout_s)
+    if getattr(transport, "stamps_version", False):
+        return transport.sync(src, dst, bucket_bytes, timeout_s, version=version)
+    info = transport.sync(src, dst, bucket_bytes, timeout_s)
+    dst.call("set_weight_version", int(version)).result(timeout=timeout_s)
+    return info

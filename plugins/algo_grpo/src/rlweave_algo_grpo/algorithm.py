@@ -417,6 +417,7 @@ class GRPO(Algorithm):
             "adv/max": float(adv.max()) if len(adv) else 0.0,
             "response_len/mean": float(rlen.mean()),
             "response_len/max": float(rlen.max()),
+            **{f"response_len/p{q}": float(torch.quantile(rlen, q / 100)) for q in (50, 90, 99)},
             "response/truncated_frac": truncated_frac(batch.meta),
             "samples": float(len(batch)),
             **{f"time/{k}": v for k, v in self._times.items()},
@@ -439,6 +440,11 @@ class GRPO(Algorithm):
         return metrics
 
     # ---------------------------------------------------------------- evaluation
+    def drain(self, abort: bool = False) -> None:
+        """The pipeline's requests in flight and pending weight sync (see ``Algorithm.drain``)."""
+        if self.pipeline is not None:
+            self.pipeline.drain(abort=abort)
+
     def evaluate(self, records: list[dict[str, Any]]) -> dict[str, float]:
         if self._eval_reward() is None:
             return {}

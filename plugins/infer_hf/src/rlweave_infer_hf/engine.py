@@ -21,7 +21,11 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
   ended with a stop token or reached their limit come back ``"aborted"`` with their tokens
   and log-probs so far, and micro-batches not started yet come back ``"aborted"`` empty.
   Calls from several threads run one at a time (:class:`~rlweave.engine_helpers.requests.CallRegistry`).
-* **Versions.** Every token carries ``weight_version`` (``Generation.versions``).
+* **Versions and in-flight weights.** Every token carries the ``weight_version`` of the
+  weights that produced it (``Generation.versions``). The engine has a control plane
+  (``RolloutEngine.control_plane``): a weight sync that arrives while a call runs lands
+  between two decoding steps (the same ``StoppingCriteria`` hook parks the call while the
+  weights are copied in place), and the call goes on with the new weights and its KV cache.
 * **Sleep.** Nothing persists between calls but the weights. On CUDA, ``sleep(level=2)``
   moves the weights to host memory and ``wake_up`` brings them back; on CPU there is nothing
   to release and ``sleep`` reports ``freed_bytes: 0``.
@@ -56,6 +60,7 @@ class HFEngine(RolloutEngine):
     """One replica (world size 1 per replica; several replicas are data parallel)."""
 
     engine_name = "hf"
+    control_plane = True
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -125,15 +130,15 @@ class HFEngine(RolloutEngine):
         seed = params.seed if params.seed is not None else self.cfg.seed
         if seed is None:
             seed = self.ctx.seed
-        version = self.weight_version
-        with self._calls.call() as stop_flag:
+        with self._calls.call() as stop_flag, self.step_gate.running():
             for b, start in enumerate(range(0, len(todo), bs)):
                 chunk = todo[start : start + bs]
+                self.step_gate.boundary()
                 if stop_flag.is_set():  # aborted before this micro-batch started
-                    outs = [finish_generation(reqs[j], [], [], stops, version, aborted=True) for j in chunk]
+                    outs = [finish_generation(reqs[j], [], [], stops, self.weight_version, aborted=True) for j in chunk]
                 else:
                     batch = [reqs[j] for j in chunk]
-                    outs = self._generate_batch(batch, params, stops, seed * 7919 + b, stop_flag, version)
+                    outs = self._generate_batch(batch, params, stops, seed * 7919 + b, stop_flag)
                 for j, g in zip(chunk, outs):
                     gens[j] = g
         return group_generations(reqs, gens, len(prompts))
@@ -150,8 +155,9 @@ class HFEngine(RolloutEngine):
         stops: list[int],
         seed: int,
         stop_flag: Any = None,
-        version: int = 0,
     ) -> list[Generation]:
+        """One micro-batch; after every decoding step the weight version is noted and waiting
+        weight updates land (``step_gate.boundary()``)."""
         import torch
         from transformers import GenerationConfig, StoppingCriteriaList
 
@@ -182,13 +188,19 @@ class HFEngine(RolloutEngine):
             output_logits=self.cfg.logprobs_mode == "raw",
             use_cache=True,
         )
+        versions: list[int] = []  # the weights' version at each decoding step
+
+        def after_step() -> None:
+            versions.append(self.weight_version)
+            self.step_gate.boundary()
+
         with torch.no_grad(), torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             torch.manual_seed(seed)
             out = model.generate(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
                 generation_config=gc,
-                stopping_criteria=StoppingCriteriaList([_stop_on_flag(stop_flag)]) if stop_flag is not None else None,
+                stopping_criteria=StoppingCriteriaList([_after_step(stop_flag, after_step)]),
             )
         aborted = stop_flag is not None and stop_flag.is_set()
         steps = out.scores if self.cfg.logprobs_mode == "processed" else out.logits
@@ -198,9 +210,11 @@ class HFEngine(RolloutEngine):
             lp = torch.log_softmax(scores, dim=-1).gather(-1, new[:, : scores.shape[1], None]).squeeze(-1)
         else:
             lp = torch.zeros_like(new, dtype=torch.float32)
+        versions += [self.weight_version] * (new.shape[1] - len(versions))
         result = []
         for row, r in enumerate(reqs):
-            result.append(finish_generation(r, new[row].tolist(), lp[row].tolist(), stops, version, aborted=aborted))
+            result.append(finish_generation(r, new[row].tolist(), lp[row].tolist(), stops, versions[:new.shape[1]],
+                                            aborted=aborted))
         return result
 
     # --------------------------------------------------------------- weights
@@ -219,7 +233,7 @@ class HFEngine(RolloutEngine):
         model = self._require_model()
         targets = model.state_dict(keep_vars=True)
         count, nbytes = 0, 0
-        with torch.no_grad():
+        with torch.no_grad(), self.step_gate.update():  # between two decoding steps of a running call
             for name, tensor in named_tensors:
                 dst = next((targets[n] for n in renamed(name) if n in targets), None)
                 if dst is None:
@@ -284,14 +298,15 @@ class HFEngine(RolloutEngine):
         super().shutdown()
 
 
-def _stop_on_flag(flag: Any):
-    """A transformers ``StoppingCriteria`` that ends every row once ``flag`` (a
-    ``threading.Event``) is set: checked after each decoding step."""
+def _after_step(flag: Any, hook: Any):
+    """A transformers ``StoppingCriteria`` called after each decoding step: runs ``hook()``,
+    then ends every row once ``flag`` (a ``threading.Event``) is set."""
     import torch
     from transformers import StoppingCriteria
 
-    class StopOnFlag(StoppingCriteria):
+    class AfterStep(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
+            hook()
             return torch.full((input_ids.shape[0],), flag.is_set(), dtype=torch.bool, device=input_ids.device)
 
-    return StopOnFlag()
+    return AfterStep()

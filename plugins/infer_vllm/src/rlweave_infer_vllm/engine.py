@@ -34,7 +34,14 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
   log-probs so far (none for requests not yet scheduled). Calls from several threads run
   one at a time (:class:`~rlweave.engine_helpers.requests.CallRegistry`): they share vLLM's
   step loop.
-* **Versions.** Every token carries ``weight_version`` (``Generation.versions``).
+* **Versions and in-flight weights.** Every token carries the ``weight_version`` of the
+  weights that produced it (``Generation.versions``). The engine has a control plane
+  (``RolloutEngine.control_plane``): with the engine core in this process (``engine_core:
+  in_process``, the CPU default) a weight sync that arrives while a call runs lands between
+  two engine steps, and the running requests go on with the new weights and the KV cache
+  they have (computed with the old ones; the prefix cache is reset once no request runs,
+  so no later request reuses it). With the engine core in a subprocess, which steps on its
+  own, a sync waits for the running call to end.
 * **Weights.** :meth:`load_weights` packs tensors into in-memory safetensors chunks, sends
   them to vLLM's workers with ``collective_rpc`` (methods of
   :class:`rlweave_infer_vllm.worker_ext.RlweaveWorkerExtension`), and commits them with one
@@ -107,6 +114,7 @@ class EngineDeadError(WorkerLost):
 
 class VLLMEngine(RolloutEngine):
     engine_name = "vllm"
+    control_plane = True
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -121,6 +129,7 @@ class VLLMEngine(RolloutEngine):
         self._request_ids = itertools.count()
         self._lora = None  # the LoRARequest every request carries (weight_sync.lora: adapter)
         self._lora_ids = itertools.count(1)
+        self._stale_prefix = False  # weights changed while requests ran: reset the prefix cache when idle
 
     @property
     def where(self) -> str:
@@ -191,6 +200,12 @@ class VLLMEngine(RolloutEngine):
         if self.ctx.lora is not None:  # it will serve the policy's adapter (weight_sync.lora: adapter)
             kw.update(enable_lora=True, max_loras=1, max_lora_rank=lora_rank_limit(self.ctx.lora.r, self.where))
         return kw
+
+    @property
+    def lands_between_steps(self) -> bool:
+        """With the engine core in this process only: a subprocess engine core steps on its
+        own, so a load waits for the running call's end there."""
+        return self.in_process
 
     @property
     def local_worker(self) -> bool:
@@ -305,7 +320,6 @@ class VLLMEngine(RolloutEngine):
         llm = self._require()
         reqs = plan_requests(prompts, params, self.max_model_len, self.cfg.long_prompt, where=self.where)
         stops = stop_token_ids(params, self.eos_ids)
-        version = self.weight_version
         todo = [j for j, r in enumerate(reqs) if r.error is None]
         gens: list[Generation | None] = [None] * len(reqs)
         for j, r in enumerate(reqs):
@@ -313,14 +327,15 @@ class VLLMEngine(RolloutEngine):
                 gens[j] = error_generation(r)
         if todo:
             sps = [self._vllm_params(params, reqs[j].max_new_tokens, reqs[j].seed, stops) for j in todo]
-            with self._calls.call() as stop_flag:
+            with self._calls.call() as stop_flag, self.step_gate.running():
                 try:
-                    outs, aborted = self._run_requests(llm, [reqs[j].prompt_ids for j in todo], sps, stop_flag)
+                    outs, stamps, aborted = self._run_requests(llm, [reqs[j].prompt_ids for j in todo], sps,
+                                                               stop_flag)
                 except Exception as exc:  # noqa: BLE001 - re-raised with role/rank
                     raise self._engine_failed(exc, "generate") from exc
-            for j, out in zip(todo, outs):
+            for j, out, versions in zip(todo, outs, stamps):
                 if out is None:  # stopped before vLLM produced a token for it
-                    gens[j] = finish_generation(reqs[j], [], [], stops, version, aborted=True)
+                    gens[j] = finish_generation(reqs[j], [], [], stops, self.weight_version, aborted=True)
                     continue
                 o = out.outputs[0]
                 lps = sampled_logprobs(o.token_ids, o.logprobs, self.where)
@@ -332,7 +347,7 @@ class VLLMEngine(RolloutEngine):
                     gens[j] = Generation([], [], "error", error=f"{self.where}: request aborted by vLLM",
                                          truncated=reqs[j].truncated)
                 else:
-                    gens[j] = finish_generation(reqs[j], o.token_ids, lps, stops, version,
+                    gens[j] = finish_generation(reqs[j], o.token_ids, lps, stops, versions,
                                                 aborted=aborted and not out.finished)
         return group_generations(reqs, gens, len(prompts))
 
@@ -341,11 +356,14 @@ class VLLMEngine(RolloutEngine):
         returns the number of calls asked (0 when idle: the next call is unaffected)."""
         return self._calls.abort_all()
 
-    def _run_requests(self, llm, prompt_ids: list[list[int]], sps: list[Any], stop_flag) -> tuple[list[Any], bool]:
+    def _run_requests(self, llm, prompt_ids: list[list[int]], sps: list[Any],
+                      stop_flag) -> tuple[list[Any], list[list[int]], bool]:
         """Add one vLLM request per prompt and step the engine until every one finished or
-        ``stop_flag`` is set. Returns ``(outputs, aborted)``: each request's latest cumulative
-        ``RequestOutput`` (None when it produced nothing), and whether the flag stopped the
-        loop (the unfinished requests were then aborted in vLLM). On an exception the
+        ``stop_flag`` is set. Returns ``(outputs, versions, aborted)``: each request's latest
+        cumulative ``RequestOutput`` (None when it produced nothing), the weight version of
+        each of its tokens, and whether the flag stopped the loop (the unfinished requests
+        were then aborted in vLLM). With the engine core in this process, waiting weight
+        updates land between two steps (``step_gate.boundary()``). On an exception the
         requests still running are aborted before it propagates."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -354,8 +372,12 @@ class VLLMEngine(RolloutEngine):
         call = next(self._request_ids)
         ids = [f"rlweave-{call}-{k}" for k in range(len(prompt_ids))]
         latest: dict[str, Any] = {}
+        stamps: dict[str, list[int]] = {rid: [] for rid in ids}
         pending: set[str] = set()
         aborted = False
+        if self._stale_prefix and not engine.has_unfinished_requests():
+            llm.reset_prefix_cache()
+            self._stale_prefix = False
         try:
             inputs = _render_prompts(llm, [TokensPrompt(prompt_token_ids=p) for p in prompt_ids])
             for rid, inp, sp in zip(ids, inputs, sps):
@@ -368,11 +390,16 @@ class VLLMEngine(RolloutEngine):
                     pending.clear()
                     aborted = True
                     break
+                version = self.weight_version  # no update lands during a step
                 for out in engine.step():
                     if out.request_id in pending:
                         latest[out.request_id] = out
+                        got = stamps[out.request_id]
+                        got += [version] * (len(out.outputs[0].token_ids) - len(got))
                         if out.finished:
                             pending.discard(out.request_id)
+                if self.in_process:
+                    self.step_gate.boundary()
         except BaseException:
             if pending:
                 try:
@@ -382,7 +409,7 @@ class VLLMEngine(RolloutEngine):
             raise
         if pending:
             raise RuntimeError(f"vLLM has no unfinished requests but {len(pending)} of this call never finished")
-        return [latest.get(rid) for rid in ids], aborted
+        return [latest.get(rid) for rid in ids], [stamps[rid] for rid in ids], aborted
 
     # --------------------------------------------------------------- weights
     def load_adapter(self, folder: str, sha256: str) -> dict[str, Any]:
@@ -439,28 +466,32 @@ class VLLMEngine(RolloutEngine):
                 llm.collective_rpc("rlweave_stage_weights", args=(save(chunk),))
             chunk, size = {}, 0
 
-        try:
-            for name, tensor in named_tensors:
-                t = tensor.detach().to("cpu").contiguous()
-                if t.data_ptr() in seen:  # tied weights: safetensors wants distinct storage
-                    t = t.clone()
-                seen.add(t.data_ptr())
-                nbytes = t.numel() * t.element_size()
-                if chunk and size + nbytes > limit:
-                    flush()
-                chunk[name] = t
-                size += nbytes
-                count += 1
-                total += nbytes
-            flush()
-            result = llm.collective_rpc("rlweave_commit_weights")
-            llm.reset_prefix_cache()
-        except Exception as exc:  # noqa: BLE001
+        with self.step_gate.update():  # between two engine steps of a running call
             try:
-                llm.collective_rpc("rlweave_discard_weights", timeout=30)
-            except Exception:  # noqa: BLE001 - engine may be dead; report the first error
-                pass
-            raise self._engine_failed(exc, "load_weights") from exc
+                for name, tensor in named_tensors:
+                    t = tensor.detach().to("cpu").contiguous()
+                    if t.data_ptr() in seen:  # tied weights: safetensors wants distinct storage
+                        t = t.clone()
+                    seen.add(t.data_ptr())
+                    nbytes = t.numel() * t.element_size()
+                    if chunk and size + nbytes > limit:
+                        flush()
+                    chunk[name] = t
+                    size += nbytes
+                    count += 1
+                    total += nbytes
+                flush()
+                result = llm.collective_rpc("rlweave_commit_weights")
+                if llm.llm_engine.has_unfinished_requests():  # their KV blocks are in use: reset once idle
+                    self._stale_prefix = True
+                else:
+                    llm.reset_prefix_cache()
+            except Exception as exc:  # noqa: BLE001
+                try:
+                    llm.collective_rpc("rlweave_discard_weights", timeout=30)
+                except Exception:  # noqa: BLE001 - engine may be dead; report the first error
+                    pass
+                raise self._engine_failed(exc, "load_weights") from exc
         return {"tensors": count, "bytes": total, "seconds": time.perf_counter() - t0, "workers": result}
 
     # ----------------------------------------------------------- sleep/wake

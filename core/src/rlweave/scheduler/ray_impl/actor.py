@@ -9,6 +9,12 @@ role, rank, method and the formatted traceback, so the controller can name them.
 :meth:`WorkerActor.apply` runs a module-level function on the worker instead of one of its
 methods: the generic call of :mod:`rlweave.scheduler.group`, through which weight-sync
 transports run their rank-side ends (the actor knows nothing of weight sync).
+
+Control channel: for a worker class with ``control_plane = True`` the actor is made with a
+Ray concurrency group :data:`CONTROL_GROUP` of its own (:func:`remote_actor_class`), and
+:meth:`WorkerActor.control_apply` runs there, on another thread, never queued behind the
+calls of the default group (which still run one at a time). Other actors have no such group
+and stay single-threaded (calls in submission order).
 """
 
 from __future__ import annotations
@@ -110,6 +116,10 @@ class WorkerActor:
         except BaseException as exc:  # noqa: BLE001
             raise self._fail(method, exc) from None
 
+    def control_apply(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """:meth:`apply` on the control channel (see the module docstring)."""
+        return self.apply(name, fn, args, kwargs)
+
     def apply(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """The generic call (see :mod:`rlweave.scheduler.group`): ``fn(worker, rank, *args,
         **kwargs)`` in this process; ``name`` names it in faults and errors."""
@@ -122,14 +132,19 @@ class WorkerActor:
             raise self._fail(name, exc) from None
 
 
-_REMOTE: Any = None
+#: the Ray concurrency group of the control channel, and how many control calls run at once
+CONTROL_GROUP = "control"
+CONTROL_CONCURRENCY = 2
+
+_REMOTE: dict[bool, Any] = {}
 
 
-def remote_actor_class() -> Any:
-    """``ray.remote(WorkerActor)``, built once per process."""
-    global _REMOTE
-    if _REMOTE is None:
+def remote_actor_class(control: bool = False) -> Any:
+    """``ray.remote(WorkerActor)`` (with ``control``: with the :data:`CONTROL_GROUP`
+    concurrency group), built once per process."""
+    if control not in _REMOTE:
         import ray
 
-        _REMOTE = ray.remote(WorkerActor)
-    return _REMOTE
+        _REMOTE[control] = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_CONCURRENCY})(WorkerActor) \
+            if control else ray.remote(WorkerActor)
+    return _REMOTE[control]

@@ -6,6 +6,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from rlweave.scheduler.group import RankArgs, WorkerGroup
+from rlweave.scheduler.ray_impl.actor import CONTROL_GROUP
 from rlweave.scheduler.ray_impl.liveness import LIVENESS, DeadRank
 from rlweave.worker_errors import RemoteFailure, WorkerError, WorkerTimeout
 
@@ -26,6 +27,11 @@ def to_worker_error(exc: BaseException, role: str, rank: int, method: str) -> Wo
     return WorkerError(role, rank, method, f"{type(exc).__name__}: {exc}", "", exc)
 
 
+def _method_call(worker: Any, rank: int, method: str, args: tuple, kwargs: dict) -> Any:  # noqa: ARG001
+    """A worker method as a generic call (a method sent on the control channel)."""
+    return getattr(worker, method)(*args, **kwargs)
+
+
 #: longest single ``ray.wait`` inside :meth:`RayWorkerGroup.wait`; between two, dead ranks are looked up
 WAIT_SLICE_S = 1.0
 
@@ -43,22 +49,29 @@ class RayWorkerGroup(WorkerGroup):
     :data:`~rlweave.scheduler.ray_impl.liveness.LIVENESS` until :meth:`kill`: a wait on any
     group raises :class:`WorkerError` (``lost``) as soon as a rank of any group is found dead."""
 
-    def __init__(self, name: str, actors: list[Any]):
+    def __init__(self, name: str, actors: list[Any], control: bool = False):
         self.name = name
         self.actors = actors
+        #: the actors have a control channel (``WorkerActor.control_apply`` in the ``control`` group)
+        self.control = control
         self.world_size = len(actors)
         self._killed = False
         for rank, actor in enumerate(actors):
             LIVENESS.register(name, rank, actor)
 
     def submit(self, method: str, ranks: Sequence[int], rank_args: Sequence[RankArgs], on_actor: bool = False,
-               fn: Callable[..., Any] | None = None) -> list:
+               fn: Callable[..., Any] | None = None, control: bool = False) -> list:
         if self._killed:
             raise RuntimeError(f"role {self.name!r}: its workers were shut down")
         out = []
         for rank, (args, kwargs) in zip(ranks, rank_args):
             actor = self.actors[rank]
-            if fn is not None:
+            if control and self.control:
+                call, call_args, call_kw = (fn, tuple(args), dict(kwargs)) if fn is not None else \
+                    (_method_call, (method, tuple(args), dict(kwargs)), {})
+                ref = actor.control_apply.options(concurrency_group=CONTROL_GROUP).remote(method, call, call_args,
+                                                                                          call_kw)
+            elif fn is not None:
                 ref = actor.apply.remote(method, fn, tuple(args), dict(kwargs))
             elif on_actor:
                 ref = getattr(actor, method).remote(*args, **kwargs)
