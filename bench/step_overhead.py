@@ -65,7 +65,7 @@ BREAKDOWN = [
     ("Ray round trip (wait - rank call)", "train/round_trip", 1),
     ("weight sync", "sync", 0),
     ("policy rank: gather + bucket + checksum + put", "sync/send_rank", 1),
-    ("rollout rank: dtype query, get + checksum + engine load", "sync/receive_rank", 1),
+    ("rollout rank: get + checksum + engine load (and dtype query)", "sync/receive_rank", 1),
     ("controller + Ray round trips (3 calls)", "sync/round_trip", 1),
     ("offload / residency", "offload", 0),
     ("metrics + rest of step", "rest", 0),
@@ -136,7 +136,8 @@ def _worker_id(worker, rank):  # noqa: ARG001 - run on a rank through the handle
 
 #: (role, Ray task name) -> breakdown key of the rank-side work of those calls
 RANK_TASKS = {("rollout", "call"): "generate/rank", ("policy", "call"): "train/rank",
-              ("policy", "apply"): "sync/send_rank", ("rollout", "apply"): "sync/receive_rank"}
+              ("policy", "apply"): "sync/send_rank", ("rollout", "apply"): "sync/receive_rank",
+              ("rollout", "control_apply"): "sync/receive_rank"}  # the engine's control channel
 
 
 def rank_times(workers: dict[str, str], since: float, steps: int) -> dict[str, float]:

@@ -13,6 +13,7 @@ from rlweave.config.loader import load_config
 ROOT = Path(__file__).resolve().parents[3]
 GRPO = ROOT / "examples/arith/grpo.yaml"
 PPO = ROOT / "examples/arith/ppo.yaml"
+ONLINE_DPO = ROOT / "examples/arith/online_dpo.yaml"
 
 
 def issues(path: Path, overrides: list[str]) -> dict[str, str]:
@@ -29,10 +30,12 @@ def test_grpo_accepts_every_mode_with_partial_rollout(mode):
 
 
 def test_modes_an_algorithm_does_not_implement_are_refused():
-    found = issues(PPO, ["run.mode=async", "rollout.partial.token_budget_per_step=3"])
+    found = issues(ONLINE_DPO, ["run.mode=async", "rollout.partial.token_budget_per_step=3"])
     assert "runs in mode(s) sync, not 'async'" in found["run.mode"]
     assert "does not implement partial rollout" in found["rollout.partial"]
-    assert "colocated with" in found["resources.colocate"]  # ppo.yaml shares the devices
+    # PPO runs every mode, but ppo.yaml shares the devices between the rollout and the trainers
+    found = issues(PPO, ["run.mode=async", "rollout.partial.token_budget_per_step=3"])
+    assert set(found) == {"resources.colocate"} and "colocated with" in found["resources.colocate"]
     found = issues(GRPO, ["run.mode=async", "algorithm.dynamic_sampling=true"])
     assert "runs in mode(s) sync" in found["run.mode"]
     # ReMax generates a greedy baseline with each batch: sync steps only

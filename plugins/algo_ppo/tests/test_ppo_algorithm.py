@@ -220,3 +220,31 @@ def test_ppo_learns_to_raise_a_reward(roles, tmp_path):
     algo.setup()
     rewards = [algo.step(_records(8))["reward/mean"] for _ in range(8)]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
+
+
+def test_ppo_one_step_off_trains_one_version_old_samples_and_drains(roles, tmp_path):
+    """``run.mode: one_step_off``: the next step's prompts are generated before this step
+    trains; from the second step every trained token is one version old, the reward model,
+    reference and critic score the trained batch itself, the queue is in the state, and
+    ``drain()`` leaves nothing in flight."""
+    from rlweave_algo_ppo.algorithm import PPO
+
+    rc = RunConfig.model_validate({"run": {"mode": "one_step_off", "max_staleness": 1, "total_steps": 3},
+                                   "data": {"batch_size": 4}})
+    batches = iter([_records()[2:] + _records(2), _records(), _records()])
+    ctx = _context(roles, tmp_path, rc, 11, next_records=lambda: next(batches, []))
+    algo = PPO({"name": "ppo", "n_samples": 2, "max_new_tokens": 4, "ppo_epochs": 1, "mini_batches": 1,
+                "off_policy": {"correction": "tis", "cap": 2.0}}, ctx)
+    algo.setup()
+    first = algo.step(_records())
+    assert first["staleness/max"] == 0.0 and first["samples"] == 8.0
+    gens = [c for c in roles["rollout"].calls if c[0] == "generate"]
+    assert len(gens) == 2, "the second step's prompts were sent before the first step trained"
+    second = algo.step(_records()[2:] + _records(2))
+    assert second["staleness/mean"] == second["staleness/max"] == 1.0 and second["samples"] == 8.0
+    assert "offpolicy/weight_mean" in second or any(k.startswith("offpolicy/") for k in second)
+    scored = [len(c[1][0]) for c in roles["reward"].calls if c[0] == "scores"]
+    assert scored == [8, 8]
+    assert json.loads(json.dumps(algo.state_dict()))["pipeline"]["groups"] is not None
+    algo.drain()
+    assert not algo.pipeline.queue.in_flight and algo.pipeline.pending_sync is None

@@ -30,11 +30,23 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from rlweave.algo_helpers.rollout import generations_to_batch
 from rlweave.algo_helpers.rollout_queue import GroupState, RolloutQueue
 from rlweave.interfaces.engine import SamplingParams
 
 #: seconds between checks of the engine's requests while the controller waits for the trainer
 POLL_S = 0.005
+
+
+def groups_to_batch(groups: list[GroupState]) -> Any:
+    """A training batch of the pipeline's complete groups (one sample per generation, see
+    :func:`~rlweave.algo_helpers.rollout.generations_to_batch`)."""
+    return generations_to_batch(
+        [g.prompt_ids for g in groups],
+        [[g.generation(k) for k in range(len(g.samples))] for g in groups],
+        [str(g.record.get("id", g.serial)) for g in groups],
+        [g.meta for g in groups],
+    )
 
 
 def pipelined(config: Any) -> bool:
@@ -119,12 +131,16 @@ class RolloutPipeline:
         finished requests and send new ones (so the engine keeps generating while the policy
         works)."""
         if self.overlapped:
-            generate = self.ctx.roles["rollout"].generate
             while not future.done():
-                if self.queue.poll():
-                    self.queue.dispatch(generate, params, steps_done, self.horizon)
+                self.pump(steps_done, params)
                 time.sleep(POLL_S)
         return future.result()
+
+    def pump(self, steps_done: int, params: Callable[[int], SamplingParams]) -> None:
+        """In an overlapping mode: merge the engine's finished requests and send new ones (for
+        a caller that waits on several futures itself; :meth:`wait` for one)."""
+        if self.overlapped and self.queue.poll():
+            self.queue.dispatch(self.ctx.roles["rollout"].generate, params, steps_done, self.horizon)
 
     def sync_weights(self, steps_done: int) -> dict[str, float]:
         """Sync the policy (now version ``steps_done``) into the rollout engine: blocking in

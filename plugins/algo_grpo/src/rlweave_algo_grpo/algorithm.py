@@ -31,7 +31,7 @@ import torch
 from rlweave.algo_helpers import reward_models
 from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.algo_helpers.minibatch import split
-from rlweave.algo_helpers.pipeline import RolloutPipeline, pipelined
+from rlweave.algo_helpers.pipeline import RolloutPipeline, groups_to_batch, pipelined
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
 from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, reward_samples, sampling_params
 from rlweave.algo_helpers.weights import token_weights
@@ -271,7 +271,7 @@ class GRPO(Algorithm):
             self._times["offload"] += self.residency.enter("generate")
             t0 = time.perf_counter()
             groups = self.pipeline.next_groups(records, self.steps_done, self._sampling)
-            batch = self._groups_to_batch(groups)
+            batch = groups_to_batch(groups)
             self._times["generate"] = time.perf_counter() - t0
             pending = self._issue_experience(batch) if len(batch) else None
             scores, breakdown = self._score(batch) if len(batch) else (torch.zeros(0), [])
@@ -303,15 +303,6 @@ class GRPO(Algorithm):
         if groups is not None:
             metrics.update(self.pipeline.metrics(groups, self.steps_done - 1))
         return metrics
-
-    def _groups_to_batch(self, groups: list) -> Batch:
-        """A training batch of the pipeline's complete groups (see :func:`generations_to_batch`)."""
-        return generations_to_batch(
-            [g.prompt_ids for g in groups],
-            [[g.generation(k) for k in range(len(g.samples))] for g in groups],
-            [str(g.record.get("id", g.serial)) for g in groups],
-            [g.meta for g in groups],
-        )
 
     def _wait(self, fut):
         """A role call's result; with the pipeline, the rollout engine is kept busy meanwhile."""

@@ -15,6 +15,14 @@ The old log-probs are always recomputed by the policy, so they are the proximal 
 off-policy correction (``algorithm.off_policy``: truncated importance sampling or decoupled
 PPO against the engine's log-probs, see :mod:`rlweave.algo_parts.offpolicy`).
 
+Run modes (``run.mode: one_step_off | async``) and partial rollout: the samples come from the
+rollout pipeline (:mod:`rlweave.algo_helpers.pipeline`), generated with weights up to
+``run.max_staleness`` versions old; the reward models, the reference, the critic and the old
+log-probs score the batch when it is trained, so they are on-policy with respect to it, and
+only the engine's log-probs are off-policy. While the policy and critic train the engine keeps
+generating; the weights are synced after every step (critic warm-up steps too, so versions
+count steps).
+
 Why this shape: the controller holds the whole batch, so global statistics (advantage
 whitening, reward normalisation) are computed once here before anything is scattered,
 and the losses stay small per-token functions (``loss.py``). Residency of colocated
@@ -32,6 +40,7 @@ import torch
 from rlweave.algo_helpers import reward_models
 from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
 from rlweave.algo_helpers.minibatch import split
+from rlweave.algo_helpers.pipeline import RolloutPipeline, groups_to_batch, pipelined
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
 from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, reward_samples, sampling_params
 from rlweave.algo_helpers.weights import token_weights
@@ -51,9 +60,11 @@ from rlweave_algo_ppo.normalize import RunningMoments, explained_variance, norma
 from rlweave_algo_ppo.sequences import conform, supervised_batch
 
 
-def wait_all(futures: dict[str, Any], t0: float, poll_s: float = 0.005) -> tuple[dict[str, Any], dict[str, float]]:
+def wait_all(futures: dict[str, Any], t0: float, poll_s: float = 0.005,
+             tick: Any = None) -> tuple[dict[str, Any], dict[str, float]]:
     """Results of named futures issued at ``t0`` and, per name, the seconds until it was
-    done (measured by polling, so overlapped calls get their own times)."""
+    done (measured by polling, so overlapped calls get their own times). ``tick()``, when
+    given, runs at every poll (the rollout pipeline's pump)."""
     results: dict[str, Any] = {}
     times: dict[str, float] = {}
     pending = dict(futures)
@@ -63,6 +74,8 @@ def wait_all(futures: dict[str, Any], t0: float, poll_s: float = 0.005) -> tuple
             times[k] = time.perf_counter() - t0
             results[k] = pending.pop(k).result()  # raises WorkerError naming role and rank
         if pending and not finished:
+            if tick is not None:
+                tick()
             time.sleep(poll_s)
     return results, times
 
@@ -104,23 +117,47 @@ class PPO(Algorithm):
         self._ptx_iter = None
         self._ptx_state: dict[str, Any] | None = None
         self._eval_fn = None
+        #: partial rollout and the overlapping run modes (None: plain sync steps)
+        self.pipeline = RolloutPipeline(ctx, c.n_samples, c.max_new_tokens, self._encode) \
+            if pipelined(ctx.config) else None
 
     # ------------------------------------------------------------------ helpers
     @property
     def _eos(self) -> int | None:
         return getattr(self.ctx.tokenizer, "eos_token_id", None)
 
-    def _sampling(self) -> SamplingParams:
-        return sampling_params(self.config, self.ctx.tokenizer, int(self.ctx.seed) * 1_000_003 + self.steps_done * 101)
+    def _sampling(self, salt: int = 0) -> SamplingParams:
+        return sampling_params(self.config, self.ctx.tokenizer,
+                               int(self.ctx.seed) * 1_000_003 + self.steps_done * 101 + salt)
 
-    def _sync(self) -> dict[str, float]:
+    def _encode(self, records: list[dict[str, Any]]) -> tuple[list[list[int]], list[dict[str, Any]]]:
+        """Prompt token ids of ``records`` and the meta each sample carries to the rewards."""
+        texts = [record_prompt(r, self.ctx.tokenizer) for r in records]
+        return encode_prompts(self.ctx.tokenizer, texts), [{"prompt": t, **reward_fields(r)} for t, r in
+                                                           zip(texts, records)]
+
+    def _sync(self, version: int) -> dict[str, float]:
+        """Policy -> rollout; ``version``: the policy's version (steps done) after this sync."""
         self.phases.enter("sync")
+        if self.pipeline is not None:
+            info = self.pipeline.sync_weights(version)
+            return {"sync_bytes": info["sync_bytes"], "time/sync": info["sync_seconds"]}
         info = self.ctx.weight_sync.sync("policy", "rollout")
         return {"sync_bytes": float(info.get("bytes", 0)), "time/sync": float(info.get("seconds", 0.0))}
 
+    def _tick(self) -> None:
+        """While the controller waits on the trainers: keep the engine fed (overlapping modes)."""
+        if self.pipeline is not None:
+            self.pipeline.pump(self.steps_done, self._sampling)
+
+    def drain(self, abort: bool = False) -> None:
+        """The pipeline's requests in flight and pending weight sync (see ``Algorithm.drain``)."""
+        if self.pipeline is not None:
+            self.pipeline.drain(abort=abort)
+
     def setup(self) -> None:
         """First weight sync (the policy may come from a checkpoint); ptx data if asked."""
-        self._sync()
+        self._sync(self.steps_done)
         self.phases.enter("rest")
         if self.config.ptx_coef > 0:
             from rlweave.data.records import JsonlDataset
@@ -132,12 +169,15 @@ class PPO(Algorithm):
                 self._ptx_iter.load_state_dict(self._ptx_state)
 
     # --------------------------------------------------------------- experience
-    def _generate(self, records: list[dict[str, Any]]) -> Batch:
-        tok = self.ctx.tokenizer
-        texts = [record_prompt(r, tok) for r in records]
-        prompt_ids = encode_prompts(tok, texts)
+    def _generate(self, records: list[dict[str, Any]], metrics: dict[str, float]) -> Batch:
+        """One sample group per record: generated now (sync steps), or the pipeline's oldest
+        complete groups (which also adds its ``staleness/*``, ``queue/*`` metrics)."""
+        if self.pipeline is not None:
+            groups = self.pipeline.next_groups(records, self.steps_done, self._sampling)
+            metrics.update(self.pipeline.metrics(groups, self.steps_done))
+            return groups_to_batch(groups)
+        prompt_ids, meta = self._encode(records)
         gens = self.ctx.roles["rollout"].generate(prompt_ids, self._sampling()).result()
-        meta = [{"prompt": t, **reward_fields(r)} for t, r in zip(texts, records)]
         return generations_to_batch(prompt_ids, gens, [str(r.get("id", i)) for i, r in enumerate(records)], meta)
 
     def _rule_rewards(self, batch: Batch) -> tuple[torch.Tensor | None, list[dict]]:
@@ -162,7 +202,7 @@ class PPO(Algorithm):
         t_rule = time.perf_counter()
         rule, breakdown = self._rule_rewards(batch)  # runs in reward worker processes meanwhile
         rule_s = time.perf_counter() - t_rule
-        res, times = wait_all(futs, t0)
+        res, times = wait_all(futs, t0, tick=self._tick)
         if rule is not None:
             metrics["time/rule_reward"] = rule_s
         for k, v in times.items():
@@ -203,7 +243,7 @@ class PPO(Algorithm):
         metrics: dict[str, float] = {}
         self.phases.enter("generate")
         t0 = time.perf_counter()
-        batch = self._generate(records)
+        batch = self._generate(records, metrics)
         metrics["time/generate"] = time.perf_counter() - t0
         t_off = self.phases.enter("experience")
         raw_score = self._experience(batch, metrics)
@@ -212,8 +252,8 @@ class PPO(Algorithm):
         train_policy = self.steps_done >= c.critic_warmup_steps
         p_metrics, v_metrics, t_train_off = self._update(batch, train_policy, metrics)
         t_off += t_train_off
-        if train_policy:
-            metrics.update(self._sync())
+        if train_policy or self.pipeline is not None:  # the pipeline's versions count steps
+            metrics.update(self._sync(self.steps_done + 1))
         self.kl_ctl.update(float(adv_info["seq_kl"].mean()), len(batch))
         t_off += self.phases.enter("rest")
         metrics["time/offload"] = t_off
@@ -285,16 +325,16 @@ class PPO(Algorithm):
         if self.phases.moving("policy", "critic"):
             if p_batches:
                 t_off += self.phases.only("policy", "train")
-                p_metrics = [f.result() for f in [roles["policy"].train(b, policy_loss) for b in p_batches]]
+                p_metrics = [self._wait(f) for f in [roles["policy"].train(b, policy_loss) for b in p_batches]]
             metrics["time/train"] = time.perf_counter() - t0
             t1 = time.perf_counter()
             t_off += self.phases.only("critic", "train")
-            v_metrics = [f.result() for f in [roles["critic"].train(b, value_loss) for b in v_batches]]
+            v_metrics = [self._wait(f) for f in [roles["critic"].train(b, value_loss) for b in v_batches]]
             metrics["time/critic_train"] = time.perf_counter() - t1
             return p_metrics, v_metrics, t_off
         futs = {f"p{i}": roles["policy"].train(b, policy_loss) for i, b in enumerate(p_batches)}
         futs.update({f"v{i}": roles["critic"].train(b, value_loss) for i, b in enumerate(v_batches)})
-        res, times = wait_all(futs, t0)
+        res, times = wait_all(futs, t0, tick=self._tick)
         metrics["time/train"] = max([times[f"p{i}"] for i in range(len(p_batches))], default=0.0)
         metrics["time/critic_train"] = max([times[f"v{i}"] for i in range(len(v_batches))], default=0.0)
         return [res[f"p{i}"] for i in range(len(p_batches))], [res[f"v{i}"] for i in range(len(v_batches))], t_off
@@ -367,12 +407,19 @@ class PPO(Algorithm):
         return out
 
     # ---------------------------------------------------------------- state
+    def _wait(self, fut: Any) -> Any:
+        """A role call's result; with the pipeline, the rollout engine is kept busy meanwhile."""
+        if self.pipeline is None:
+            return fut.result()
+        return self.pipeline.wait(fut, self.steps_done, self._sampling)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "steps_done": self.steps_done,
             "kl_ctl": self.kl_ctl.state_dict(),
             "reward_moments": self.reward_moments.state_dict(),
             "ptx": self._ptx_iter.state_dict() if self._ptx_iter is not None else None,
+            **({"pipeline": self.pipeline.state_dict()} if self.pipeline is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -382,5 +429,7 @@ class PPO(Algorithm):
         if "reward_moments" in state:
             self.reward_moments.load_state_dict(state["reward_moments"])
         self._ptx_state = state.get("ptx")
+        if self.pipeline is not None and state.get("pipeline") is not None:
+            self.pipeline.load_state_dict(state["pipeline"])
         if self._ptx_iter is not None and self._ptx_state:
             self._ptx_iter.load_state_dict(self._ptx_state)

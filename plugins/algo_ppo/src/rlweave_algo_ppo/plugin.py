@@ -13,5 +13,7 @@ def rlweave_algorithms():
             target="rlweave_algo_ppo.algorithm:PPO",
             config_model=PPOConfig,
             roles=ppo_roles,
+            run_modes=("sync", "one_step_off", "async"),
+            partial_rollout=True,
         )
     ]

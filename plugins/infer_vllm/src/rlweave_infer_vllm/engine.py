@@ -15,9 +15,11 @@ residency address each replica once (one destination rank per replica).
 
 Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
 
-* **Requests.** Every sample is its own vLLM request (``n=1``) with its own seed
-  (:func:`rlweave.engine_helpers.requests.sample_seed`): a seeded sample's tokens do not depend on
-  the rest of the batch. Prefix caching shares the prompt's KV between the ``n`` samples.
+* **Requests.** The ``n`` samples of a prompt are one vLLM request with parallel sampling
+  (:func:`parallel_groups`): vLLM renders and admits the prompt once and seeds child ``k`` with
+  ``seed + k``, exactly the seed :func:`rlweave.engine_helpers.requests.sample_seed` gives it, so
+  a seeded sample's tokens do not depend on the rest of the batch. Prefix caching shares the
+  prompt's KV between them.
 * **Log-probs.** ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob only.
   ``logprobs_mode: processed`` (vLLM ``processed_logprobs``, default) is the log-prob under
   the distribution sampled from: ``log_softmax(logits / T)`` restricted to the top-k/top-p
@@ -298,11 +300,11 @@ class VLLMEngine(RolloutEngine):
         return not exited(self._procs)
 
     # -------------------------------------------------------------- generate
-    def _vllm_params(self, params: SamplingParams, budget: int, seed: int | None, stops: list[int]):
+    def _vllm_params(self, params: SamplingParams, budget: int, seed: int | None, stops: list[int], n: int = 1):
         from vllm import SamplingParams as VSP
 
         return VSP(
-            n=1,
+            n=n,
             temperature=float(params.temperature),
             top_p=float(params.top_p),
             top_k=int(params.top_k) if params.top_k > 0 else 0,
@@ -326,30 +328,32 @@ class VLLMEngine(RolloutEngine):
             if r.error is not None:
                 gens[j] = error_generation(r)
         if todo:
-            sps = [self._vllm_params(params, reqs[j].max_new_tokens, reqs[j].seed, stops) for j in todo]
+            groups = parallel_groups(reqs, todo)
+            sps = [self._vllm_params(params, reqs[g[0]].max_new_tokens, reqs[g[0]].seed, stops, n=len(g))
+                   for g in groups]
             with self._calls.call() as stop_flag, self.step_gate.running():
                 try:
-                    outs, stamps, aborted = self._run_requests(llm, [reqs[j].prompt_ids for j in todo], sps,
+                    outs, stamps, aborted = self._run_requests(llm, [reqs[g[0]].prompt_ids for g in groups], sps,
                                                                stop_flag)
                 except Exception as exc:  # noqa: BLE001 - re-raised with role/rank
                     raise self._engine_failed(exc, "generate") from exc
-            for j, out, versions in zip(todo, outs, stamps):
-                if out is None:  # stopped before vLLM produced a token for it
-                    gens[j] = finish_generation(reqs[j], [], [], stops, self.weight_version, aborted=True)
-                    continue
-                o = out.outputs[0]
-                lps = sampled_logprobs(o.token_ids, o.logprobs, self.where)
-                if len(lps) != len(o.token_ids):
-                    raise RuntimeError(
-                        f"{self.where}: vLLM returned {len(lps)} log-probs for {len(o.token_ids)} tokens"
-                    )
-                if out.finished and o.finish_reason == "abort":  # vLLM dropped it, not our abort
-                    gens[j] = Generation([], [], "error", error=f"{self.where}: request aborted by vLLM",
-                                         truncated=reqs[j].truncated)
-                else:
-                    gens[j] = finish_generation(reqs[j], o.token_ids, lps, stops, versions,
-                                                aborted=aborted and not out.finished)
+            for g, children, versions in zip(groups, outs, stamps):
+                for j, o, stamp in zip(g, children, versions):
+                    gens[j] = self._generation(reqs[j], o, stamp, stops, aborted)
         return group_generations(reqs, gens, len(prompts))
+
+    def _generation(self, req, o: Any, versions: list[int], stops: list[int], aborted: bool) -> Generation:
+        """One sample's :class:`Generation` from its latest cumulative ``CompletionOutput``
+        (None: stopped before vLLM produced a token for it)."""
+        if o is None:
+            return finish_generation(req, [], [], stops, self.weight_version, aborted=True)
+        lps = sampled_logprobs(o.token_ids, o.logprobs, self.where)
+        if len(lps) != len(o.token_ids):
+            raise RuntimeError(f"{self.where}: vLLM returned {len(lps)} log-probs for {len(o.token_ids)} tokens")
+        finished = o.finish_reason is not None
+        if o.finish_reason == "abort":  # vLLM dropped it, not our abort
+            return Generation([], [], "error", error=f"{self.where}: request aborted by vLLM", truncated=req.truncated)
+        return finish_generation(req, o.token_ids, lps, stops, versions, aborted=aborted and not finished)
 
     def abort(self) -> int:
         """Stop the ``generate`` call in progress before its next engine step (thread-safe);
@@ -357,12 +361,13 @@ class VLLMEngine(RolloutEngine):
         return self._calls.abort_all()
 
     def _run_requests(self, llm, prompt_ids: list[list[int]], sps: list[Any],
-                      stop_flag) -> tuple[list[Any], list[list[int]], bool]:
-        """Add one vLLM request per prompt and step the engine until every one finished or
-        ``stop_flag`` is set. Returns ``(outputs, versions, aborted)``: each request's latest
-        cumulative ``RequestOutput`` (None when it produced nothing), the weight version of
-        each of its tokens, and whether the flag stopped the loop (the unfinished requests
-        were then aborted in vLLM). With the engine core in this process, waiting weight
+                      stop_flag) -> tuple[list[list[Any]], list[list[list[int]]], bool]:
+        """Add one vLLM request per prompt (``sps[i].n`` samples of it: vLLM's parallel
+        sampling, child ``k`` seeded ``seed + k``) and step the engine until every one finished
+        or ``stop_flag`` is set. Returns ``(outputs, versions, aborted)``: per request and
+        sample, the latest cumulative ``CompletionOutput`` (None when it produced nothing) and
+        the weight version of each of its tokens, and whether the flag stopped the loop (the
+        unfinished requests were then aborted in vLLM). With the engine core in this process, waiting weight
         updates land between two steps (``step_gate.boundary()``). On an exception the
         requests still running are aborted before it propagates."""
         from vllm.inputs import TokensPrompt
@@ -371,8 +376,8 @@ class VLLMEngine(RolloutEngine):
         engine = llm.llm_engine
         call = next(self._request_ids)
         ids = [f"rlweave-{call}-{k}" for k in range(len(prompt_ids))]
-        latest: dict[str, Any] = {}
-        stamps: dict[str, list[int]] = {rid: [] for rid in ids}
+        latest: dict[tuple[str, int], Any] = {}
+        stamps: dict[tuple[str, int], list[int]] = {(rid, k): [] for rid, sp in zip(ids, sps) for k in range(sp.n)}
         pending: set[str] = set()
         aborted = False
         if self._stale_prefix and not engine.has_unfinished_requests():
@@ -393,9 +398,11 @@ class VLLMEngine(RolloutEngine):
                 version = self.weight_version  # no update lands during a step
                 for out in engine.step():
                     if out.request_id in pending:
-                        latest[out.request_id] = out
-                        got = stamps[out.request_id]
-                        got += [version] * (len(out.outputs[0].token_ids) - len(got))
+                        for o in out.outputs:  # one sample of the request (all of them once finished)
+                            key = (out.request_id, o.index)
+                            latest[key] = o
+                            got = stamps[key]
+                            got += [version] * (len(o.token_ids) - len(got))
                         if out.finished:
                             pending.discard(out.request_id)
                 if self.in_process:
@@ -409,7 +416,8 @@ class VLLMEngine(RolloutEngine):
             raise
         if pending:
             raise RuntimeError(f"vLLM has no unfinished requests but {len(pending)} of this call never finished")
-        return [latest.get(rid) for rid in ids], [stamps[rid] for rid in ids], aborted
+        return ([[latest.get((rid, k)) for k in range(sp.n)] for rid, sp in zip(ids, sps)],
+                [[stamps[(rid, k)] for k in range(sp.n)] for rid, sp in zip(ids, sps)], aborted)
 
     # --------------------------------------------------------------- weights
     def load_adapter(self, folder: str, sha256: str) -> dict[str, Any]:
@@ -561,6 +569,28 @@ class VLLMEngine(RolloutEngine):
 
 #: adapter ranks vLLM can be started for (``max_lora_rank``)
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def parallel_groups(reqs: list, todo: list[int]) -> list[list[int]]:
+    """``todo`` (indices into ``reqs``, prompt-major) cut into runs that vLLM can serve as one
+    request with parallel sampling: consecutive samples of one prompt, with the same prompt and
+    limit, whose seeds are consecutive (vLLM seeds child ``k`` with ``seed + k``), or all
+    unseeded. Each sample keeps exactly the seed it would have as a request of its own."""
+    groups: list[list[int]] = []
+    for j in todo:
+        r = reqs[j]
+        if groups:
+            g = groups[-1]
+            first = reqs[g[0]]
+            same = (r.prompt_index == first.prompt_index and r.prompt_ids == first.prompt_ids
+                    and r.max_new_tokens == first.max_new_tokens and r.budget_limited == first.budget_limited)
+            seeded = r.seed == first.seed + len(g) if first.seed is not None and r.seed is not None \
+                else first.seed is None and r.seed is None
+            if same and seeded:
+                g.append(j)
+                continue
+        groups.append([j])
+    return groups
 
 
 def lora_rank_limit(r: int, where: str) -> int:
