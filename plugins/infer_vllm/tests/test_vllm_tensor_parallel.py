@@ -48,7 +48,7 @@ def _sync_lands_inside_a_running_call(rollout, weights: dict) -> None:
     from rlweave.interfaces.engine import SamplingParams
 
     sent = put_buckets(iter(weights.items()), 1 << 20, keep=True)
-    prompts = [[(5 * i) % 97 + 2, (3 * i) % 89 + 2] for i in range(64)]
+    prompts = [[(5 * i) % 97 + 2, (3 * i) % 89 + 2] for i in range(16)]
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=40, ignore_eos=True)
     for version in (7, 8, 9):  # should the call end before the sync reaches it (a fast machine), again
         call = rollout.generate(prompts, params)

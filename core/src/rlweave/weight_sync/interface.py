@@ -37,7 +37,7 @@ Control channel: the destination's rank-side ends (dtype query, receiving end) g
 the role's control channel (``submit_ranks(..., control=True)``): on an engine with a control
 plane they never wait behind queued ``generate`` calls, and the load lands between two
 decoding steps of a running one. The destination's ``weight_dtype()`` is asked once per
-transport and destination (:meth:`WeightTransport.destination_dtype`).
+transport and destination (:func:`rlweave.weight_sync.dtype.dtype_for`).
 
 Timeout: a whole ``sync`` finishes within ``timeout_s`` or raises
 :class:`WeightSyncTimeout` naming the role and ranks that did not answer. It never hangs.
