@@ -42,10 +42,9 @@ def _sync_lands_inside_a_running_call(rollout, weights: dict) -> None:
     the old version and the new one."""
     import time
 
+    from rlweave.interfaces.engine import SamplingParams
     from rlweave.testing.workers import engine_busy
     from rlweave.weight_sync.object_store import put_buckets, receive_end
-
-    from rlweave.interfaces.engine import SamplingParams
 
     sent = put_buckets(iter(weights.items()), 1 << 20, keep=True)
     prompts = [[(5 * i) % 97 + 2, (3 * i) % 89 + 2] for i in range(16)]
