@@ -300,13 +300,14 @@ class HFEngine(RolloutEngine):
 
 def _after_step(flag: Any, hook: Any):
     """A transformers ``StoppingCriteria`` called after each decoding step: runs ``hook()``,
-    then ends every row once ``flag`` (a ``threading.Event``) is set."""
+    then ends every row once ``flag`` (a ``threading.Event``, or None: never) is set."""
     import torch
     from transformers import StoppingCriteria
 
     class AfterStep(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
             hook()
-            return torch.full((input_ids.shape[0],), flag.is_set(), dtype=torch.bool, device=input_ids.device)
+            stop = flag is not None and flag.is_set()
+            return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
 
     return AfterStep()
