@@ -33,6 +33,14 @@ def record_prompt(record: dict[str, Any], tokenizer: Any = None) -> str:
     raise ValueError(f"record {record.get('id', '?')}: no 'prompt', 'query' or 'messages' field")
 
 
+def encode_records(tokenizer: Any, records: Sequence[dict[str, Any]]) -> tuple[list[list[int]], list[dict[str, Any]]]:
+    """Prompt token ids of ``records`` (:func:`record_prompt`, then
+    :func:`~rlweave.algo_helpers.rollout.encode_prompts`) and the meta each sample carries to
+    the rewards: the prompt text and the record's reward fields."""
+    texts = [record_prompt(r, tokenizer) for r in records]
+    return encode_prompts(tokenizer, texts), [{"prompt": t, **reward_fields(r)} for t, r in zip(texts, records)]
+
+
 def _result(x: Any) -> Any:
     return x.result() if hasattr(x, "result") else x
 

@@ -22,6 +22,7 @@ workers and the models' forward passes run at the same time.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import time
 from typing import Any
@@ -29,11 +30,11 @@ from typing import Any
 import torch
 
 from rlweave.algo_helpers import reward_models
-from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
+from rlweave.algo_helpers.evaluate import encode_records, exact_match
 from rlweave.algo_helpers.minibatch import split
 from rlweave.algo_helpers.pipeline import RolloutPipeline, groups_to_batch, pipelined
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
-from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, reward_samples, sampling_params
+from rlweave.algo_helpers.rollout import generations_to_batch, reward_samples, sampling_params
 from rlweave.algo_helpers.weights import token_weights
 from rlweave.algo_parts.kl import kl_value
 from rlweave.algo_parts.objective import PolicyObjective
@@ -93,7 +94,8 @@ class GRPO(Algorithm):
                                            + tuple(e.role for e in c.reward_models), PHASES)
         self._times: dict[str, float] = {}
         #: partial rollout and the overlapping run modes (None: plain sync steps)
-        self.pipeline = RolloutPipeline(ctx, self.config.n_samples, self.config.max_new_tokens, self._encode) \
+        self.pipeline = RolloutPipeline(ctx, self.config.n_samples, self.config.max_new_tokens,
+                                        functools.partial(encode_records, ctx.tokenizer)) \
             if pipelined(ctx.config) else None
 
     # ------------------------------------------------------------------ helpers
@@ -121,9 +123,7 @@ class GRPO(Algorithm):
         per-sample reward breakdowns and, with ``experience``, the reference and old log-prob
         calls (:meth:`_issue_experience`), issued before the rewards are scored so that they run
         while the reward workers score."""
-        tok = self.ctx.tokenizer
-        texts = [record_prompt(r, tok) for r in records]
-        prompt_ids = encode_prompts(tok, texts)
+        prompt_ids, meta = encode_records(self.ctx.tokenizer, records)
         self._times["offload"] += self.residency.enter("generate")
         t0 = time.perf_counter()
         fut = self.ctx.roles["rollout"].generate(prompt_ids, self._sampling(salt))
@@ -131,7 +131,6 @@ class GRPO(Algorithm):
         self._add_call_times("generate", fut)
         t1 = time.perf_counter()
         ids = [str(r.get("id", i)) for i, r in enumerate(records)]
-        meta = [{"prompt": t, **reward_fields(r)} for t, r in zip(texts, records)]
         greedy = None
         if self._needs_baseline:  # ReMax: one greedy response per prompt, generated while the engine is resident
             sampling = dataclasses.replace(self._sampling(salt), n=1, temperature=0.0)
@@ -158,12 +157,6 @@ class GRPO(Algorithm):
         self._times["baseline"] += time.perf_counter() - t0
         self._baseline_mean.append(float(scores.mean()) if len(scores) else 0.0)
         return scores
-
-    def _encode(self, records: list[dict[str, Any]]) -> tuple[list[list[int]], list[dict[str, Any]]]:
-        """Prompt token ids of ``records`` and the meta each sample carries to the rewards."""
-        texts = [record_prompt(r, self.ctx.tokenizer) for r in records]
-        return encode_prompts(self.ctx.tokenizer, texts), [{"prompt": t, **reward_fields(r)} for t, r in
-                                                           zip(texts, records)]
 
     @property
     def _rules(self):
@@ -408,7 +401,8 @@ class GRPO(Algorithm):
             "adv/max": float(adv.max()) if len(adv) else 0.0,
             "response_len/mean": float(rlen.mean()),
             "response_len/max": float(rlen.max()),
-            **{f"response_len/p{q}": float(torch.quantile(rlen, q / 100)) for q in (50, 90, 99)},
+            **dict(zip(("response_len/p50", "response_len/p90", "response_len/p99"),
+                       torch.quantile(rlen, torch.tensor([0.5, 0.9, 0.99])).tolist())),
             "response/truncated_frac": truncated_frac(batch.meta),
             "samples": float(len(batch)),
             **{f"time/{k}": v for k, v in self._times.items()},

@@ -31,6 +31,7 @@ roles is handled by :class:`~rlweave.residency.Residency` (phases in :data:`PHAS
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from typing import Any
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 
 from rlweave.algo_helpers import reward_models
-from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
+from rlweave.algo_helpers.evaluate import encode_records, exact_match
 from rlweave.algo_helpers.minibatch import split
 from rlweave.algo_helpers.pipeline import RolloutPipeline, groups_to_batch, pipelined
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
@@ -118,7 +119,8 @@ class PPO(Algorithm):
         self._ptx_state: dict[str, Any] | None = None
         self._eval_fn = None
         #: partial rollout and the overlapping run modes (None: plain sync steps)
-        self.pipeline = RolloutPipeline(ctx, c.n_samples, c.max_new_tokens, self._encode) \
+        self.pipeline = RolloutPipeline(ctx, c.n_samples, c.max_new_tokens,
+                                        functools.partial(encode_records, ctx.tokenizer)) \
             if pipelined(ctx.config) else None
 
     # ------------------------------------------------------------------ helpers
@@ -129,12 +131,6 @@ class PPO(Algorithm):
     def _sampling(self, salt: int = 0) -> SamplingParams:
         return sampling_params(self.config, self.ctx.tokenizer,
                                int(self.ctx.seed) * 1_000_003 + self.steps_done * 101 + salt)
-
-    def _encode(self, records: list[dict[str, Any]]) -> tuple[list[list[int]], list[dict[str, Any]]]:
-        """Prompt token ids of ``records`` and the meta each sample carries to the rewards."""
-        texts = [record_prompt(r, self.ctx.tokenizer) for r in records]
-        return encode_prompts(self.ctx.tokenizer, texts), [{"prompt": t, **reward_fields(r)} for t, r in
-                                                           zip(texts, records)]
 
     def _sync(self, version: int) -> dict[str, float]:
         """Policy -> rollout; ``version``: the policy's version (steps done) after this sync."""
@@ -176,7 +172,7 @@ class PPO(Algorithm):
             groups = self.pipeline.next_groups(records, self.steps_done, self._sampling)
             metrics.update(self.pipeline.metrics(groups, self.steps_done))
             return groups_to_batch(groups)
-        prompt_ids, meta = self._encode(records)
+        prompt_ids, meta = encode_records(self.ctx.tokenizer, records)
         gens = self.ctx.roles["rollout"].generate(prompt_ids, self._sampling()).result()
         return generations_to_batch(prompt_ids, gens, [str(r.get("id", i)) for i, r in enumerate(records)], meta)
 

@@ -405,7 +405,7 @@ class VLLMEngine(RolloutEngine):
                             got += [version] * (len(o.token_ids) - len(got))
                         if out.finished:
                             pending.discard(out.request_id)
-                if self.in_process:
+                if self.lands_between_steps:
                     self.step_gate.boundary()
         except BaseException:
             if pending:
