@@ -12,11 +12,15 @@ Configurations (``--backends``), each in fresh processes (``rlweave.testing.rank
 * ``fsdp``: ``FSDPWorker`` on one rank, packed micro-batches (the backend's default).
 * ``fsdp-padded`` (optional): the same, right-padded rows (``use_packing: false``): the FSDP
   backend with megatron's layout, to tell the layout's cost from the framework's.
-* ``megatron``: ``MegatronWorker`` on one rank, tp=1. Its micro-batches are right-padded rows
-  and its budget counts padded tokens (rows x longest row); it gets the same budget.
+* ``megatron``: ``MegatronWorker`` on one rank, tp=1, packed micro-batches (the backend's default).
+* ``megatron-padded`` (optional): the same, right-padded rows (``use_packing: false``), whose budget
+  counts padded tokens (rows x longest row); it gets the same budget.
 * ``megatron-tp2``: two ranks, tensor-parallel 2 (gloo on CPU). On a 2-core machine both ranks
   share the cores that one rank uses alone (one thread each instead of two), so this compares a
   tensor-parallel split with one rank on the same cores, not two machines' worth of compute.
+* ``megatron-pp2``, ``megatron-pp2-seq`` (optional): two ranks, pipeline-parallel 2, with the
+  ``1f1b`` and the ``sequential`` pipeline schedule. The ``wait`` column is the share of a step
+  each stage spends waiting for its neighbour (mean over the stages): the bubble, measured.
 * ``deepspeed-z2``, ``deepspeed-z3`` (optional): ``DeepSpeedWorker`` on one rank, ZeRO-2 / ZeRO-3,
   packed micro-batches like ``fsdp``; ``deepspeed-z2-offload`` adds the optimizer offload to host
   memory, ``deepspeed-z3-offload`` the optimizer and parameter offload. On one rank nothing is
@@ -24,8 +28,7 @@ Configurations (``--backends``), each in fresh processes (``rlweave.testing.rank
 
 Precision: ``fp32`` everywhere on CPU. ``bf16`` (meant for GPUs) is FSDP's and DeepSpeed's mixed
 precision (fp32 master weights and optimizer, bf16 compute) and megatron's ``model.dtype: bfloat16`` (bf16
-parameters and AdamW state: the backend keeps no fp32 master copy), so the two do not keep the
-same numbers at bf16.
+parameters and compute, fp32 master weights and AdamW state: ``master_weights``).
 
     python bench/backend_throughput.py                           # CPU yardstick, fsdp, megatron, megatron-tp2
     python bench/backend_throughput.py --steps 3 --tokens-per-step 4096   # quick check
@@ -63,17 +66,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/: fsdp_t
 
 from fsdp_throughput import PRESETS, ceiling, make_batch, matmul_params, nll, step_flops  # noqa: E402
 
-#: name -> (backend, ranks, tensor-parallel size)
+#: name -> (backend, ranks, parallel sizes)
 CONFIGS = {
-    "fsdp": ("fsdp", 1, 1),
-    "fsdp-padded": ("fsdp", 1, 1),
-    "megatron": ("megatron", 1, 1),
-    "megatron-tp2": ("megatron", 2, 2),
-    "deepspeed-z2": ("deepspeed", 1, 1),
-    "deepspeed-z3": ("deepspeed", 1, 1),
-    "deepspeed-z2-offload": ("deepspeed", 1, 1),
-    "deepspeed-z3-offload": ("deepspeed", 1, 1),
+    "fsdp": ("fsdp", 1, {}),
+    "fsdp-padded": ("fsdp", 1, {}),
+    "megatron": ("megatron", 1, {}),
+    "megatron-padded": ("megatron", 1, {}),
+    "megatron-tp2": ("megatron", 2, {"tp": 2}),
+    "megatron-pp2": ("megatron", 2, {"pp": 2}),
+    "megatron-pp2-seq": ("megatron", 2, {"pp": 2}),
+    "deepspeed-z2": ("deepspeed", 1, {}),
+    "deepspeed-z3": ("deepspeed", 1, {}),
+    "deepspeed-z2-offload": ("deepspeed", 1, {}),
+    "deepspeed-z3-offload": ("deepspeed", 1, {}),
 }
+#: options of the megatron configurations beyond the micro-batch budget
+MEGATRON = {"megatron-pp2-seq": {"pipeline_schedule": "sequential"}, "megatron-padded": {"use_packing": False}}
 #: options of the deepspeed configurations (ZeRO stage; offload of the optimizer, and at stage 3 the parameters)
 DEEPSPEED = {
     "deepspeed-z2": {"zero_stage": 2},
@@ -86,7 +94,7 @@ OPTIM = {"lr": 1e-4}
 
 def _build(ctx_kw: dict, name: str, model_dir: str, opts: dict):
     """The worker of configuration ``name`` on this rank."""
-    backend, _, tp = CONFIGS[name]
+    backend, _, parallel = CONFIGS[name]
     budget, bf16 = opts["micro_tokens"], opts["precision"] == "bf16"
     from rlweave.testing.scenarios import train_worker
 
@@ -97,12 +105,13 @@ def _build(ctx_kw: dict, name: str, model_dir: str, opts: dict):
         return train_worker("deepspeed", ctx_kw, {"path": model_dir}, OPTIM, mixed_precision="bf16" if bf16 else "none",
                             max_tokens_per_micro_batch=budget, **DEEPSPEED[name])
     return train_worker("megatron", ctx_kw, {"path": model_dir, "dtype": "bfloat16" if bf16 else "float32"}, OPTIM,
-                        {"tp": tp}, max_tokens_per_micro_batch=budget)
+                        parallel, max_tokens_per_micro_batch=budget, **MEGATRON.get(name, {}))
 
 
 def _grid_tokens(w, name: str, lens: list[int], budget: int) -> int:
     """Tokens of the rows the forward passes of one step run over (real + padding)."""
-    if name == "fsdp" or CONFIGS[name][0] == "deepspeed":  # packed rows
+    if name == "fsdp" or CONFIGS[name][0] == "deepspeed" or (CONFIGS[name][0] == "megatron"
+                                                              and w.cfg.use_packing):  # packed rows
         return sum(lens)
     if CONFIGS[name][0] == "fsdp":
         from rlweave_backend_fsdp import micro
@@ -129,6 +138,7 @@ def run_config(ctx_kw: dict, name: str, model_dir: str, opts: dict) -> dict:
     batches = [make_batch(rng, preset["vocab_size"], opts["tokens_per_step"], opts["min_len"], opts["max_len"])
                for _ in range(opts["warmup"] + opts["steps"])]
     losses, steps = [], []
+    piped = CONFIGS[name][0] == "megatron" and w.pp > 1
     for i, b in enumerate(batches):
         sync()
         t0 = time.perf_counter()
@@ -140,7 +150,15 @@ def run_config(ctx_kw: dict, name: str, model_dir: str, opts: dict) -> dict:
             lens = b.seqlens.tolist()
             steps.append({"s": dt, "tokens": b.num_tokens, "flops": step_flops(preset, lens),
                           "grid": _grid_tokens(w, name, lens, opts["micro_tokens"]),
-                          "micro": int(m.get("num_micro_batches", 0))})
+                          "micro": int(m.get("num_micro_batches", 0)),
+                          "wait_frac": w.stages.wait_s / dt if piped else None})
+    if piped:  # every stage's waiting share, averaged, into rank 0's steps
+        import torch.distributed as dist
+
+        every: list = [None] * dist.get_world_size()
+        dist.all_gather_object(every, [st["wait_frac"] for st in steps])
+        for j, st in enumerate(steps):
+            st["wait_frac"] = statistics.mean(fr[j] for fr in every)
     mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
     w.shutdown()
     return {"steps": steps, "loss_first": losses[0], "loss_last": losses[-1], "mem_gib": mem}
@@ -155,6 +173,8 @@ def summarize(name: str, runs: list[dict]) -> dict:
             "tok_s_mean": sum(s["tokens"] for s in steps) / sum(s["s"] for s in steps),
             "pad_frac": 1 - sum(s["tokens"] for s in steps) / sum(s["grid"] for s in steps),
             "micro_per_step": statistics.mean(s["micro"] for s in steps), "timed_steps": len(steps),
+            "wait_frac": (med(lambda s: s["wait_frac"]) if all(s.get("wait_frac") is not None for s in steps)
+                          else None),
             "loss_first": runs[0]["loss_first"], "loss_last": runs[0]["loss_last"],
             "mem_gib": max(r["mem_gib"] for r in runs), "runs": runs}
 
@@ -170,13 +190,14 @@ def _finite(x):
 
 def _table(rows: list[dict], ceil: float) -> str:
     base = next((r["tok_s"] for r in rows if r["config"] == "fsdp"), None)
-    lines = [f"{'config':<14}{'ranks':>6}{'tokens/s':>10}{'vs fsdp':>9}{'s/step':>8}{'FLOP/s':>11}{'MFU':>8}"
-             f"{'padding':>9}{'micro':>7}{'loss0':>8}{'loss':>8}{'mem GiB':>9}"]
+    lines = [f"{'config':<18}{'ranks':>6}{'tokens/s':>10}{'vs fsdp':>9}{'s/step':>8}{'FLOP/s':>11}{'MFU':>8}"
+             f"{'padding':>9}{'micro':>7}{'wait':>7}{'loss0':>8}{'loss':>8}{'mem GiB':>9}"]
     for r in rows:
         ratio = f"{r['tok_s'] / base:.2f}x" if base else "-"
-        lines.append(f"{r['config']:<14}{CONFIGS[r['config']][1]:>6}{r['tok_s']:>10.0f}{ratio:>9}"
+        wait = f"{100 * r['wait_frac']:.0f}%" if r.get("wait_frac") is not None else "-"
+        lines.append(f"{r['config']:<18}{CONFIGS[r['config']][1]:>6}{r['tok_s']:>10.0f}{ratio:>9}"
                      f"{r['s_step_median']:>8.2f}{r['flop_s'] / 1e9:>9.1f} G{100 * r['flop_s'] / ceil:>7.1f}%"
-                     f"{100 * r['pad_frac']:>8.1f}%{r['micro_per_step']:>7.1f}{r['loss_first']:>8.3f}"
+                     f"{100 * r['pad_frac']:>8.1f}%{r['micro_per_step']:>7.1f}{wait:>7}{r['loss_first']:>8.3f}"
                      f"{r['loss_last']:>8.3f}{r['mem_gib']:>9.1f}")
     return "\n".join(lines)
 
@@ -192,7 +213,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per config")
     ap.add_argument("--tokens-per-step", type=int, default=8192)
     ap.add_argument("--micro-tokens", type=int, default=2048,
-                    help="max_tokens_per_micro_batch of every backend (megatron counts padded tokens)")
+                    help="max_tokens_per_micro_batch of every backend (padded layouts count padded tokens)")
     ap.add_argument("--min-len", type=int, default=16)
     ap.add_argument("--max-len", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=1,
@@ -294,9 +315,10 @@ def main(argv=None) -> int:
            else "datasheet dense peak")
     foot = (f"ceiling: {prec} {ceil / 1e12:.3f} TFLOP/s ({how})"
             + "; tokens/s, FLOP/s, s/step: medians over timed steps; tokens/s and MFU count real tokens "
-            "only; padding = padded share of the rows run")
-    if "megatron-tp2" in names and args.device == "cpu":
-        foot += (f"\nmegatron-tp2: 2 ranks x {max(1, args.threads // 2)} thread(s) on the same cores as the "
+            "only; padding = padded share of the rows run; wait = share of a step the pipeline stages wait "
+            "for their neighbours (mean over stages)")
+    if any(CONFIGS[n][1] > 1 for n in names) and args.device == "cpu":
+        foot += (f"\nmegatron-tp2/pp2: 2 ranks x {max(1, args.threads // 2)} thread(s) on the same cores as the "
                  f"one-rank configs' {args.threads} threads (a parallel split vs one rank, not added compute)")
     print(table + "\n" + foot)
     if out_txt is not None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check: every `gpu` test of the repository and the short GPU benches in one call of at
-# most 8 minutes, ending in one table (group, passed/failed/skipped, key figure) headed by the GPU
+# most 9.5 minutes, ending in one table (group, passed/failed/skipped, key figure) headed by the GPU
 # and the date, printed and written to $OUT/gpu_check.md (without $OUT: runs/gpu_check/gpu_check.md).
 # It runs from a plain copy of the repository on a machine without network, Ray or vLLM: nothing
 # is installed; the sources go on PYTHONPATH, with a folder that holds the carried wheels the
@@ -24,4 +24,4 @@ echo "[gpu_check] Python environment ($PY; wheels from $WHEELS):" >&2
 SRC=$(ls -d "$PWD/core/src" "$PWD"/plugins/*/src | paste -sd:)
 export PYTHONPATH="$SITE:$SRC${PYTHONPATH:+:$PYTHONPATH}"
 export RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
-timeout --kill-after=10 "${GPU_CHECK_TIMEOUT_S:-480}" "$PY" scripts/gpu_check/driver.py --python "$PY" "$@"
+timeout --kill-after=10 "${GPU_CHECK_TIMEOUT_S:-570}" "$PY" scripts/gpu_check/driver.py --python "$PY" "$@"

@@ -1,7 +1,7 @@
 """The GPU check: every ``gpu`` test and the short GPU benches, one table (``scripts/gpu_check.sh``).
 
-Groups, run one after another within one time budget (``--budget``, default 440 s: the whole
-check fits in 8 minutes), each in its own process group, killed at its own cap or when the budget
+Groups, run one after another within one time budget (``--budget``, default 560 s: the whole
+check fits in 9.5 minutes), each in its own process group, killed at its own cap or when the budget
 runs out:
 
 * one per test folder holding ``gpu`` tests (``core/tests``, ``plugins/<name>/tests``, ``tests``):
@@ -226,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else REPO / "runs"
                     / "gpu_check", help="folder of gpu_check.md and logs/ (default: $OUT, else runs/gpu_check)")
-    ap.add_argument("--budget", type=float, default=float(os.environ.get("GPU_CHECK_BUDGET_S", 440)),
-                    help="seconds for all groups together (default 440; GPU_CHECK_BUDGET_S)")
+    ap.add_argument("--budget", type=float, default=float(os.environ.get("GPU_CHECK_BUDGET_S", 560)),
+                    help="seconds for all groups together (default 560; GPU_CHECK_BUDGET_S)")
     ap.add_argument("--only", nargs="+", default=None, help="run only the groups whose name contains one of these")
     ap.add_argument("--python", default=sys.executable, help="the interpreter of every group (default: this one)")
     args = ap.parse_args(argv)

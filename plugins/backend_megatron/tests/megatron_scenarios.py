@@ -148,3 +148,81 @@ def resume_scenario(ctx_kw: dict, model_dir: str, ckpt: str, parallel: dict, sav
     res["stream_peak_bytes"] = peaks
     w.shutdown()
     return res
+
+
+def schedule_scenario(ctx_kw: dict, model_dir: str, parallel: dict, counts: list[int]) -> dict[str, Any]:
+    """Gradients of one step's micro-batches under the ``1f1b`` and the ``sequential`` pipeline
+    schedule (packed micro-batches), and under ``1f1b`` with right-padded rows, same worker and
+    weights: for each of ``counts`` micro-batches (12 samples, two fixed batches, split
+    round-robin), per rank the largest difference of any gradient and of the loss sum between
+    the schedules (``grad_diff``, ``loss_diff``) and between packed and padded rows
+    (``padded_grad_diff``, ``padded_loss_diff``), and the 1F1B loss sum."""
+    import torch.distributed as dist
+
+    from rlweave.data.batch import Batch
+
+    w = worker(ctx_kw, {"path": model_dir, "dtype": "float32"}, parallel)
+    batch = Batch.concat([sc.fixed_batch(seed=0), sc.fixed_batch(seed=1)])
+    batch.add_token("token_weight", batch.token["loss_mask"] / batch.token["loss_mask"].sum())
+    res: dict[str, Any] = {}
+
+    def diff(a: dict, b: dict) -> float:
+        return max((a[k] - g).abs().max().item() for k, g in b.items())
+
+    for n in counts:
+        groups = [g for g in (list(range(k, len(batch), n)) for k in range(n)) if g]
+        grads, sums = {}, {}
+        for name, schedule, packing in (("1f1b", "1f1b", True), ("sequential", "sequential", True),
+                                        ("padded", "1f1b", False)):
+            w.cfg.pipeline_schedule, w.cfg.use_packing = schedule, packing
+            w.model.zero_grad(set_to_none=True)
+            sums[name], _ = w._accumulate(batch, groups, n, sc.nll_loss, 1.0, False)
+            grads[name] = {k: p.grad.clone() for k, p in w.model.named_parameters() if p.grad is not None}
+        mine = {"grad_diff": diff(grads["1f1b"], grads["sequential"]),
+                "padded_grad_diff": diff(grads["1f1b"], grads["padded"]),
+                "same_params": sorted(grads["1f1b"]) == sorted(grads["sequential"]) == sorted(grads["padded"])
+                and len(grads["1f1b"]) > 0,
+                "loss_diff": abs(sums["1f1b"] - sums["sequential"]),
+                "padded_loss_diff": abs(sums["1f1b"] - sums["padded"]), "loss": sums["1f1b"]}
+        every: list = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+        res[n] = every
+    w.model.zero_grad(set_to_none=True)
+    w.shutdown()
+    return res
+
+
+def master_scenario(ctx_kw: dict, model_dir: str, steps: int, lr: float, ckpt: str) -> dict[str, Any]:
+    """``steps`` NLL steps on the same batches by three one-rank workers, one after the other:
+    fp32; bf16 with fp32 master weights; bf16 without. Per parameter (megatron names): the fp32
+    run's weights before and after, the bf16 run's masters (and their dtype) and parameters, and
+    the plain bf16 run's parameters, all as fp32. The bf16 run with masters also saves a
+    checkpoint into ``ckpt``, which a fresh bf16 worker loads: its masters and AdamW state
+    (``reloaded``, ``reloaded_state``) against the saved run's (``state``)."""
+    optim = {**OPTIM, "lr": lr, "grad_clip": 0.0, "weight_decay": 0.0}
+    runs = {"fp32": ("float32", True), "master": ("bfloat16", True), "plain": ("bfloat16", False)}
+    out: dict[str, Any] = {}
+    w = None
+    for name, (dtype, masters) in runs.items():
+        w = worker(ctx_kw, {"path": model_dir, "dtype": dtype}, {}, optim, master_weights=masters)
+        if name == "fp32":
+            out["before"] = {k: p.detach().float().clone() for k, p in w.model.named_parameters()}
+        for s in range(steps):
+            w.train_step(sc.fixed_batch(seed=10 + s), sc.nll_loss)
+        out[name] = {k: p.detach().float().clone() for k, p in w.model.named_parameters()}
+        if name == "master":
+            out["masters"] = {k: w.main(p).detach().clone() for k, p in w.model.named_parameters()}
+            out["state"] = {k: w.optimizer.state[w.main(p)]["exp_avg_sq"].clone() for k, p in w.model.named_parameters()}
+            w.save_checkpoint(ckpt)
+            again = worker(ctx_kw, {"path": model_dir, "dtype": dtype}, {}, optim)
+            again.load_checkpoint(ckpt)
+            out["reloaded"] = {k: again.main(p).detach().clone() for k, p in again.model.named_parameters()}
+            out["reloaded_params"] = {k: p.detach().float().clone() for k, p in again.model.named_parameters()}
+            out["reloaded_state"] = {k: again.optimizer.state[again.main(p)]["exp_avg_sq"].clone()
+                                     for k, p in again.model.named_parameters()}
+            out["param_dtypes"] = sorted({str(p.dtype) for p in w.model.parameters()})
+            out["optim_dtypes"] = sorted({str(v.dtype) for st in w.optimizer.state.values()
+                                          for v in st.values() if torch.is_tensor(v) and v.dim() > 0})
+    if w is not None:
+        w.shutdown()
+    return out

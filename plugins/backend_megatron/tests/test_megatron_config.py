@@ -99,7 +99,7 @@ def test_without_megatron_core_the_backend_is_unavailable_with_the_install_comma
 def test_probe_options_and_checks_stay_light(tmp_path):
     code = ("import sys, json; from types import SimpleNamespace as S\n"
             "from rlweave_backend_megatron import plugin, checks, config\n"
-            "probe = plugin.probe(); config.MegatronConfig()\n"
+            "probe = plugin.probe(); config.MegatronConfig(pipeline_schedule='sequential')\n"
             f"errs = checks.check_role('policy', S(parallel={{'tp': 3}}, options={{}}, model=None), S(path={str(_model_dir(tmp_path / 'm'))!r}))\n"
             "print(json.dumps([probe, len(errs), sorted(m for m in ('torch', 'megatron', 'ray', 'transformers') if m in sys.modules)]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -115,12 +115,14 @@ def test_valid_configs_pass_and_show_every_option(tmp_path):
     assert resolved.roles["policy"].name == "megatron"
     assert resolved.role_options["policy"] == MegatronConfig()
     assert run.roles["policy"].options == {
-        "transformer_impl": "auto", "sequence_parallel": False, "max_tokens_per_micro_batch": 4096,
-        "max_tokens_per_forward": None, "activation_checkpointing": False, "seed": None,
+        "transformer_impl": "auto", "sequence_parallel": False, "use_packing": True, "max_tokens_per_micro_batch": 4096,
+        "max_tokens_per_forward": None, "pipeline_schedule": "1f1b", "master_weights": True,
+        "activation_checkpointing": False, "seed": None,
         "hf_shard_bytes": 2_000_000_000, "make_vocab_size_divisible_by": 128}
     assert _errors(tmp_path, {"dp": 2, "tp": 2}, 4) == []
     assert _errors(tmp_path, {"tp": 2}, 4) == []  # dp 2 from the devices
     assert _errors(tmp_path, {"pp": 2}, 2, model_type="llama") == []
+    assert _errors(tmp_path, {"tp": 2}, 2, model_type="qwen3", head_dim=24) == []
     assert _errors(tmp_path, {"tp": 2}, 2, num_key_value_heads=None) == []  # kv heads default to the heads
 
 
@@ -164,7 +166,7 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
     errs = _errors(tmp_path, {"tp": 2}, 2, model_type="gemma2")
     assert len(errs) == 1 and "c.yaml: model.path: " in errs[0]
     assert "architecture 'gemma2' (config.json model_type) is not supported by the megatron backend; " \
-           "supported: qwen2, llama" in errs[0]
+           "supported: qwen2, qwen3, llama" in errs[0]
 
 
 @pytest.mark.parametrize("parallel,devices", [({"dp": 2}, 2), ({"tp": 2}, 2)])
@@ -178,6 +180,7 @@ def test_sequence_parallel_is_refused_as_not_supported_yet(tmp_path, parallel, d
     ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, "rotary scaling 'llama3' (config.json rope_parameters) is not supported"),
     ({"use_sliding_window": True}, "sliding-window attention"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+    ({"model_type": "qwen3", "attention_bias": True}, "qwen3 with attention_bias or mlp_bias is not supported"),
 ])
 def test_architecture_settings_the_backend_cannot_convert_are_refused(tmp_path, change, words):
     errs = _errors(tmp_path, {"tp": 2}, 2, **change)
@@ -191,8 +194,9 @@ def test_core_checks_the_product_of_the_sizes_against_devices(tmp_path):
 
 
 def test_unknown_and_invalid_options_are_refused(tmp_path):
-    errs = _errors(tmp_path, {"tp": 2}, 2, {"transformer_impl": "te", "micro_batch_size": 2})
+    errs = _errors(tmp_path, {"tp": 2}, 2, {"transformer_impl": "te", "micro_batch_size": 2, "pipeline_schedule": "zb"})
     assert any("roles.policy.options.transformer_impl" in e for e in errs), errs
+    assert any("roles.policy.options.pipeline_schedule" in e and "'zb'" in e and "1f1b" in e for e in errs), errs
     assert any("roles.policy.options.micro_batch_size" in e for e in errs), errs
 
 

@@ -1,7 +1,8 @@
 """The megatron backend on CPU ranks over gloo, fp32, against transformers and the FSDP backend.
 
 A tiny Qwen2 (4 layers, 4 query heads, 2 key/value heads) at TP=1 and PP=2 (the latter with
-tied embeddings, whose copy on the last stage shares its gradient with the embedding):
+tied embeddings, whose copy on the last stage shares its gradient with the embedding), and a
+tiny Qwen3 at TP=2 (log-probs, one step against FSDP, export):
 
 * log-probs and entropy equal transformers' within 1e-5;
 * one train step (token-weighted NLL, AdamW, clipping) gives the FSDP backend's loss, gradient
@@ -11,7 +12,9 @@ tied embeddings, whose copy on the last stage shares its gradient with the embed
   HF pieces) beyond its own shards (also at TP=2, in the TP=2 checkpoint run);
 * value and reward heads at TP=2 equal their FSDP counterparts (streamed weights, and a value
   step's loss, gradient norm and weights);
-* a checkpoint resumes with equal weights and optimizer state, also at another TP/PP layout.
+* a checkpoint resumes with equal weights and optimizer state, also at another TP/PP layout;
+* at PP=2 the 1F1B pipeline schedule gives the sequential schedule's gradients, and packed
+  micro-batches (the default, used by every comparison above) right-padded rows' gradients.
 
 TP=2 alone is the backend contract's layout (``test_megatron_contract.py``: log-probs, entropy,
 one train step, HF export against transformers and plain torch), so it is not repeated here.
@@ -88,6 +91,21 @@ def case(request, models, tmp_path_factory):
     work = tmp_path_factory.mktemp(f"megatron_{request.param}")
     res = run_ranks(mt.policy_scenario, _world(parallel), models[tied], str(work), parallel)
     return {"name": request.param, "tied": tied, "dir": models[tied], "work": work, "res": res}
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    """A tiny Qwen3 (query/key norms, head_dim 24 unlike hidden / heads) at TP=2 (its step, weights
+    and HF export) and its FSDP reference, each in one spawn."""
+    from rlweave.testing.tiny_model import build_tiny
+
+    root = tmp_path_factory.mktemp("megatron_qwen3")
+    cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+               intermediate_size=128, max_position_embeddings=2048, tie_word_embeddings=False)
+    model = str(build_tiny("Qwen3", cfg, root / "m", seed=7))
+    res = run_ranks(mt.policy_scenario, 2, model, str(root), {"tp": 2})
+    ref = run_ranks(mt.fsdp_policy, 1, model)
+    return {"dir": model, "work": root, "res": res, "ref": ref}
 
 
 def _reference(model_dir: str, weights_dir: str | None = None):
@@ -209,3 +227,63 @@ def test_checkpoint_resumes_equal_in_any_layout(saved, loaded, models, checkpoin
 
     with HFReader(models[True]) as files:  # the saving layout's steps moved the weights: equal means something
         assert max((w - files(name)).abs().max().item() for name, w in a["weights"].items()) > 1e-3
+
+
+def test_one_forward_one_backward_schedule_equals_sequential(models):
+    """pp=2: the 1F1B schedule's gradients (every parameter, both stages) and loss equal the
+    sequential schedule's within 1e-6, with 4 and 8 micro-batches (the first stage holding two
+    micro-batches in flight, the last one); packed micro-batches equal right-padded rows within 1e-5."""
+    res = run_ranks(mt.schedule_scenario, 2, models[True], {"pp": 2}, [4, 8])
+    for n in (4, 8):
+        for rank in res[n]:
+            assert rank["same_params"], rank
+            assert rank["grad_diff"] <= 1e-6, (n, rank)
+            assert rank["loss_diff"] <= 1e-6, (n, rank)
+            assert rank["padded_grad_diff"] <= TOL, (n, rank)
+            assert rank["padded_loss_diff"] <= TOL, (n, rank)
+        assert res[n][1]["loss"] > 0  # the last stage computed a real loss
+
+
+def test_qwen3_at_tp2_equals_transformers_and_fsdp(qwen3):
+    """Qwen3's query/key norms at TP=2: log-probs and entropy equal transformers'; one train step
+    equals the FSDP backend's (loss, gradient norm, every weight, the norms included: their
+    gradients are summed over the tensor-parallel ranks); the export scores like transformers."""
+    lps, ents = _reference(qwen3["dir"])
+    got, ref = qwen3["res"], qwen3["ref"]
+    for i in lps:
+        assert torch.allclose(got["logprobs"][i], lps[i], atol=TOL, rtol=0), i
+        assert torch.allclose(got["entropy"][i], ents[i], atol=TOL, rtol=0), i
+    for key in ("loss", "grad_norm"):
+        assert abs(got["metrics"][key] - ref["metrics"][key]) < TOL * max(1.0, abs(ref["metrics"][key])), key
+    assert set(got["weights"]) == set(ref["weights"])
+    assert any(n.endswith("self_attn.q_norm.weight") for n in got["weights"])
+    for name, w in ref["weights"].items():
+        assert (got["weights"][name] - w).abs().max().item() < TOL, name
+    lps_after, _ = _reference(qwen3["dir"], str(qwen3["work"] / "hf"))
+    for i, lp in got["logprobs_after"].items():
+        assert torch.allclose(lp, lps_after[i], atol=TOL, rtol=0), i
+
+
+def test_bf16_master_weights_follow_an_fp32_run(models, tmp_path):
+    """bf16 with fp32 master weights: after 10 steps (lr 1e-5, most updates below a bf16 weight's
+    rounding step) each master is within bf16 rounding of the fp32 run's weight, and the masters'
+    updates are the fp32 run's within 5%; bf16 without masters loses most of them (the property the
+    masters exist for). Parameters stay bf16, the optimizer state is fp32; a checkpoint holds the
+    masters and their state exactly, and the parameters reload as the rounded masters."""
+    r = run_ranks(mt.master_scenario, 1, models[False], 10, 1e-5, str(tmp_path / "ckpt"))
+    for k, m in r["masters"].items():
+        assert torch.equal(r["reloaded"][k], m), k
+        assert torch.equal(r["reloaded_state"][k], r["state"][k]), k
+        assert torch.equal(r["reloaded_params"][k], r["master"][k]), k
+    assert "torch.bfloat16" in r["param_dtypes"] and r["optim_dtypes"] == ["torch.float32"]
+    keys = list(r["before"])
+    start = {k: r["before"][k].bfloat16().float() for k in keys}  # where the bf16 runs begin
+    for k in keys:
+        bound = r["before"][k].abs() * 2.0 ** -8 + 2e-5  # half a bf16 step of the start, plus 10 steps' drift
+        assert ((r["masters"][k] - r["fp32"][k]).abs() <= bound).all(), k
+    du32 = torch.cat([(r["fp32"][k] - r["before"][k]).flatten() for k in keys])
+    dmaster = torch.cat([(r["masters"][k] - start[k]).flatten() for k in keys])
+    dplain = torch.cat([(r["plain"][k] - start[k]).flatten() for k in keys])
+    assert du32.abs().max() > 5e-5  # the fp32 run moved
+    assert (dmaster - du32).norm() <= 0.05 * du32.norm()
+    assert (dplain - du32).norm() >= 0.5 * du32.norm()

@@ -228,6 +228,11 @@ class TrainingSkeleton(TrainingWorker):
                         ob += local_shard(v).numel() * v.element_size()
         return pb, ob
 
+    def _move_extra_state(self, device: Any) -> None:
+        """Move what a backend keeps beyond the model and the optimizer's per-parameter state
+        (fp32 master weights, say) to ``device``, inside :meth:`offload` / :meth:`onload`'s
+        measurement; default nothing."""
+
     def offload(self) -> dict[str, Any]:
         """Move this rank's parameter shards and optimizer state to CPU memory.
 
@@ -245,6 +250,7 @@ class TrainingSkeleton(TrainingWorker):
             before = torch.cuda.memory_allocated()
             self.model.to("cpu")
             move_optimizer_state(self.optimizer, "cpu")
+            self._move_extra_state("cpu")
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
             freed = before - torch.cuda.memory_allocated()
@@ -261,6 +267,7 @@ class TrainingSkeleton(TrainingWorker):
             before = torch.cuda.memory_allocated()
             self.model.to(self.device)
             move_optimizer_state(self.optimizer, self.device)
+            self._move_extra_state(self.device)
             torch.cuda.synchronize()
             loaded = torch.cuda.memory_allocated() - before
         self.offloaded = False

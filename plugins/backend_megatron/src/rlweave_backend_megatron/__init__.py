@@ -1,7 +1,7 @@
 """rlweave training backend on megatron-core: a ``GPTModel`` per role, with tensor (``tp``),
 pipeline (``pp``) and data (``dp``) parallel sizes from ``roles.<role>.parallel``.
 
-Causal LMs, value and reward models of Qwen2/Qwen2.5 and Llama-family dense checkpoints are
+Causal LMs, value and reward models of Qwen2/Qwen2.5, Qwen3 and Llama-family dense checkpoints are
 loaded from a Hugging Face directory into their tensor/pipeline shards and written back in
 Hugging Face names. On GPU the ranks talk over NCCL and use Transformer Engine layers where it
 is installed; on CPU (gloo, tests) they use megatron-core's local layer specs, after the few

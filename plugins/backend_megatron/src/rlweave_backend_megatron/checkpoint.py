@@ -11,6 +11,8 @@ with: it loads into any ``tp`` / ``pp`` / ``dp`` (the model's shape fixed).
   other split back.
 * The embedding and output rows are saved without their padding (which depends on ``tp``),
   gathered over the stage's tensor-parallel ranks: the one place a full tensor is held.
+* With fp32 master weights (:mod:`.master`) the masters are saved as the parameters (so a
+  checkpoint of a bf16 run holds fp32 weights and loads into any precision).
 * AdamW's ``exp_avg`` / ``exp_avg_sq`` follow their parameter under ``optim/<key>/...``,
   its step count is ``optim/step``.
 * Step, LR schedule and RNG states are per-rank JSON + safetensors
@@ -90,6 +92,7 @@ def _materialise(w: "MegatronWorker", entries: dict[str, Any]) -> dict[str, Any]
 
 
 def _opt_state(w: "MegatronWorker", p: torch.nn.Parameter, key: str) -> torch.Tensor:
+    p = w.main(p)
     st = w.optimizer.state.setdefault(p, {})
     if key not in st:
         st[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
@@ -97,7 +100,7 @@ def _opt_state(w: "MegatronWorker", p: torch.nn.Parameter, key: str) -> torch.Te
 
 
 def _state(w: "MegatronWorker", with_optim: bool) -> dict[str, Any]:
-    state: dict[str, Any] = {"model": _entries(w, lambda p: p.detach())}
+    state: dict[str, Any] = {"model": _entries(w, lambda p: w.main(p).detach())}
     if with_optim:
         for s in _STATES:
             state[f"optim/{s}"] = _entries(w, lambda p, s=s: _opt_state(w, p, s))
@@ -106,6 +109,7 @@ def _state(w: "MegatronWorker", with_optim: bool) -> dict[str, Any]:
 
 def _first_nonfinite(w: "MegatronWorker") -> str | None:
     for name, p in w.model.named_parameters():
+        p = w.main(p)
         if not torch.isfinite(p.detach()).all():
             return f"parameter {w.global_name(name)}"
         for k, v in (w.optimizer.state.get(p, {}) if w.optimizer is not None else {}).items():
@@ -176,11 +180,13 @@ def load(w: "MegatronWorker", path: str) -> None:
                     full = torch.zeros(target.local.shape[0] * w.tp, *value.shape[1:], dtype=value.dtype)
                     full[:n] = value
                     target.local.copy_(convert.split("embedding.word_embeddings.weight", full, w.tp, w.tp_rank))
-        w.stages.copy_tied_from_first(w.optimizer if with_optim else None, _STATES)
+        w.stages.copy_tied_from_first(w.optimizer if with_optim else None, _STATES, w.main)
+        if w.masters is not None:
+            w.masters.copy_to_model()
     if with_optim:
         step = float(state["optim/step"])
         for p in w.model.parameters():
-            w.optimizer.state[p]["step"] = torch.tensor(step)
+            w.optimizer.state[w.main(p)]["step"] = torch.tensor(step)
     w.step = int(extra.get("step", 0))
     w._load_schedule(extra.get("scheduler"))  # the optimizer's param groups are not saved
     rng.set_state(rng_state)

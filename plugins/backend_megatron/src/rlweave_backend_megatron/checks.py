@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-#: ``model_type`` values of config.json whose dense layout the backend converts (Qwen2/Qwen2.5, Llama family)
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+#: ``model_type`` values of config.json whose dense layout the backend converts (Qwen2/Qwen2.5, Qwen3, Llama family)
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
 
 def read_model_config(model: Any) -> dict[str, Any] | None:
@@ -54,7 +54,7 @@ def architecture_problems(data: dict[str, Any]) -> list[str]:
     model_type = data.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         out.append(f"architecture {model_type!r} (config.json model_type) is not supported by the megatron "
-                   f"backend; supported: {', '.join(SUPPORTED_MODEL_TYPES)} (dense Qwen2/Qwen2.5 and Llama-family "
+                   f"backend; supported: {', '.join(SUPPORTED_MODEL_TYPES)} (dense Qwen2/Qwen2.5, Qwen3 and Llama-family "
                    "models); use backend 'fsdp' for other models")
     text = text_config(data)
     key = next((k for k in ("num_experts", "num_local_experts") if _int(text, k)), None)
@@ -63,8 +63,8 @@ def architecture_problems(data: dict[str, Any]) -> list[str]:
                    "the megatron backend yet; use backend 'fsdp'")
     if text.get("hidden_act", "silu") != "silu":
         out.append(f"hidden_act {text.get('hidden_act')!r} is not supported (only silu, SwiGLU MLPs)")
-    if model_type == "llama" and (text.get("attention_bias") or text.get("mlp_bias")):
-        out.append("llama with attention_bias or mlp_bias is not supported")
+    if model_type in ("llama", "qwen3") and (text.get("attention_bias") or text.get("mlp_bias")):
+        out.append(f"{model_type} with attention_bias or mlp_bias is not supported")
     rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
     if kind not in (None, "default"):

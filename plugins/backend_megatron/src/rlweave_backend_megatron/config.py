@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class MegatronConfig(BaseModel):
@@ -23,13 +23,28 @@ class MegatronConfig(BaseModel):
         False, description="Megatron's sequence parallelism (activations outside attention and MLP split along the "
         "sequence over the tp ranks): not supported yet, validation refuses true.",
     )
+    use_packing: bool = Field(
+        True, description="Micro-batches as one row of samples back to back, attention within each sample (THD, "
+        "no padding); false: right-padded rows with an attention mask.",
+    )
     max_tokens_per_micro_batch: int = Field(
-        4096, ge=1, description="Token budget of one training micro-batch, counted as the tokens of its padded rows "
-        "(rows x longest row).",
+        4096, ge=1, description="Token budget of one training micro-batch: its tokens when packed, the tokens of its "
+        "padded rows (rows x longest row) otherwise.",
     )
     max_tokens_per_forward: Optional[int] = Field(
         None, ge=1, description="Token budget of one no-grad forward (log-probs, values, scores), counted like "
         "max_tokens_per_micro_batch; null: 2x the training budget.",
+    )
+    pipeline_schedule: str = Field(
+        "1f1b", description="Order of the micro-batches' forward and backward passes over pipeline stages (pp > 1): "
+        "'1f1b' (warm-up forwards, then one forward one backward: stages work at the same time) or 'sequential' "
+        "(one micro-batch through every stage at a time). Both give the same gradients.",
+    )
+    master_weights: bool = Field(
+        True, description="With model.dtype bfloat16 or float16: the optimizer updates fp32 master copies of the "
+        "parameters with fp32 state, gradients summed in fp32, and the parameters take the rounded masters after each "
+        "step; false: the optimizer updates the low-precision parameters and keeps low-precision state. No effect in "
+        "float32.",
     )
     activation_checkpointing: bool = Field(
         False, description="Megatron's full recompute: keep only each transformer layer's input in forward and "
@@ -47,3 +62,12 @@ class MegatronConfig(BaseModel):
         128, ge=1, description="The embedding and output-layer rows are padded to a multiple of this times "
         "parallel.tp (megatron's vocabulary padding); the padding rows are dropped on export and weight sync.",
     )
+
+    @field_validator("pipeline_schedule")
+    @classmethod
+    def _known_schedule(cls, v: str) -> str:
+        from rlweave_backend_megatron.schedules import SCHEDULES
+
+        if v not in SCHEDULES:
+            raise ValueError(f"unknown pipeline schedule {v!r} (choose from {sorted(SCHEDULES)})")
+        return v

@@ -1,4 +1,4 @@
-"""Hugging Face <-> megatron-core names and layouts for Qwen2 / Llama-family dense models.
+"""Hugging Face <-> megatron-core names and layouts for Qwen2 / Qwen3 / Llama-family dense models.
 
 Three layers of tensors appear here:
 
@@ -7,10 +7,13 @@ Three layers of tensors appear here:
   (``decoder.layers.3.self_attn...``), in megatron's layout but not split over tensor-parallel
   ranks: the QKV projection fuses q, k and v *per key/value group* (each group's query heads,
   then its key head, then its value head: GQA), ``linear_fc1`` stacks gate over up, the
-  embedding and output rows are padded to :attr:`Shape.padded_vocab`.
+  embedding and output rows are padded to :attr:`Shape.padded_vocab`; Qwen3's per-head query and
+  key norms (``q_norm``, ``k_norm``) are megatron's ``q_layernorm`` / ``k_layernorm``.
 * **Shards**: a full tensor split for one tensor-parallel rank. Column-parallel tensors
   split rows (the QKV by whole groups, ``linear_fc1`` as gate-part over up-part), row-parallel
-  ones split columns, norms and the scalar head are replicated.
+  ones split columns, norms and the scalar head are replicated (the query/key norms too: each
+  tensor-parallel rank applies them to its own heads, so their gradients are summed over the ranks,
+  :func:`tp_summed`).
 
 :func:`full_from_hf` and :func:`hf_from_full` convert between the first two (a reader
 function supplies HF tensors one at a time, so no whole model is loaded);
@@ -30,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-SUPPORTED = ("qwen2", "llama")
+SUPPORTED = ("qwen2", "qwen3", "llama")
 HEAD = "output_layer.score"  # the scalar head of value / reward models (replicated Linear(hidden, 1))
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _TE_ALIASES = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
@@ -55,6 +58,7 @@ class Shape:
     rope_theta: float
     norm_eps: float
     max_positions: int
+    qk_norm: bool = False
 
     @property
     def q_per_group(self) -> int:
@@ -82,7 +86,8 @@ def shape_from_config(cfg: dict[str, Any], tp: int = 1, vocab_multiple: int = 12
         layers=int(cfg["num_hidden_layers"]), vocab=vocab, padded_vocab=-(-vocab // mult) * mult,
         tied=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=arch == "qwen2",
         rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), max_positions=int(cfg.get("max_position_embeddings", 4096)))
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), max_positions=int(cfg.get("max_position_embeddings", 4096)),
+        qk_norm=arch == "qwen3")
 
 
 # ---------------------------------------------------------------- names
@@ -107,6 +112,8 @@ def full_names(shape: Shape, kind: str = "causal_lm") -> list[str]:
     per_layer = ["input_layernorm.weight", "self_attention.linear_qkv.weight"]
     if shape.qkv_bias:
         per_layer.append("self_attention.linear_qkv.bias")
+    if shape.qk_norm:
+        per_layer += ["self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"]
     per_layer += ["self_attention.linear_proj.weight", "pre_mlp_layernorm.weight", "mlp.linear_fc1.weight",
                   "mlp.linear_fc2.weight"]
     for i in range(shape.layers):
@@ -121,7 +128,8 @@ def full_names(shape: Shape, kind: str = "causal_lm") -> list[str]:
 
 _HF_LAYER = {"input_layernorm.weight": "input_layernorm.weight", "pre_mlp_layernorm.weight":
              "post_attention_layernorm.weight", "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
-             "mlp.linear_fc2.weight": "mlp.down_proj.weight"}
+             "mlp.linear_fc2.weight": "mlp.down_proj.weight", "self_attention.q_layernorm.weight":
+             "self_attn.q_norm.weight", "self_attention.k_layernorm.weight": "self_attn.k_norm.weight"}
 
 
 def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -225,6 +233,12 @@ def split_kind(name: str) -> str:
     if name.endswith("linear_fc1.weight"):
         return "gate_up"
     return "none"
+
+
+def tp_summed(name: str) -> bool:
+    """Whether ``name`` is replicated over tensor-parallel ranks but gets a different gradient on
+    each (the query/key norms, applied to each rank's own heads): its gradient is summed over them."""
+    return canonical(name).endswith(("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"))
 
 
 def split(name: str, full: torch.Tensor, tp: int, rank: int) -> torch.Tensor:

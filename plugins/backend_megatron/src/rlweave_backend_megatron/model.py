@@ -48,16 +48,20 @@ def transformer_config(shape: convert.Shape, tp: int, pp: int, dtype: torch.dtyp
         bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, pipeline_dtype=dtype,
         use_cpu_initialization=True, perform_initialization=False, bias_activation_fusion=False,
         masked_softmax_fusion=False, apply_rope_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
-        gradient_accumulation_fusion=False, attention_softmax_in_fp32=True, **kw)
+        gradient_accumulation_fusion=False, attention_softmax_in_fp32=True, qk_layernorm=shape.qk_norm, **kw)
 
 
-def layer_spec(impl: str):
-    """The layer spec of ``impl`` (``local``: plain torch modules; ``transformer_engine``)."""
+def layer_spec(impl: str, qk_norm: bool = False):
+    """The layer spec of ``impl`` (``local``: plain torch modules, with core attention that also
+    takes packed micro-batches, :mod:`.packed`; ``transformer_engine``: its own, THD included),
+    with query/key norms when ``qk_norm`` (Qwen3)."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     if impl == "transformer_engine":
-        return specs.get_gpt_layer_with_transformer_engine_spec()
-    return specs.get_gpt_layer_local_spec()
+        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_norm)
+    from rlweave_backend_megatron import packed
+
+    return packed.local_spec(qk_norm)
 
 
 def build(shape: convert.Shape, kind: str, impl: str, tp: int, tp_rank: int, pp: int, pp_rank: int,
@@ -68,7 +72,7 @@ def build(shape: convert.Shape, kind: str, impl: str, tp: int, tp_rank: int, pp:
 
     first, last = pp_rank == 0, pp_rank == pp - 1
     cfg = transformer_config(shape, tp, pp, dtype, recompute)
-    model = GPTModel(config=cfg, transformer_layer_spec=layer_spec(impl), vocab_size=shape.padded_vocab,
+    model = GPTModel(config=cfg, transformer_layer_spec=layer_spec(impl, shape.qk_norm), vocab_size=shape.padded_vocab,
                      max_sequence_length=shape.max_positions, pre_process=first, post_process=last,
                      share_embeddings_and_output_weights=shape.tied and kind == "causal_lm",
                      position_embedding_type="rope", rotary_base=int(shape.rope_theta)

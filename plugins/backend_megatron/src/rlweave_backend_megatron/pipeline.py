@@ -1,18 +1,24 @@
-"""Moving one micro-batch through pipeline stages, and tensors between ranks of a model replica.
+"""Pipeline stages of one model replica: this rank's stage, the point-to-point traffic between
+neighbouring stages, and tensors between ranks of a replica.
 
-:class:`Stages` runs a micro-batch forward on this rank's stage (receiving the previous
-stage's activations, sending its own to the next) and backward in reverse (receiving the
-gradient of its output, sending the gradient of its input). Every stage sees the same
-micro-batch (the scheduler gives a whole replica the same shard), so shapes are known on
-every rank and only tensors travel. One micro-batch is in flight at a time: correct and
-simple, not overlapped (megatron's interleaved 1F1B schedules would overlap stages).
+:class:`Stages` runs a micro-batch forward on this rank's stage (:meth:`Stages.run`) and backward
+(:meth:`Stages.backward`), and exchanges activations and their gradients with the neighbouring
+stages (``recv_forward``, ``send_forward``, ``send_forward_recv_backward``...). Every exchange posts
+all its sends and receives at once and waits for them together (``batch_isend_irecv``), so two
+neighbours that send to each other in the same step never deadlock (gloo on CPU, NCCL on CUDA).
+Every stage sees the same micro-batches (the scheduler gives a whole replica the same shard), so
+shapes are known on every rank and only tensors travel. In which order a stage runs its
+micro-batches is the schedule's business (:mod:`.schedules`). The time a stage spends waiting in
+these exchanges accumulates in :attr:`Stages.wait_s` (the pipeline's bubble, seen from this stage).
 
-:func:`padded` lays a micro-batch out as right-padded rows with megatron's boolean attention
-mask (True = masked: causal and key padding), which the CPU path needs explicitly.
+:func:`packed_row` lays a micro-batch out as one row of its samples back to back (THD, with
+megatron's ``PackedSeqParams``); :func:`padded` as right-padded rows with megatron's boolean
+attention mask (True = masked: causal and key padding), which the CPU path needs explicitly.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,13 +31,31 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass
 class Rows:
-    """A micro-batch as ``(B, L)`` rows: ids, positions, mask ``(B, 1, L, L)`` and the flat
-    index (into ``B * L``) of each real token in packed order."""
+    """A micro-batch as ``(B, L)`` rows: ids, positions, mask ``(B, 1, L, L)`` (None when
+    packed) and the flat index (into ``B * L``) of each real token in packed order; ``packed``:
+    megatron's ``PackedSeqParams`` of a packed micro-batch (one row), else None."""
 
     ids: torch.Tensor
     positions: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | None
     flat: torch.Tensor
+    packed: object = None
+
+
+def packed_row(mb: "Batch | None", device) -> Rows:
+    """``mb`` as one row of its samples back to back (THD), positions restarting at each sample
+    (None: one 2-token sample of zeros whose loss is multiplied by 0)."""
+    from rlweave_backend_megatron import packed
+
+    if mb is None:
+        ids, cu = torch.zeros(2, dtype=torch.long), torch.tensor([0, 2])
+    else:
+        ids, cu = mb.token["input_ids"].cpu(), mb.cu_seqlens.cpu()
+    total = int(cu[-1])
+    starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1])
+    positions = torch.arange(total) - starts
+    return Rows(ids.view(1, -1).to(device), positions.view(1, -1).to(device), None,
+                torch.arange(total, device=device), packed.params(cu, device))
 
 
 def padded(mb: "Batch | None", device) -> Rows:
@@ -69,41 +93,99 @@ class Stages:
             self.next = ps.get_pipeline_model_parallel_next_rank()
             self.last_rank = ps.get_pipeline_model_parallel_last_rank()
             self.group = ps.get_pipeline_model_parallel_group()
-        self._input: torch.Tensor | None = None
+        self.wait_s = 0.0
         self.hidden = model.config.hidden_size
         self.dtype = model.config.params_dtype
 
-    def forward(self, rows: Rows) -> torch.Tensor:
-        """The stage's output: logits ``(B, L, V/tp)`` or head values ``(B, L, 1)`` on the last
-        stage, hidden states ``(L, B, H)`` elsewhere (already sent on to the next stage)."""
-        if self.pp == 1:
-            return self.model(rows.ids, rows.positions, attention_mask=rows.mask)
-        if not self.first:
-            b, width = rows.ids.shape
-            h = torch.empty((width, b, self.hidden), dtype=self.dtype, device=self.device)
-            dist.recv(h, src=self.prev)
+    # ------------------------------------------------------------- compute
+    def run(self, rows: Rows, h: torch.Tensor | None) -> torch.Tensor:
+        """The stage's output for ``rows``: logits ``(B, L, V/tp)`` or head values ``(B, L, 1)``
+        on the last stage, hidden states ``(L, B, H)`` elsewhere; ``h`` is the previous stage's
+        output (None on the first stage), made to require grad when grad is enabled."""
+        if h is not None:
             if torch.is_grad_enabled():
                 h.requires_grad_(True)
-            self._input = h
             self.model.set_input_tensor(h)
-        out = self.model(rows.ids, rows.positions, attention_mask=rows.mask)
-        if not self.last:
-            dist.send(out.detach().contiguous(), dst=self.next)
+        return self.model(rows.ids, rows.positions, attention_mask=rows.mask, packed_seq_params=rows.packed)
+
+    def forward(self, rows: Rows) -> torch.Tensor:
+        """:meth:`run` with the input received from the previous stage and the output sent on."""
+        out = self.run(rows, self.recv_forward(rows))
+        self.send_forward(out)
         return out
 
-    def backward(self, out: torch.Tensor, loss: torch.Tensor | None) -> None:
-        """Backward of the last :meth:`forward`: from ``loss`` on the last stage, from the next
-        stage's gradient elsewhere; sends the input's gradient to the previous stage."""
+    def backward(self, h: torch.Tensor | None, out: torch.Tensor, loss: torch.Tensor | None,
+                 grad: torch.Tensor | None) -> torch.Tensor | None:
+        """Backward of one micro-batch's forward (input ``h``, output ``out``): from ``loss`` on
+        the last stage, from the next stage's ``grad`` elsewhere; returns the gradient of ``h``
+        (None on the first stage)."""
         if self.last:
             loss.backward()
         else:
-            g = torch.empty_like(out)
-            dist.recv(g, src=self.next)
-            torch.autograd.backward(out, g)
+            torch.autograd.backward(out, grad)
+        if h is None:
+            return None
+        return h.grad if h.grad is not None else torch.zeros_like(h)
+
+    # ------------------------------------------------------------ exchanges
+    def _hidden(self, rows: Rows) -> torch.Tensor:
+        b, width = rows.ids.shape
+        return torch.empty((width, b, self.hidden), dtype=self.dtype, device=self.device)
+
+    def _exchange(self, sends: list, recvs: list) -> None:
+        """Post every ``(tensor, peer)`` send and receive at once, then wait for all of them."""
+        ops = [dist.P2POp(dist.isend, t.detach().contiguous(), peer) for t, peer in sends]
+        ops += [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
+        if not ops:
+            return
+        t0 = time.perf_counter()
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        self.wait_s += time.perf_counter() - t0
+
+    def recv_forward(self, rows: Rows) -> torch.Tensor | None:
+        """The previous stage's output for ``rows`` (None on the first stage)."""
+        if self.first:
+            return None
+        h = self._hidden(rows)
+        self._exchange([], [(h, self.prev)])
+        return h
+
+    def send_forward(self, out: torch.Tensor) -> None:
+        """``out`` to the next stage (nothing on the last)."""
+        if not self.last:
+            self._exchange([(out, self.next)], [])
+
+    def recv_backward(self, out: torch.Tensor) -> torch.Tensor | None:
+        """The gradient of ``out`` from the next stage (None on the last stage)."""
+        if self.last:
+            return None
+        g = torch.empty_like(out)
+        self._exchange([], [(g, self.next)])
+        return g
+
+    def send_backward(self, grad: torch.Tensor | None) -> None:
+        """The gradient of this stage's input to the previous stage (nothing on the first)."""
         if not self.first:
-            grad = self._input.grad if self._input.grad is not None else torch.zeros_like(self._input)
-            dist.send(grad.contiguous(), dst=self.prev)
-        self._input = None
+            self._exchange([(grad, self.prev)], [])
+
+    def send_forward_recv_backward(self, out: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
+        """``out`` to the next stage and, in the same exchange, the gradient of an earlier output
+        ``like`` from it (None on the last stage)."""
+        if self.last:
+            return None
+        g = torch.empty_like(like)
+        self._exchange([(out, self.next)], [(g, self.next)])
+        return g
+
+    def send_backward_recv_forward(self, grad: torch.Tensor | None, rows: Rows) -> torch.Tensor | None:
+        """The gradient of this stage's input to the previous stage and, in the same exchange,
+        that stage's output for the next micro-batch ``rows`` (None on the first stage)."""
+        if self.first:
+            return None
+        h = self._hidden(rows)
+        self._exchange([(grad, self.prev)], [(h, self.prev)])
+        return h
 
     def broadcast_from_last(self, out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``out`` as the last stage holds it, on every stage of the replica."""
@@ -120,25 +202,27 @@ class Stages:
         """Whether ``name`` is the last stage's copy of the tied embedding (counted on stage 0)."""
         return self.pp > 1 and self.last and self.tied and name == "output_layer.weight"
 
-    def share_embedding_grads(self) -> None:
-        """Sum the tied embedding's gradient with its copy on the last stage (pipelines only)."""
+    def share_embedding_grads(self, main=lambda p: p) -> None:
+        """Sum the tied embedding's gradient with its copy on the last stage (pipelines only);
+        ``main(p)`` is the tensor holding a parameter's gradient (its master, if any)."""
         if self.pp == 1 or not self.tied:
             return
         from megatron.core import parallel_state as ps
 
         if not (self.first or self.last):
             return
-        w = self.model.shared_embedding_or_output_weight()
+        w = main(self.model.shared_embedding_or_output_weight())
         dist.all_reduce(w.grad, group=ps.get_embedding_group())
 
-    def copy_tied_from_first(self, optimizer=None, states: tuple[str, ...] = ()) -> None:
+    def copy_tied_from_first(self, optimizer=None, states: tuple[str, ...] = (), main=lambda p: p) -> None:
         """Set the last stage's copy of the tied embedding (and its ``states`` in ``optimizer``)
-        to the first stage's (pipelines only; after loading a checkpoint)."""
+        to the first stage's (pipelines only; after loading a checkpoint); ``main(p)`` is the
+        tensor the optimizer holds for a parameter (its master, if any)."""
         if self.pp == 1 or not self.tied or not (self.first or self.last):
             return
         from megatron.core import parallel_state as ps
 
-        w = self.model.shared_embedding_or_output_weight()
+        w = main(self.model.shared_embedding_or_output_weight())
         tensors = [w.data]
         if optimizer is not None:
             st = optimizer.state.setdefault(w, {})

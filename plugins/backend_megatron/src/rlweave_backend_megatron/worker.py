@@ -10,14 +10,17 @@ the scheduler's data-parallel blocks of ``tp * pp`` consecutive ranks that all r
 same shard. Every rank of a block returns the block's results (the last stage computes
 them and broadcasts them to its pipeline peers).
 
-Micro-batches are right-padded rows (causal mask plus key padding, positions from 0 in each
-row) formed by a token budget counted over the padded rows; the same count runs on every
-rank. Pipeline stages run each micro-batch forward stage by stage and backward in reverse
-(activations and their gradients pass by point-to-point sends), one micro-batch at a time.
+Micro-batches are packed by default: one row of samples back to back, attention within each
+sample (:mod:`.packed`), positions restarting at each sample; with ``use_packing: false`` they are
+right-padded rows (causal mask plus key padding). Either is formed by a token budget (counted
+over the padded rows when padded); the same count runs on every rank. Pipeline stages pass
+activations and their gradients by point-to-point exchanges, in the order of
+``options.pipeline_schedule`` (:mod:`.schedules`: ``1f1b`` by default, or ``sequential``).
 Log-probabilities come from vocabulary-parallel logits (:mod:`.vocab`).
 
-Training: each rank's AdamW updates its own shards. Gradients are summed (not averaged) over
-data-parallel replicas, so the gradient is that of the loss summed over all tokens of all
+Training: each rank's AdamW updates its own shards; a bf16/fp16 model trains fp32 master copies
+of them with fp32 AdamW state (``master_weights``, :mod:`.master`). Gradients are summed (not
+averaged) over data-parallel replicas, so the gradient is that of the loss summed over all tokens of all
 replicas (the token-weight convention); the norm counts every parameter once (tensor-parallel
 shards summed, replicated tensors once), and a tied output weight on the last pipeline stage
 shares its gradient with the embedding.
@@ -39,7 +42,7 @@ from rlweave.backend_helpers.hf_dir import HFReader, export_config, write_hf
 from rlweave.backend_helpers.training import TrainingSkeleton, model_dtype
 from rlweave.data.batch import Batch
 from rlweave.interfaces.backend import LossFn, merge_metric
-from rlweave_backend_megatron import convert, model as mmodel, pipeline, vocab
+from rlweave_backend_megatron import convert, model as mmodel, pipeline, schedules, vocab
 from rlweave_backend_megatron.config import MegatronConfig
 
 # megatron-core says so on every import when Apex / Transformer Engine are absent (the local specs
@@ -104,8 +107,13 @@ class MegatronWorker(TrainingSkeleton):
         self.step = 0
         self.offloaded = False
         self.stream_peak_bytes = 0
+        self.masters = None
         if ctx.optim is not None:
-            self._build_optimizer(ctx.optim)
+            if self.cfg.master_weights and dtype != torch.float32:
+                from rlweave_backend_megatron.master import MasterWeights
+
+                self.masters = MasterWeights(self.model)
+            self._build_optimizer(ctx.optim, [self.main(p) for p in self.model.parameters()])
         torch.manual_seed(seed + 1000 + self.rank)
 
     def _impl(self) -> str:
@@ -137,16 +145,26 @@ class MegatronWorker(TrainingSkeleton):
         return ps.get_data_parallel_group()
 
     def _plan(self, batch: Batch, budget: int) -> list[list[int]]:
-        """Micro-batches whose padded rows (samples x longest sample) stay within ``budget``."""
+        """Micro-batches within ``budget`` tokens: their tokens when packed, their padded rows'
+        (samples x longest sample) otherwise; longest samples first."""
         lens = batch.seqlens.tolist()
         order = sorted(range(len(lens)), key=lambda i: (-lens[i], i))
         groups: list[list[int]] = []
-        for i in order:  # longest first: a group's row width is its first sample's length
-            if groups and (len(groups[-1]) + 1) * lens[groups[-1][0]] <= budget:
-                groups[-1].append(i)
-            else:
-                groups.append([i])
+        used = 0
+        for i in order:  # longest first: a padded group's row width is its first sample's length
+            if groups:
+                need = used + lens[i] if self.cfg.use_packing else (len(groups[-1]) + 1) * lens[groups[-1][0]]
+                if need <= budget:
+                    groups[-1].append(i)
+                    used += lens[i]
+                    continue
+            groups.append([i])
+            used = lens[i]
         return [sorted(g) for g in groups]
+
+    def _rows(self, mb: Batch | None) -> pipeline.Rows:
+        """``mb`` laid out for the model: one packed row, or right-padded rows (``use_packing``)."""
+        return (pipeline.packed_row if self.cfg.use_packing else pipeline.padded)(mb, self.device)
 
     def _last_outputs(self, raw: torch.Tensor, mb: Batch, flat: torch.Tensor, temperature: float,
                       with_entropy: bool) -> dict[str, torch.Tensor]:
@@ -170,7 +188,7 @@ class MegatronWorker(TrainingSkeleton):
     def _forward(self, mb: Batch | None, grad: bool, temperature: float = 1.0, with_entropy: bool = False):
         """Run one micro-batch (None: an empty one) through this rank's stage; on the last
         stage return the per-token results (else None)."""
-        rows = pipeline.padded(mb, self.device)
+        rows = self._rows(mb)
         with torch.set_grad_enabled(grad):
             raw = self.stages.forward(rows)
         if not self.stages.last or mb is None:
@@ -223,39 +241,65 @@ class MegatronWorker(TrainingSkeleton):
     # ------------------------------------------------------------ train step
     def _accumulate(self, batch: Batch, groups: list[list[int]], n_micro: int, loss_fn: LossFn,
                     temperature: float, entropy: bool) -> tuple[float, dict[str, float]]:
-        """Micro-batches through the pipeline stages; the last stage computes the loss (and
-        its sum and metrics; other stages return 0 and none)."""
+        """Micro-batches through the pipeline stages in the order of ``options.pipeline_schedule``
+        (:mod:`.schedules`); the last stage computes the loss (and its sum and metrics; other
+        stages return 0 and none)."""
         loss_sum, metrics = 0.0, {}
-        for i in range(n_micro):
-            mb = batch.select(groups[i]) if i < len(groups) else None
-            dev_mb = self._on_device(mb) if mb is not None else None
-            raw, res = self._forward(dev_mb, grad=True, temperature=temperature, with_entropy=entropy)
-            loss = None
-            if self.stages.last:
-                if res is not None:
-                    outs = _Outputs(res.get("logprobs"), res.get("entropy"), res.get("values"))
-                    loss, m = loss_fn(outs, dev_mb)
-                    for k, v in m.items():
-                        metrics[k] = merge_metric(k, metrics.get(k), float(v))
-                else:
-                    loss = raw.float().sum() * 0.0
-                loss_sum += float(loss.detach())
-            self.stages.backward(raw, loss)
+        micro = [batch.select(groups[i]) if i < len(groups) else None for i in range(n_micro)]
+        rows: dict[int, pipeline.Rows] = {}
+
+        def rows_of(i: int) -> pipeline.Rows:
+            if i not in rows:
+                micro[i] = self._on_device(micro[i]) if micro[i] is not None else None
+                rows[i] = self._rows(micro[i])
+            return rows[i]
+
+        def forward(i: int, r: pipeline.Rows, h):
+            nonlocal loss_sum
+            raw = self.stages.run(r, h)
+            rows.pop(i, None)  # not needed again once run
+            if not self.stages.last:
+                return raw, None
+            mb = micro[i]
+            if mb is None:
+                loss = raw.float().sum() * 0.0
+            else:
+                res = self._last_outputs(raw, mb, r.flat, temperature, entropy)
+                loss, m = loss_fn(_Outputs(res.get("logprobs"), res.get("entropy"), res.get("values")), mb)
+                for k, v in m.items():
+                    metrics[k] = merge_metric(k, metrics.get(k), float(v))
+            loss_sum += float(loss.detach())
+            return raw, loss
+
+        self.stages.wait_s = 0.0
+        schedules.schedule(self.cfg.pipeline_schedule)(self.stages, n_micro, rows_of, forward)
+        if self.pp > 1:  # the last stage's time waiting for its neighbour (the most over replicas)
+            metrics["pipeline_wait_s_max"] = self.stages.wait_s
         return loss_sum, metrics
 
     def _reports_metrics(self) -> bool:
         return self.stages.last and self.tp_rank == 0
 
+    def main(self, p: torch.nn.Parameter) -> torch.nn.Parameter:
+        """What the optimizer, the gradient reduction, clipping and checkpoints work on for the
+        model parameter ``p``: its fp32 master (:mod:`.master`) or ``p`` itself."""
+        return self.masters.main(p) if self.masters is not None else p
+
     def _reduce_grads(self) -> None:
-        """Sum gradients over data-parallel replicas; share the tied output weight's with the embedding."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        """Sum the query/key norms' gradients over tensor-parallel ranks and every gradient over
+        data-parallel replicas; share the tied output weight's with the embedding."""
+        params = [self.main(p) for p in self.model.parameters() if p.requires_grad]
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        if self.tp > 1:  # the query/key norms: replicated, each rank's gradient from its own heads
+            for name, p in self.model.named_parameters():
+                if p.requires_grad and convert.tp_summed(name):
+                    dist.all_reduce(self.main(p).grad, group=self._tp_group())
         if self.dp > 1:
             for p in params:
                 dist.all_reduce(p.grad, group=self._dp_group())
-        self.stages.share_embedding_grads()
+        self.stages.share_embedding_grads(self.main)
 
     def _clip(self) -> float:
         """Data-parallel reduction (:meth:`_reduce_grads`), then the norm over the model-parallel
@@ -263,9 +307,10 @@ class MegatronWorker(TrainingSkeleton):
         self._reduce_grads()
         sq = torch.zeros(1, dtype=torch.float64, device=self.device)
         for name, p in self.model.named_parameters():
-            if p.grad is None or not self._counted(name, p):
+            g = self.main(p).grad
+            if g is None or not self._counted(name, p):
                 continue
-            sq += p.grad.detach().double().pow(2).sum()
+            sq += g.detach().double().pow(2).sum()
         dist.all_reduce(sq, group=self._mp_group())
         norm = float(sq.sqrt())
         max_norm = float(self.optim_cfg.grad_clip or 0.0)
@@ -273,9 +318,25 @@ class MegatronWorker(TrainingSkeleton):
             coef = max_norm / (norm + 1e-6)
             if coef < 1.0:
                 for p in self.model.parameters():
-                    if p.grad is not None:
-                        p.grad.mul_(coef)
+                    g = self.main(p).grad
+                    if g is not None:
+                        g.mul_(coef)
         return norm
+
+    def _update(self, loss_sum: float) -> tuple[float, bool]:
+        """The skeleton's update; then the parameters take their masters' new values (if any)."""
+        norm, skipped = super()._update(loss_sum)
+        if self.masters is not None and not skipped:
+            self.masters.copy_to_model()
+        return norm, skipped
+
+    def _state_bytes(self) -> tuple[int, int]:
+        pb, ob = super()._state_bytes()
+        return pb, ob + (self.masters.nbytes() if self.masters is not None else 0)
+
+    def _move_extra_state(self, device) -> None:
+        if self.masters is not None:
+            self.masters.to(device)
 
     def _counted(self, name: str, p: torch.nn.Parameter) -> bool:
         """Whether this rank counts ``p`` in the global norm (each value once over the model-parallel group)."""
