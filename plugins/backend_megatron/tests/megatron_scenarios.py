@@ -63,6 +63,11 @@ def policy_scenario(ctx_kw: dict, model_dir: str, work: str, parallel: dict, bud
         dist.all_gather_object(peaks, mine)
         res["stream_peak_bytes"] = [p for p, _ in peaks]
         res["shard_bytes"] = [s for _, s in peaks]
+        state = sum(v.numel() for st in w.optimizer.state.values() for v in st.values() if torch.is_tensor(v) and v.dim())
+        every: list = [None] * dist.get_world_size()
+        dist.all_gather_object(every, (state, sum(p.numel() for p in w.model.parameters())))
+        res["optim_state_numel"] = [a for a, _ in every]
+        res["param_numel"] = [b for _, b in every]
         after = w.compute_logprobs(shard)["logprobs"]
         res["logprobs_after"] = {i: after[cu[j]:cu[j + 1]].clone() for j, i in enumerate(idx)}
         w.save_hf(f"{work}/hf")
@@ -131,17 +136,17 @@ def fsdp_references(ctx_kw: dict, runs: dict[str, tuple[str, str]]) -> dict[str,
 
 def resume_scenario(ctx_kw: dict, model_dir: str, ckpt: str, parallel: dict, save: bool) -> dict[str, Any]:
     """``save``: one step, checkpoint into ``ckpt``, then a second step; else: load ``ckpt``
-    and take the second step. Returns the second step's metrics, log-probs of a third batch,
+    and take the second step (each data-parallel replica on its share of the batches). Returns the second step's metrics, log-probs of a third batch,
     the weights after it and each rank's peak bytes while they were streamed."""
     import torch.distributed as dist
 
     w = worker(ctx_kw, {"path": model_dir, "dtype": "float32"}, parallel, max_tokens_per_micro_batch=64)
     if save:
-        w.train_step(sc.fixed_batch(), sc.nll_loss)
+        w.train_step(replica_shard(w, sc.fixed_batch())[0], sc.nll_loss)
         w.save_checkpoint(ckpt)
     else:
         w.load_checkpoint(ckpt)
-    res = {"step": w.step, "metrics": w.train_step(sc.fixed_batch(seed=4), sc.nll_loss),
+    res = {"step": w.step, "metrics": w.train_step(replica_shard(w, sc.fixed_batch(seed=4))[0], sc.nll_loss),
            "logprobs": w.compute_logprobs(sc.fixed_batch(seed=5))["logprobs"], "weights": hf_weights(w)}
     peaks: list = [None] * dist.get_world_size()
     dist.all_gather_object(peaks, w.stream_peak_bytes)

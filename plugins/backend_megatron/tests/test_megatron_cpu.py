@@ -1,7 +1,8 @@
 """The megatron backend on CPU ranks over gloo, fp32, against transformers and the FSDP backend.
 
-A tiny Qwen2 (4 layers, 4 query heads, 2 key/value heads) at TP=1 and PP=2 (the latter with
-tied embeddings, whose copy on the last stage shares its gradient with the embedding), and a
+A tiny Qwen2 (4 layers, 4 query heads, 2 key/value heads) at TP=1, PP=2 (with tied embeddings,
+whose copy on the last stage shares its gradient with the embedding) and DP=2 (the optimizer
+state sharded over the two replicas, each holding about half), and a
 tiny Qwen3 at TP=2 (log-probs, one step against FSDP, export):
 
 * log-probs and entropy equal transformers' within 1e-5;
@@ -12,7 +13,8 @@ tiny Qwen3 at TP=2 (log-probs, one step against FSDP, export):
   HF pieces) beyond its own shards (also at TP=2, in the TP=2 checkpoint run);
 * value and reward heads at TP=2 equal their FSDP counterparts (streamed weights, and a value
   step's loss, gradient norm and weights);
-* a checkpoint resumes with equal weights and optimizer state, also at another TP/PP layout;
+* a checkpoint resumes with equal weights and optimizer state, also at another TP/PP/DP layout
+  (a sharded optimizer's state too);
 * at PP=2 the 1F1B pipeline schedule gives the sequential schedule's gradients, and packed
   micro-batches (the default, used by every comparison above) right-padded rows' gradients.
 
@@ -37,13 +39,13 @@ from rlweave.testing.ranks import run_ranks  # noqa: E402
 mt = import_helper(Path(__file__).with_name("megatron_scenarios.py"))
 
 TOL = 1e-5
-CASES = {"tp1": ({}, False), "pp2": ({"pp": 2}, True)}
+CASES = {"tp1": ({}, False), "pp2": ({"pp": 2}, True), "dp2": ({"dp": 2}, False)}
 HEAD_KINDS = ("value", "reward")
 
 
 def _world(parallel: dict) -> int:
-    """Ranks of a layout: tensor- times pipeline-parallel size."""
-    return parallel.get("tp", 1) * parallel.get("pp", 1)
+    """Ranks of a layout: tensor- times pipeline- times data-parallel size."""
+    return parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("dp", 1)
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +133,18 @@ def test_logprobs_and_entropy_equal_transformers(case):
         assert torch.allclose(res["entropy"][i], ents[i], atol=TOL, rtol=0), (case["name"], i)
 
 
+def test_data_parallel_ranks_hold_half_the_optimizer_state(case):
+    """dp=2 shards AdamW's state (ZeRO-1): each rank holds about half of it, all of it together;
+    the weights after the step equal FSDP's (``test_train_step_equals_fsdp``)."""
+    res = case["res"]
+    if case["name"] != "dp2":  # exp_avg and exp_avg_sq of every parameter of the rank
+        assert res["optim_state_numel"] == [2 * n for n in res["param_numel"]]
+        return
+    full = 2 * res["param_numel"][0]  # both replicas hold the same parameters
+    assert sum(res["optim_state_numel"]) == full
+    assert all(0.3 * full <= n <= 0.7 * full for n in res["optim_state_numel"]), res["optim_state_numel"]
+
+
 def test_train_step_equals_fsdp(case, fsdp):
     ref = fsdp["tied" if case["tied"] else "untied"]
     got = case["res"]
@@ -212,8 +226,9 @@ def checkpoints(models, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("saved,loaded", [({"tp": 2}, {"tp": 2}), ({"tp": 2}, {}), ({"pp": 2}, {"tp": 2})],
-                         ids=["tp2-tp2", "tp2-tp1", "pp2-tp2"])
+@pytest.mark.parametrize("saved,loaded", [({"tp": 2}, {"tp": 2}), ({"tp": 2}, {}), ({"pp": 2}, {"tp": 2}),
+                                          ({"dp": 2}, {"pp": 2})],
+                         ids=["tp2-tp2", "tp2-tp1", "pp2-tp2", "dp2-pp2"])
 def test_checkpoint_resumes_equal_in_any_layout(saved, loaded, models, checkpoints):
     ckpt, a = checkpoints(saved)  # loading leaves the checkpoint as it was: two layouts read one
     b = run_ranks(mt.resume_scenario, _world(loaded), models[True], ckpt, loaded, False)

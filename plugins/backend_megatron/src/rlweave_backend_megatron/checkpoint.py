@@ -13,7 +13,9 @@ with: it loads into any ``tp`` / ``pp`` / ``dp`` (the model's shape fixed).
   gathered over the stage's tensor-parallel ranks: the one place a full tensor is held.
 * With fp32 master weights (:mod:`.master`) the masters are saved as the parameters (so a
   checkpoint of a bf16 run holds fp32 weights and loads into any precision).
-* AdamW's ``exp_avg`` / ``exp_avg_sq`` follow their parameter under ``optim/<key>/...``,
+* AdamW's ``exp_avg`` / ``exp_avg_sq`` follow their parameter under ``optim/<key>/...``, written
+  by the rank that owns it when the optimizer is sharded (:mod:`.zero`) and read by the owner in
+  the loading layout;
   its step count is ``optim/step``.
 * Step, LR schedule and RNG states are per-rank JSON + safetensors
   (:mod:`rlweave.backend_helpers.extra_state`); loading reads nothing as a pickle
@@ -46,16 +48,17 @@ def _mesh(w: "MegatronWorker"):
     return DeviceMesh.from_group(w._tp_group(), w.device.type)
 
 
-def _entries(w: "MegatronWorker", tensor_of) -> dict[str, Any]:
-    """``{key: value}`` of every local parameter, where ``tensor_of(param)`` is the local
-    tensor to save or fill (the parameter, or one of its optimizer states)."""
+def _entries(w: "MegatronWorker", tensor_of, owned: bool = False) -> dict[str, Any]:
+    """``{key: value}`` of every local parameter (``owned``: those this rank's optimizer steps),
+    where ``tensor_of(param)`` is the local tensor to save or fill (the parameter, or one of its
+    optimizer states)."""
     from torch.distributed.tensor import DTensor, Shard
 
     mesh = _mesh(w) if w.tp > 1 else None
     out: dict[str, Any] = {}
     for name, p in w.model.named_parameters():
         gname = w.global_name(name)
-        if w.stages.is_tied_copy(name):
+        if w.stages.is_tied_copy(name) or (owned and not w.owns(name)):
             continue
         local = tensor_of(p)
         how = convert.split_kind(gname)
@@ -103,7 +106,7 @@ def _state(w: "MegatronWorker", with_optim: bool) -> dict[str, Any]:
     state: dict[str, Any] = {"model": _entries(w, lambda p: w.main(p).detach())}
     if with_optim:
         for s in _STATES:
-            state[f"optim/{s}"] = _entries(w, lambda p, s=s: _opt_state(w, p, s))
+            state[f"optim/{s}"] = _entries(w, lambda p, s=s: _opt_state(w, p, s), owned=True)
     return state
 
 
@@ -180,13 +183,15 @@ def load(w: "MegatronWorker", path: str) -> None:
                     full = torch.zeros(target.local.shape[0] * w.tp, *value.shape[1:], dtype=value.dtype)
                     full[:n] = value
                     target.local.copy_(convert.split("embedding.word_embeddings.weight", full, w.tp, w.tp_rank))
-        w.stages.copy_tied_from_first(w.optimizer if with_optim else None, _STATES, w.main)
+        tied_state = with_optim and (w.owner is None or w.dp_rank == 0)  # the tied pair's owner (zero.py)
+        w.stages.copy_tied_from_first(w.optimizer if tied_state else None, _STATES, w.main)
         if w.masters is not None:
             w.masters.copy_to_model()
     if with_optim:
         step = float(state["optim/step"])
-        for p in w.model.parameters():
-            w.optimizer.state[w.main(p)]["step"] = torch.tensor(step)
+        for name, p in w.model.named_parameters():
+            if w.owns(name):
+                w.optimizer.state[w.main(p)]["step"] = torch.tensor(step)
     w.step = int(extra.get("step", 0))
     w._load_schedule(extra.get("scheduler"))  # the optimizer's param groups are not saved
     rng.set_state(rng_state)

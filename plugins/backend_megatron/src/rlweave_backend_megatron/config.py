@@ -46,6 +46,11 @@ class MegatronConfig(BaseModel):
         "step; false: the optimizer updates the low-precision parameters and keeps low-precision state. No effect in "
         "float32.",
     )
+    shard_optimizer: bool = Field(
+        True, description="With data-parallel replicas (dp > 1): each parameter's AdamW state lives on one "
+        "data-parallel rank, which sums its gradient, steps it and broadcasts it (ZeRO stage 1; about 1/dp of the state "
+        "per rank, the same updates); false: every replica keeps the whole state and steps every parameter.",
+    )
     activation_checkpointing: bool = Field(
         False, description="Megatron's full recompute: keep only each transformer layer's input in forward and "
         "recompute the layer in backward.",

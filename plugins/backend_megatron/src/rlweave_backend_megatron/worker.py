@@ -19,7 +19,8 @@ activations and their gradients by point-to-point exchanges, in the order of
 Log-probabilities come from vocabulary-parallel logits (:mod:`.vocab`).
 
 Training: each rank's AdamW updates its own shards; a bf16/fp16 model trains fp32 master copies
-of them with fp32 AdamW state (``master_weights``, :mod:`.master`). Gradients are summed (not
+of them with fp32 AdamW state (``master_weights``, :mod:`.master`); with ``dp > 1`` the AdamW state
+is sharded over the data-parallel ranks (``shard_optimizer``, :mod:`.zero`). Gradients are summed (not
 averaged) over data-parallel replicas, so the gradient is that of the loss summed over all tokens of all
 replicas (the token-weight convention); the norm counts every parameter once (tensor-parallel
 shards summed, replicated tensors once), and a tied output weight on the last pipeline stage
@@ -108,12 +109,15 @@ class MegatronWorker(TrainingSkeleton):
         self.offloaded = False
         self.stream_peak_bytes = 0
         self.masters = None
+        self.owner: dict[str, int] | None = None  # sharded optimizer: parameter name -> owning data-parallel rank
         if ctx.optim is not None:
             if self.cfg.master_weights and dtype != torch.float32:
                 from rlweave_backend_megatron.master import MasterWeights
 
                 self.masters = MasterWeights(self.model)
-            self._build_optimizer(ctx.optim, [self.main(p) for p in self.model.parameters()])
+            if self.cfg.shard_optimizer and self.dp > 1:
+                self.owner = self._owners()
+            self._build_optimizer(ctx.optim, [self.main(p) for n, p in self.model.named_parameters() if self.owns(n)])
         torch.manual_seed(seed + 1000 + self.rank)
 
     def _impl(self) -> str:
@@ -280,6 +284,23 @@ class MegatronWorker(TrainingSkeleton):
     def _reports_metrics(self) -> bool:
         return self.stages.last and self.tp_rank == 0
 
+    def _owners(self) -> dict[str, int]:
+        """The sharded optimizer's plan (:mod:`.zero`): a tied embedding and its copy on the last
+        stage on data-parallel rank 0, the rest balanced by size."""
+        from rlweave_backend_megatron import zero
+
+        sizes = {n: p.numel() for n, p in self.model.named_parameters() if p.requires_grad}
+        if len(sizes) < self.dp:
+            raise ValueError(f"megatron backend: role {self.ctx.role}: options.shard_optimizer: this pipeline stage has "
+                             f"{len(sizes)} trainable tensors for {self.dp} data-parallel ranks; set shard_optimizer: "
+                             "false")
+        tied = ("embedding.word_embeddings.weight", "output_layer.weight") if self.stages.tied else ()
+        return zero.owners(sizes, self.dp, {n: 0 for n in sizes if self.global_name(n) in tied})
+
+    def owns(self, name: str) -> bool:
+        """Whether this rank's optimizer steps parameter ``name`` (every one unless sharded)."""
+        return self.owner is None or self.owner.get(name) == self.dp_rank
+
     def main(self, p: torch.nn.Parameter) -> torch.nn.Parameter:
         """What the optimizer, the gradient reduction, clipping and checkpoints work on for the
         model parameter ``p``: its fp32 master (:mod:`.master`) or ``p`` itself."""
@@ -296,9 +317,15 @@ class MegatronWorker(TrainingSkeleton):
             for name, p in self.model.named_parameters():
                 if p.requires_grad and convert.tp_summed(name):
                     dist.all_reduce(self.main(p).grad, group=self._tp_group())
-        if self.dp > 1:
-            for p in params:
-                dist.all_reduce(p.grad, group=self._dp_group())
+        if self.dp > 1:  # summed on every replica, or on the parameter's owner (sharded optimizer)
+            group = self._dp_group()
+            for name, p in self.model.named_parameters():
+                if not p.requires_grad:
+                    continue
+                if self.owner is None:
+                    dist.all_reduce(self.main(p).grad, group=group)
+                else:
+                    dist.reduce(self.main(p).grad, dst=dist.get_global_rank(group, self.owner[name]), group=group)
         self.stages.share_embedding_grads(self.main)
 
     def _clip(self) -> float:
@@ -308,10 +335,11 @@ class MegatronWorker(TrainingSkeleton):
         sq = torch.zeros(1, dtype=torch.float64, device=self.device)
         for name, p in self.model.named_parameters():
             g = self.main(p).grad
-            if g is None or not self._counted(name, p):
+            if g is None or not self._counted(name, p) or not self.owns(name):
                 continue
             sq += g.detach().double().pow(2).sum()
-        dist.all_reduce(sq, group=self._mp_group())
+        # sharded: each gradient is whole on its owner alone, so the sum runs over every rank
+        dist.all_reduce(sq, group=self._mp_group() if self.owner is None else None)
         norm = float(sq.sqrt())
         max_norm = float(self.optim_cfg.grad_clip or 0.0)
         if max_norm > 0 and math.isfinite(norm):
@@ -326,9 +354,22 @@ class MegatronWorker(TrainingSkeleton):
     def _update(self, loss_sum: float) -> tuple[float, bool]:
         """The skeleton's update; then the parameters take their masters' new values (if any)."""
         norm, skipped = super()._update(loss_sum)
+        if self.owner is not None:  # the optimizer zeroed only the gradients it owns
+            for p in self.model.parameters():
+                self.main(p).grad = None
+            if not skipped:
+                self._from_owners()
         if self.masters is not None and not skipped:
             self.masters.copy_to_model()
         return norm, skipped
+
+    @torch.no_grad()
+    def _from_owners(self) -> None:
+        """Each parameter (its master, if any) from the data-parallel rank that stepped it."""
+        group = self._dp_group()
+        for name, p in self.model.named_parameters():
+            if p.requires_grad:
+                dist.broadcast(self.main(p).data, src=dist.get_global_rank(group, self.owner[name]), group=group)
 
     def _state_bytes(self) -> tuple[int, int]:
         pb, ob = super()._state_bytes()
