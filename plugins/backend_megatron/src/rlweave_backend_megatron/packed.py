@@ -8,15 +8,31 @@ packed sequences; :class:`PackedDotProductAttention` takes its place in the spec
 megatron's own for right-padded rows. megatron-core applies the rotary embedding per sample
 (positions restart at each sample) before the core attention is called.
 
-On CPU the attention runs in fp32 whatever the model's dtype (faster there and as the padded
-path's fp32 softmax; bench/cpu_attention.py), on CUDA in the model's dtype.
+On CUDA in bf16/fp16, with torch's ``varlen_attn``, the whole packed micro-batch is one fused
+call (no per-sample loop, no host synchronisation); elsewhere each sample is one SDPA call, on
+CPU in fp32 whatever the model's dtype (faster there, and as the padded path's fp32 softmax;
+bench/cpu_attention.py).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 import torch.nn.functional as F
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+
+@functools.lru_cache(maxsize=1)
+def _fused():
+    """``(varlen_attn, its keyword names)``, or ``(None, ())`` on a torch without it (causality
+    is ``is_causal`` on some versions, ``window_size=(-1, 0)`` on others; ``enable_gqa`` from 2.12)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except Exception:  # noqa: BLE001 - older torch
+        return None, ()
+    return varlen_attn, tuple(inspect.signature(varlen_attn).parameters)
 
 
 class PackedDotProductAttention(DotProductAttention):
@@ -34,8 +50,19 @@ class PackedDotProductAttention(DotProductAttention):
             raise ValueError(f"megatron backend: packed attention takes qkv_format 'thd', not "
                              f"{packed_seq_params.qkv_format!r}")
         dtype = query.dtype
-        work = torch.float32 if query.device.type == "cpu" else dtype
         rep = query.shape[1] // key.shape[1]
+        fused, names = _fused()
+        if fused is not None and query.is_cuda and dtype in (torch.bfloat16, torch.float16):
+            extra = {"is_causal": True} if "is_causal" in names else {"window_size": (-1, 0)}
+            k, v = key, value
+            if rep > 1 and "enable_gqa" in names:
+                extra["enable_gqa"] = True
+            elif rep > 1:  # no GQA keyword: one key/value head per query head
+                k, v = (x.repeat_interleave(rep, dim=1) for x in (key, value))
+            cu = packed_seq_params.cu_seqlens_q
+            longest = int(packed_seq_params.max_seqlen_q)
+            return fused(query, k, v, cu, cu, longest, longest, scale=self.softmax_scale, **extra)
+        work = torch.float32 if query.device.type == "cpu" else dtype
         cu = packed_seq_params.cu_seqlens_q.tolist()
         outs = []
         for a, b in zip(cu[:-1], cu[1:]):
