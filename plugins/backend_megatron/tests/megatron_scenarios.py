@@ -134,13 +134,16 @@ def fsdp_references(ctx_kw: dict, runs: dict[str, tuple[str, str]]) -> dict[str,
     return out
 
 
-def resume_scenario(ctx_kw: dict, model_dir: str, ckpt: str, parallel: dict, save: bool) -> dict[str, Any]:
+def resume_scenario(ctx_kw: dict, model_dir: str, ckpt: str, parallel: dict, save: bool,
+                    options: dict | None = None) -> dict[str, Any]:
     """``save``: one step, checkpoint into ``ckpt``, then a second step; else: load ``ckpt``
-    and take the second step (each data-parallel replica on its share of the batches). Returns the second step's metrics, log-probs of a third batch,
+    and take the second step (each data-parallel replica on its share of the batches); ``options``:
+    more backend options. Returns the second step's metrics, log-probs of a third batch,
     the weights after it and each rank's peak bytes while they were streamed."""
     import torch.distributed as dist
 
-    w = worker(ctx_kw, {"path": model_dir, "dtype": "float32"}, parallel, max_tokens_per_micro_batch=64)
+    w = worker(ctx_kw, {"path": model_dir, "dtype": "float32"}, parallel, max_tokens_per_micro_batch=64,
+               **(options or {}))
     if save:
         w.train_step(replica_shard(w, sc.fixed_batch())[0], sc.nll_loss)
         w.save_checkpoint(ckpt)

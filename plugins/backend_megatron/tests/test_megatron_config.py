@@ -117,6 +117,7 @@ def test_valid_configs_pass_and_show_every_option(tmp_path):
     assert run.roles["policy"].options == {
         "transformer_impl": "auto", "sequence_parallel": False, "use_packing": True, "max_tokens_per_micro_batch": 4096,
         "max_tokens_per_forward": None, "pipeline_schedule": "1f1b", "master_weights": True, "shard_optimizer": True,
+        "dp_bucket_bytes": 50_000_000,
         "activation_checkpointing": False, "seed": None,
         "hf_shard_bytes": 2_000_000_000, "make_vocab_size_divisible_by": 128}
     assert _errors(tmp_path, {"dp": 2, "tp": 2}, 4) == []

@@ -1,8 +1,8 @@
 """The megatron backend on CPU ranks over gloo, fp32, against transformers and the FSDP backend.
 
 A tiny Qwen2 (4 layers, 4 query heads, 2 key/value heads) at TP=1, PP=2 (with tied embeddings,
-whose copy on the last stage shares its gradient with the embedding) and DP=2 (the optimizer
-state sharded over the two replicas, each holding about half), and a
+whose copy on the last stage shares its gradient with the embedding), DP=2 (the optimizer state
+sharded over the two replicas, each holding about half) and TP=2 x PP=2 (four ranks, tied), and a
 tiny Qwen3 at TP=2 (log-probs, one step against FSDP, export):
 
 * log-probs and entropy equal transformers' within 1e-5;
@@ -39,7 +39,7 @@ from rlweave.testing.ranks import run_ranks  # noqa: E402
 mt = import_helper(Path(__file__).with_name("megatron_scenarios.py"))
 
 TOL = 1e-5
-CASES = {"tp1": ({}, False), "pp2": ({"pp": 2}, True), "dp2": ({"dp": 2}, False)}
+CASES = {"tp1": ({}, False), "pp2": ({"pp": 2}, True), "dp2": ({"dp": 2}, False), "tp2pp2": ({"tp": 2, "pp": 2}, True)}
 HEAD_KINDS = ("value", "reward")
 
 
@@ -226,12 +226,16 @@ def checkpoints(models, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("saved,loaded", [({"tp": 2}, {"tp": 2}), ({"tp": 2}, {}), ({"pp": 2}, {"tp": 2}),
-                                          ({"dp": 2}, {"pp": 2})],
-                         ids=["tp2-tp2", "tp2-tp1", "pp2-tp2", "dp2-pp2"])
-def test_checkpoint_resumes_equal_in_any_layout(saved, loaded, models, checkpoints):
+@pytest.mark.parametrize("saved,loaded,options", [
+    ({"tp": 2}, {"tp": 2}, {}), ({"tp": 2}, {}, {}), ({"pp": 2}, {"tp": 2}, {}), ({"dp": 2}, {"pp": 2}, {}),
+    ({"dp": 2}, {"dp": 2}, {"shard_optimizer": False})],
+    ids=["tp2-tp2", "tp2-tp1", "pp2-tp2", "dp2-pp2", "dp2-dp2-unsharded"])
+def test_checkpoint_resumes_equal_in_any_layout(saved, loaded, options, models, checkpoints):
+    """A checkpoint loads into another layout (``options``: the loading run's), and its next step
+    equals the saving run's: dp2-pp2 reads a sharded optimizer's state into one replica,
+    dp2-dp2-unsharded into replicas that each keep all of it (gradients all-reduced in buckets)."""
     ckpt, a = checkpoints(saved)  # loading leaves the checkpoint as it was: two layouts read one
-    b = run_ranks(mt.resume_scenario, _world(loaded), models[True], ckpt, loaded, False)
+    b = run_ranks(mt.resume_scenario, _world(loaded), models[True], ckpt, loaded, False, options)
     assert a["step"] == b["step"] == 1
     for key in ("loss", "grad_norm"):
         assert abs(a["metrics"][key] - b["metrics"][key]) < TOL, key

@@ -51,6 +51,10 @@ class MegatronConfig(BaseModel):
         "data-parallel rank, which sums its gradient, steps it and broadcasts it (ZeRO stage 1; about 1/dp of the state "
         "per rank, the same updates); false: every replica keeps the whole state and steps every parameter.",
     )
+    dp_bucket_bytes: int = Field(
+        50_000_000, ge=1, description="Bytes per bucket of the data-parallel gradient sums and the sharded optimizer's "
+        "parameter broadcasts (consecutive tensors of one dtype flattened into one collective call).",
+    )
     activation_checkpointing: bool = Field(
         False, description="Megatron's full recompute: keep only each transformer layer's input in forward and "
         "recompute the layer in backward.",

@@ -43,7 +43,7 @@ from rlweave.backend_helpers.hf_dir import HFReader, export_config, write_hf
 from rlweave.backend_helpers.training import TrainingSkeleton, model_dtype
 from rlweave.data.batch import Batch
 from rlweave.interfaces.backend import LossFn, merge_metric
-from rlweave_backend_megatron import convert, model as mmodel, pipeline, schedules, vocab
+from rlweave_backend_megatron import buckets, convert, model as mmodel, pipeline, schedules, vocab
 from rlweave_backend_megatron.config import MegatronConfig
 
 # megatron-core says so on every import when Apex / Transformer Engine are absent (the local specs
@@ -110,6 +110,7 @@ class MegatronWorker(TrainingSkeleton):
         self.stream_peak_bytes = 0
         self.masters = None
         self.owner: dict[str, int] | None = None  # sharded optimizer: parameter name -> owning data-parallel rank
+        self.bucket_bytes = self.cfg.dp_bucket_bytes
         if ctx.optim is not None:
             if self.cfg.master_weights and dtype != torch.float32:
                 from rlweave_backend_megatron.master import MasterWeights
@@ -317,15 +318,16 @@ class MegatronWorker(TrainingSkeleton):
             for name, p in self.model.named_parameters():
                 if p.requires_grad and convert.tp_summed(name):
                     dist.all_reduce(self.main(p).grad, group=self._tp_group())
-        if self.dp > 1:  # summed on every replica, or on the parameter's owner (sharded optimizer)
+        if self.dp > 1:  # summed on every replica, or on the parameter's owner (sharded optimizer), in buckets
             group = self._dp_group()
-            for name, p in self.model.named_parameters():
-                if not p.requires_grad:
-                    continue
-                if self.owner is None:
-                    dist.all_reduce(self.main(p).grad, group=group)
-                else:
-                    dist.reduce(self.main(p).grad, dst=dist.get_global_rank(group, self.owner[name]), group=group)
+            grads = {n: self.main(p).grad for n, p in self.model.named_parameters() if p.requires_grad}
+            if self.owner is None:
+                buckets.coalesced(grads.values(), lambda f: dist.all_reduce(f, group=group), self.bucket_bytes)
+            else:
+                for r in range(self.dp):
+                    dst = dist.get_global_rank(group, r)
+                    buckets.coalesced((g for n, g in grads.items() if self.owner[n] == r),
+                                      lambda f, dst=dst: dist.reduce(f, dst=dst, group=group), self.bucket_bytes)
         self.stages.share_embedding_grads(self.main)
 
     def _clip(self) -> float:
@@ -365,11 +367,13 @@ class MegatronWorker(TrainingSkeleton):
 
     @torch.no_grad()
     def _from_owners(self) -> None:
-        """Each parameter (its master, if any) from the data-parallel rank that stepped it."""
+        """Each parameter (its master, if any) from the data-parallel rank that stepped it, in buckets."""
         group = self._dp_group()
-        for name, p in self.model.named_parameters():
-            if p.requires_grad:
-                dist.broadcast(self.main(p).data, src=dist.get_global_rank(group, self.owner[name]), group=group)
+        for r in range(self.dp):
+            src = dist.get_global_rank(group, r)
+            buckets.coalesced((self.main(p).data for n, p in self.model.named_parameters()
+                               if p.requires_grad and self.owner[n] == r),
+                              lambda f, src=src: dist.broadcast(f, src=src, group=group), self.bucket_bytes)
 
     def _state_bytes(self) -> tuple[int, int]:
         pb, ob = super()._state_bytes()

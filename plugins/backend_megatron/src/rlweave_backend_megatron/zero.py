@@ -4,11 +4,12 @@ Each trainable parameter has one *owner* among the data-parallel ranks that hold
 of the same tensor-parallel and pipeline position in each replica). Only the owner keeps AdamW's
 state for it and steps it; the step is then:
 
-1. every rank's gradient is summed onto the owner (``reduce`` over the data-parallel group);
+1. every rank's gradient is summed onto the owner (``reduce`` over the data-parallel group, one
+   call per bucket of tensors with the same owner, :mod:`.buckets`);
 2. the gradient norm sums each parameter once, on its owner (over every rank of the role);
 3. owners clip and step their parameters;
 4. each parameter (its fp32 master, with master weights) is broadcast from its owner to the
-   other replicas.
+   other replicas, in buckets likewise.
 
 The result equals the unsharded optimizer's (the same sums, the same AdamW on each parameter);
 each rank holds about ``1/dp`` of the AdamW state. Owners are given by :func:`owners`: largest
