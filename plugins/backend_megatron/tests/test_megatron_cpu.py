@@ -73,10 +73,21 @@ def heads_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def fsdp(models, heads_model):
+def qwen3_model(tmp_path_factory):
+    """A tiny Qwen3: query/key norms, head_dim 24 unlike hidden / heads."""
+    from rlweave.testing.tiny_model import build_tiny
+
+    cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+               intermediate_size=128, max_position_embeddings=2048, tie_word_embeddings=False)
+    return str(build_tiny("Qwen3", cfg, tmp_path_factory.mktemp("megatron_qwen3") / "m", seed=7))
+
+
+@pytest.fixture(scope="module")
+def fsdp(models, heads_model, qwen3_model):
     """The FSDP references of every comparison, in one spawn: the causal LMs (``tied``,
-    ``untied``) after one NLL step, the heads model as ``value`` (one step) and ``reward``."""
+    ``untied``, ``qwen3``) after one NLL step, the heads model as ``value`` (one step) and ``reward``."""
     runs = {("tied" if tied else "untied"): (d, "causal_lm") for tied, d in models.items()}
+    runs["qwen3"] = (qwen3_model, "causal_lm")
     runs.update({kind: (heads_model, kind) for kind in HEAD_KINDS})
     return run_ranks(mt.fsdp_references, 1, runs)
 
@@ -96,18 +107,11 @@ def case(request, models, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def qwen3(tmp_path_factory):
-    """A tiny Qwen3 (query/key norms, head_dim 24 unlike hidden / heads) at TP=2 (its step, weights
-    and HF export) and its FSDP reference, each in one spawn."""
-    from rlweave.testing.tiny_model import build_tiny
-
-    root = tmp_path_factory.mktemp("megatron_qwen3")
-    cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
-               intermediate_size=128, max_position_embeddings=2048, tie_word_embeddings=False)
-    model = str(build_tiny("Qwen3", cfg, root / "m", seed=7))
-    res = run_ranks(mt.policy_scenario, 2, model, str(root), {"tp": 2})
-    ref = run_ranks(mt.fsdp_policy, 1, model)
-    return {"dir": model, "work": root, "res": res, "ref": ref}
+def qwen3(qwen3_model, fsdp, tmp_path_factory):
+    """The tiny Qwen3 at TP=2 (its step, weights and HF export, in one spawn) and its FSDP reference."""
+    root = tmp_path_factory.mktemp("megatron_qwen3_tp2")
+    res = run_ranks(mt.policy_scenario, 2, qwen3_model, str(root), {"tp": 2})
+    return {"dir": qwen3_model, "work": root, "res": res, "ref": fsdp["qwen3"]}
 
 
 def _reference(model_dir: str, weights_dir: str | None = None):
