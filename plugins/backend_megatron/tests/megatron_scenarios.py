@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
 from rlweave.testing import scenarios as sc
 
 OPTIM = {"lr": 1e-2, "grad_clip": 1.0, "weight_decay": 0.01, "eps": 1e-3}
@@ -166,7 +165,6 @@ def schedule_scenario(ctx_kw: dict, model_dir: str, parallel: dict, counts: list
     the schedules (``grad_diff``, ``loss_diff``) and between packed and padded rows
     (``padded_grad_diff``, ``padded_loss_diff``), and the 1F1B loss sum."""
     import torch.distributed as dist
-
     from rlweave.data.batch import Batch
 
     w = worker(ctx_kw, {"path": model_dir, "dtype": "float32"}, parallel)

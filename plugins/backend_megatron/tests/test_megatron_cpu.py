@@ -32,9 +32,9 @@ import torch
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install rlweave-backend-megatron[megatron])")
 
-from rlweave.testing import scenarios as sc  # noqa: E402
-from rlweave.testing.helper_modules import import_helper  # noqa: E402
-from rlweave.testing.ranks import run_ranks  # noqa: E402
+from rlweave.testing import scenarios as sc
+from rlweave.testing.helper_modules import import_helper
+from rlweave.testing.ranks import run_ranks
 
 mt = import_helper(Path(__file__).with_name("megatron_scenarios.py"))
 
@@ -60,9 +60,8 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def heads_model(tmp_path_factory):
     """A value/reward model: a tiny Qwen2 without ``lm_head`` and with a one-label ``score.weight``."""
-    from safetensors.torch import load_file, save_file
-
     from rlweave.testing.tiny_model import build_tiny_qwen2
+    from safetensors.torch import load_file, save_file
 
     d = build_tiny_qwen2(tmp_path_factory.mktemp("megatron_heads") / "m", layers=2, seed=5)
     tensors = load_file(str(d / "model.safetensors"))
@@ -77,8 +76,8 @@ def qwen3_model(tmp_path_factory):
     """A tiny Qwen3: query/key norms, head_dim 24 unlike hidden / heads."""
     from rlweave.testing.tiny_model import build_tiny
 
-    cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
-               intermediate_size=128, max_position_embeddings=2048, tie_word_embeddings=False)
+    cfg = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24,
+           "intermediate_size": 128, "max_position_embeddings": 2048, "tie_word_embeddings": False}
     return str(build_tiny("Qwen3", cfg, tmp_path_factory.mktemp("megatron_qwen3") / "m", seed=7))
 
 

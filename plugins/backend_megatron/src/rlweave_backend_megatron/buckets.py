@@ -9,7 +9,7 @@ hundreds of tensors dominates the transfer itself.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 

@@ -17,7 +17,7 @@ each optimizer step; :meth:`to` moves the masters with the model (offload).
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +31,7 @@ def _fused():
     is ``is_causal`` on some versions, ``window_size=(-1, 0)`` on others; ``enable_gqa`` from 2.12)."""
     try:
         from torch.nn.attention.varlen import varlen_attn
-    except Exception:  # noqa: BLE001 - older torch
+    except Exception:
         return None, ()
     return varlen_attn, tuple(inspect.signature(varlen_attn).parameters)
 
@@ -65,7 +66,7 @@ class PackedDotProductAttention(DotProductAttention):
         work = torch.float32 if query.device.type == "cpu" else dtype
         cu = packed_seq_params.cu_seqlens_q.tolist()
         outs = []
-        for a, b in zip(cu[:-1], cu[1:]):
+        for a, b in itertools.pairwise(cu):
             q = query[a:b].transpose(0, 1).to(work)  # (heads, s, d)
             k = key[a:b].transpose(0, 1).to(work).repeat_interleave(rep, dim=0)
             v = value[a:b].transpose(0, 1).to(work).repeat_interleave(rep, dim=0)

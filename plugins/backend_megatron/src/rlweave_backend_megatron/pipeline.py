@@ -42,7 +42,7 @@ class Rows:
     packed: object = None
 
 
-def packed_row(mb: "Batch | None", device) -> Rows:
+def packed_row(mb: Batch | None, device) -> Rows:
     """``mb`` as one row of its samples back to back (THD), positions restarting at each sample
     (None: one 2-token sample of zeros whose loss is multiplied by 0)."""
     from rlweave_backend_megatron import packed
@@ -58,7 +58,7 @@ def packed_row(mb: "Batch | None", device) -> Rows:
                 torch.arange(total, device=device), packed.params(cu, device))
 
 
-def padded(mb: "Batch | None", device) -> Rows:
+def padded(mb: Batch | None, device) -> Rows:
     """Right-padded rows of ``mb`` (None: one 2-token row of zeros whose loss is multiplied by 0)."""
     if mb is None:
         lens, ids_flat, starts = [2], torch.zeros(2, dtype=torch.long), [0]

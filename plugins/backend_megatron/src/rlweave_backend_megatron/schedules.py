@@ -24,7 +24,8 @@ them; a new schedule (interleaved virtual stages, zero-bubble) is one more entry
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -35,7 +36,7 @@ RowsOf = Callable[[int], "Rows"]
 Forward = Callable[[int, "Rows", "torch.Tensor | None"], "tuple[torch.Tensor, torch.Tensor | None]"]
 
 
-def sequential(stages: "Stages", n: int, rows_of: RowsOf, forward: Forward) -> None:
+def sequential(stages: Stages, n: int, rows_of: RowsOf, forward: Forward) -> None:
     """One micro-batch at a time through the whole pipeline, forward then backward."""
     for i in range(n):
         rows = rows_of(i)
@@ -46,7 +47,7 @@ def sequential(stages: "Stages", n: int, rows_of: RowsOf, forward: Forward) -> N
         stages.send_backward(stages.backward(h, out, loss, grad))
 
 
-def one_forward_one_backward(stages: "Stages", n: int, rows_of: RowsOf, forward: Forward) -> None:
+def one_forward_one_backward(stages: Stages, n: int, rows_of: RowsOf, forward: Forward) -> None:
     """Warm-up forwards, one forward one backward, then the remaining backwards (module docstring)."""
     warm = min(stages.pp - stages.pp_rank - 1, n)
     live: deque = deque()  # (input, output, loss) of micro-batches whose backward is still to run
