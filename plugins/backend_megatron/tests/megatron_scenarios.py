@@ -34,12 +34,13 @@ def hf_weights(w) -> dict[str, torch.Tensor]:
 
 
 def policy_scenario(ctx_kw: dict, model_dir: str, work: str, parallel: dict, budget: int = 64,
-                    with_step: bool = True) -> dict[str, Any]:
+                    with_step: bool = True, options: dict | None = None) -> dict[str, Any]:
     """Log-probs and entropy of the fixed batch, one NLL train step, the streamed weights after
-    it and an HF export under ``work``."""
+    it and an HF export under ``work``; ``options``: more backend options."""
     import torch.distributed as dist
 
-    w = worker(ctx_kw, {"path": model_dir, "dtype": "float32"}, parallel, max_tokens_per_micro_batch=budget)
+    w = worker(ctx_kw, {"path": model_dir, "dtype": "float32"}, parallel, max_tokens_per_micro_batch=budget,
+               **(options or {}))
     batch = sc.fixed_batch()
     shard, idx = replica_shard(w, batch)
     out = w.compute_logprobs(shard, with_entropy=True)

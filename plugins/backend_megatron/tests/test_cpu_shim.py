@@ -15,17 +15,19 @@ from rlweave_backend_megatron import cpu_shim
 
 
 def _targets() -> dict[str, object]:
-    """The five class attributes the shim replaces, as currently installed."""
+    """The five class attributes and two module-level ``torch`` names the shim replaces, as currently installed."""
     from megatron.core import utils
     from megatron.core.models.common.embeddings import rotary_pos_embedding as rope
     from megatron.core.models.common.language_module.language_module import LanguageModule
+    from megatron.core.tensor_parallel import layers, mappings
     from megatron.core.tensor_parallel import random as mrandom
 
     return {"setup_embeddings": LanguageModule.__dict__["setup_embeddings_and_output_layer"],
             "get_emb": rope.RotaryEmbedding.__dict__["get_emb"],
             "get_tensor": utils.GlobalMemoryBuffer.__dict__["get_tensor"],
             "add": mrandom.CudaRNGStatesTracker.__dict__["add"],
-            "fork": mrandom.CudaRNGStatesTracker.__dict__["fork"]}
+            "fork": mrandom.CudaRNGStatesTracker.__dict__["fork"],
+            "layers_torch": layers.torch, "mappings_torch": mappings.torch}
 
 
 @pytest.fixture
@@ -188,3 +190,14 @@ def test_importing_the_worker_does_not_apply_the_shim_but_a_cpu_init_model_does(
                          timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-4000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"after_import": False, "after_init": True}
+
+
+def test_sequence_parallel_collectives_allocate_on_cpu(shim):
+    """The tensor-parallel modules' gathers allocate on the CPU (one process, a group of one
+    rank is bypassed by megatron, so the allocation is checked directly)."""
+    import torch
+    from megatron.core.tensor_parallel import mappings
+
+    assert mappings.torch.cuda.current_device() == torch.device("cpu")
+    assert mappings.torch.empty(2, device=mappings.torch.cuda.current_device()).device.type == "cpu"
+    assert mappings.torch.float32 is torch.float32 and mappings.torch.distributed is torch.distributed

@@ -170,11 +170,11 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
            "supported: qwen2, qwen3, llama" in errs[0]
 
 
-@pytest.mark.parametrize("parallel,devices", [({"dp": 2}, 2), ({"tp": 2}, 2)])
-def test_sequence_parallel_is_refused_as_not_supported_yet(tmp_path, parallel, devices):
-    errs = _errors(tmp_path, parallel, devices, {"sequence_parallel": True})
+def test_sequence_parallel_needs_tensor_parallel_ranks(tmp_path):
+    assert _errors(tmp_path, {"tp": 2}, 2, {"sequence_parallel": True}) == []
+    errs = _errors(tmp_path, {"dp": 2}, 2, {"sequence_parallel": True})
     assert len(errs) == 1 and "c.yaml: roles.policy.options.sequence_parallel: " in errs[0]
-    assert "sequence parallelism is not supported by this backend yet" in errs[0]
+    assert "it needs parallel.tp > 1 and model_type causal_lm (got tp=1, model_type causal_lm)" in errs[0]
 
 
 @pytest.mark.parametrize("change,words", [

@@ -2,7 +2,9 @@
 
 A tiny Qwen2 (4 layers, 4 query heads, 2 key/value heads) at TP=1, PP=2 (with tied embeddings,
 whose copy on the last stage shares its gradient with the embedding), DP=2 (the optimizer state
-sharded over the two replicas, each holding about half) and TP=2 x PP=2 (four ranks, tied), and a
+sharded over the two replicas, each holding about half), TP=2 x PP=2 and PP=2 x DP=2 (four ranks,
+tied: the embedding and its last-stage copy owned by the same data-parallel rank), TP=2 with
+sequence parallelism (norms on half the sequence each, their gradients summed), and a
 tiny Qwen3 at TP=2 (log-probs, one step against FSDP, export):
 
 * log-probs and entropy equal transformers' within 1e-5;
@@ -39,7 +41,10 @@ from rlweave.testing.ranks import run_ranks
 mt = import_helper(Path(__file__).with_name("megatron_scenarios.py"))
 
 TOL = 1e-5
-CASES = {"tp1": ({}, False), "pp2": ({"pp": 2}, True), "dp2": ({"dp": 2}, False), "tp2pp2": ({"tp": 2, "pp": 2}, True)}
+CASES = {"tp1": ({}, False), "pp2": ({"pp": 2}, True), "dp2": ({"dp": 2}, False), "tp2pp2": ({"tp": 2, "pp": 2}, True),
+         "pp2dp2": ({"pp": 2, "dp": 2}, True), "tp2sp": ({"tp": 2}, False)}
+#: backend options of a case beyond the parallel sizes
+CASE_OPTIONS = {"tp2sp": {"sequence_parallel": True}}
 HEAD_KINDS = ("value", "reward")
 
 
@@ -101,7 +106,8 @@ def heads(heads_model):
 def case(request, models, tmp_path_factory):
     parallel, tied = CASES[request.param]
     work = tmp_path_factory.mktemp(f"megatron_{request.param}")
-    res = run_ranks(mt.policy_scenario, _world(parallel), models[tied], str(work), parallel)
+    res = run_ranks(mt.policy_scenario, _world(parallel), models[tied], str(work), parallel, 64, True,
+                    CASE_OPTIONS.get(request.param))
     return {"name": request.param, "tied": tied, "dir": models[tied], "work": work, "res": res}
 
 
@@ -137,15 +143,20 @@ def test_logprobs_and_entropy_equal_transformers(case):
 
 
 def test_data_parallel_ranks_hold_half_the_optimizer_state(case):
-    """dp=2 shards AdamW's state (ZeRO-1): each rank holds about half of it, all of it together;
-    the weights after the step equal FSDP's (``test_train_step_equals_fsdp``)."""
+    """dp=2 shards AdamW's state (ZeRO-1): each rank holds about half of it, all of it together
+    (per stage with pp=2); the weights after the step equal FSDP's (``test_train_step_equals_fsdp``)."""
     res = case["res"]
-    if case["name"] != "dp2":  # exp_avg and exp_avg_sq of every parameter of the rank
-        assert res["optim_state_numel"] == [2 * n for n in res["param_numel"]]
-        return
-    full = 2 * res["param_numel"][0]  # both replicas hold the same parameters
-    assert sum(res["optim_state_numel"]) == full
-    assert all(0.3 * full <= n <= 0.7 * full for n in res["optim_state_numel"]), res["optim_state_numel"]
+    state, params = res["optim_state_numel"], res["param_numel"]
+    if case["name"] == "dp2":
+        full = 2 * params[0]  # exp_avg and exp_avg_sq; both replicas hold the same parameters
+        assert sum(state) == full
+        assert all(0.3 * full <= n <= 0.7 * full for n in state), state
+    elif case["name"] == "pp2dp2":  # ranks: stage 0 and 1 of replica 0, then of replica 1
+        for stage in (0, 1):
+            assert state[stage] + state[stage + 2] == 2 * params[stage]
+            assert 0 < state[stage + 2] < 2 * params[stage]
+    else:  # every parameter of the rank
+        assert state == [2 * n for n in params]
 
 
 def test_train_step_equals_fsdp(case, fsdp):

@@ -20,8 +20,9 @@ class MegatronConfig(BaseModel):
         "importable and the rank's device is CUDA, else local.",
     )
     sequence_parallel: bool = Field(
-        False, description="Megatron's sequence parallelism (activations outside attention and MLP split along the "
-        "sequence over the tp ranks): not supported yet, validation refuses true.",
+        False, description="Megatron's sequence parallelism: activations outside attention and MLP (norms, residuals, "
+        "dropout) split along the sequence over the tp ranks, gathered before and reduce-scattered after each "
+        "tensor-parallel block. Needs parallel.tp > 1 and a causal_lm.",
     )
     use_packing: bool = Field(
         True, description="Micro-batches as one row of samples back to back, attention within each sample (THD, "

@@ -16,6 +16,10 @@ megatron-core targets CUDA: these calls hard-code it on paths a dense model take
   name continues it).
 - ``_get_cuda_rng_state`` / ``_set_cuda_rng_state`` (read and restored around each recomputed
   layer of activation checkpointing) read and set the CPU generator's state.
+- The tensor-parallel communication and linear-layer modules (``tensor_parallel.mappings``,
+  ``tensor_parallel.layers``) allocate the outputs of sequence-parallel gathers and
+  reduce-scatters on ``torch.cuda.current_device()``; those two modules see a view of ``torch``
+  whose ``cuda.current_device()`` is the CPU (everything else is torch's own).
 
 :func:`apply` installs them all (on the classes and the random module), once per process, and only when the worker's
 device is the CPU: a CUDA worker never calls it, so nothing here touches a GPU run.
@@ -111,6 +115,32 @@ def _cpu_set_state(new_state, device=-1, graph_safe=False):
     torch.set_rng_state(new_state)
 
 
+class _CudaOnCpu:
+    """``torch.cuda`` as the two tensor-parallel modules see it: ``current_device()`` is the CPU."""
+
+    @staticmethod
+    def current_device():
+        import torch
+
+        return torch.device("cpu")
+
+    def __getattr__(self, name):
+        import torch
+
+        return getattr(torch.cuda, name)
+
+
+class _TorchOnCpu:
+    """``torch`` as the two tensor-parallel modules see it (:class:`_CudaOnCpu` as ``cuda``)."""
+
+    cuda = _CudaOnCpu()
+
+    def __getattr__(self, name):
+        import torch
+
+        return getattr(torch, name)
+
+
 def applied() -> bool:
     """Whether the CPU redirections are installed in this process."""
     return bool(_saved)
@@ -138,6 +168,11 @@ def apply() -> None:
     utils.GlobalMemoryBuffer.get_tensor = _cpu_get_tensor
     mrandom.CudaRNGStatesTracker.add = _cpu_add
     mrandom.CudaRNGStatesTracker.fork = _cpu_fork
+    from megatron.core.tensor_parallel import layers, mappings
+
+    _saved["torch_of"] = {m: m.torch for m in (layers, mappings)}
+    for m in (layers, mappings):
+        m.torch = _TorchOnCpu()
 
 
 def restore() -> None:
@@ -156,3 +191,5 @@ def restore() -> None:
     mrandom._get_cuda_rng_state, mrandom._set_cuda_rng_state = _saved.pop("get_state"), _saved.pop("set_state")
     mrandom.CudaRNGStatesTracker.add = _saved.pop("add")
     mrandom.CudaRNGStatesTracker.fork = _saved.pop("fork")
+    for m, t in _saved.pop("torch_of").items():
+        m.torch = t

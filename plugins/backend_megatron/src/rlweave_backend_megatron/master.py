@@ -17,8 +17,6 @@ each optimizer step; :meth:`to` moves the masters with the model (offload).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 
 
@@ -48,10 +46,6 @@ class MasterWeights:
     def main(self, p: torch.nn.Parameter) -> torch.nn.Parameter:
         """The fp32 master of ``p`` (``p`` itself when it has none: frozen or fp32)."""
         return self._main.get(id(p), p)
-
-    def masters(self) -> Iterator[torch.nn.Parameter]:
-        """Every master, in the model's parameter order."""
-        return (m for _, m in self._pairs)
 
     @torch.no_grad()
     def copy_to_model(self) -> None:

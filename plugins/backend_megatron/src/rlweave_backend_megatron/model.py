@@ -32,7 +32,8 @@ class ScalarHead(nn.Module):
         return self.score(hidden_states), None
 
 
-def transformer_config(shape: convert.Shape, tp: int, pp: int, dtype: torch.dtype, recompute: bool):
+def transformer_config(shape: convert.Shape, tp: int, pp: int, dtype: torch.dtype, recompute: bool,
+                       sequence_parallel: bool = False):
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
@@ -48,7 +49,8 @@ def transformer_config(shape: convert.Shape, tp: int, pp: int, dtype: torch.dtyp
         bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, pipeline_dtype=dtype,
         use_cpu_initialization=True, perform_initialization=False, bias_activation_fusion=False,
         masked_softmax_fusion=False, apply_rope_fusion=False, persist_layer_norm=False, bias_dropout_fusion=False,
-        gradient_accumulation_fusion=False, attention_softmax_in_fp32=True, qk_layernorm=shape.qk_norm, **kw)
+        gradient_accumulation_fusion=False, attention_softmax_in_fp32=True, qk_layernorm=shape.qk_norm,
+        sequence_parallel=sequence_parallel, **kw)
 
 
 def layer_spec(impl: str, qk_norm: bool = False):
@@ -66,13 +68,21 @@ def layer_spec(impl: str, qk_norm: bool = False):
 
 def build(shape: convert.Shape, kind: str, impl: str, tp: int, tp_rank: int, pp: int, pp_rank: int,
           dtype: torch.dtype, device: torch.device, read: Callable[[str], torch.Tensor | None], seed: int,
-          recompute: bool = False) -> tuple[nn.Module, int]:
+          recompute: bool = False, sequence_parallel: bool = False) -> tuple[nn.Module, int]:
     """The stage's model with its weights, and the global index of its first layer."""
     from megatron.core.models.gpt import GPTModel
 
     first, last = pp_rank == 0, pp_rank == pp - 1
-    cfg = transformer_config(shape, tp, pp, dtype, recompute)
-    model = GPTModel(config=cfg, transformer_layer_spec=layer_spec(impl, shape.qk_norm), vocab_size=shape.padded_vocab,
+    cfg = transformer_config(shape, tp, pp, dtype, recompute, sequence_parallel)
+    spec = layer_spec(impl, shape.qk_norm)
+    if impl != "transformer_engine":  # the final norm too is ours (.norms), not megatron's WrappedTorchNorm
+        from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+        from rlweave_backend_megatron.norms import RMSNorm
+
+        spec = TransformerBlockSubmodules(layer_specs=[spec] * get_num_layers_to_build(cfg, pp_rank=pp_rank),
+                                          layer_norm=RMSNorm)
+    model = GPTModel(config=cfg, transformer_layer_spec=spec, vocab_size=shape.padded_vocab,
                      max_sequence_length=shape.max_positions, pre_process=first, post_process=last,
                      share_embeddings_and_output_weights=shape.tied and kind == "causal_lm",
                      position_embedding_type="rope", rotary_base=int(shape.rope_theta)

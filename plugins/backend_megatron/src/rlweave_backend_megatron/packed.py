@@ -77,11 +77,18 @@ class PackedDotProductAttention(DotProductAttention):
 
 def local_spec(qk_norm: bool = False):
     """megatron-core's local GPT layer spec (with query/key norms when ``qk_norm``) with
-    :class:`PackedDotProductAttention` as core attention."""
+    :class:`PackedDotProductAttention` as core attention and :class:`.norms.RMSNorm` as every norm."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
+    from rlweave_backend_megatron.norms import RMSNorm
+
     spec = specs.get_gpt_layer_local_spec(qk_layernorm=qk_norm)
-    spec.submodules.self_attention.submodules.core_attention = PackedDotProductAttention
+    layer = spec.submodules
+    attn = layer.self_attention.submodules
+    attn.core_attention = PackedDotProductAttention
+    layer.input_layernorm = layer.pre_mlp_layernorm = RMSNorm
+    if qk_norm:
+        attn.q_layernorm = attn.k_layernorm = RMSNorm
     return spec
 
 

@@ -42,30 +42,36 @@ class Rows:
     packed: object = None
 
 
-def packed_row(mb: Batch | None, device) -> Rows:
+def packed_row(mb: Batch | None, device, multiple: int = 1) -> Rows:
     """``mb`` as one row of its samples back to back (THD), positions restarting at each sample
-    (None: one 2-token sample of zeros whose loss is multiplied by 0)."""
+    (None: one 2-token sample of zeros whose loss is multiplied by 0); a row whose length is not a
+    multiple of ``multiple`` (sequence parallelism: the tensor-parallel size) ends with one more
+    sample of zeros, whose outputs are never read."""
     from rlweave_backend_megatron import packed
 
     if mb is None:
         ids, cu = torch.zeros(2, dtype=torch.long), torch.tensor([0, 2])
     else:
         ids, cu = mb.token["input_ids"].cpu(), mb.cu_seqlens.cpu()
-    total = int(cu[-1])
+    real = int(cu[-1])
+    pad = -real % multiple
+    if pad:
+        ids, cu = torch.cat([ids, ids.new_zeros(pad)]), torch.cat([cu, cu.new_tensor([real + pad])])
     starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1])
-    positions = torch.arange(total) - starts
+    positions = torch.arange(real + pad) - starts
     return Rows(ids.view(1, -1).to(device), positions.view(1, -1).to(device), None,
-                torch.arange(total, device=device), packed.params(cu, device))
+                torch.arange(real, device=device), packed.params(cu, device))
 
 
-def padded(mb: Batch | None, device) -> Rows:
-    """Right-padded rows of ``mb`` (None: one 2-token row of zeros whose loss is multiplied by 0)."""
+def padded(mb: Batch | None, device, multiple: int = 1) -> Rows:
+    """Right-padded rows of ``mb`` (None: one 2-token row of zeros whose loss is multiplied by 0),
+    their width a multiple of ``multiple`` (sequence parallelism: the tensor-parallel size)."""
     if mb is None:
         lens, ids_flat, starts = [2], torch.zeros(2, dtype=torch.long), [0]
     else:
         cu = mb.cu_seqlens.tolist()
         lens, ids_flat, starts = [b - a for a, b in zip(cu[:-1], cu[1:])], mb.token["input_ids"].cpu(), cu[:-1]
-    b, width = len(lens), max(lens)
+    b, width = len(lens), -(-max(lens) // multiple) * multiple
     ids = torch.zeros((b, width), dtype=torch.long)
     valid = torch.zeros((b, width), dtype=torch.bool)
     flat = []
@@ -82,10 +88,11 @@ def padded(mb: Batch | None, device) -> Rows:
 class Stages:
     """This rank's pipeline stage of one model replica (see module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, pp_rank: int, pp: int, device: torch.device):
+    def __init__(self, model: torch.nn.Module, pp_rank: int, pp: int, device: torch.device, seq_split: int = 1):
         from megatron.core import parallel_state as ps
 
         self.model, self.pp_rank, self.pp, self.device = model, pp_rank, pp, device
+        self.seq_split = seq_split  # sequence parallelism: a stage's output holds 1/tp of the sequence
         self.first, self.last = pp_rank == 0, pp_rank == pp - 1
         self.tied = getattr(model, "share_embeddings_and_output_weights", False)
         if pp > 1:
@@ -130,7 +137,7 @@ class Stages:
     # ------------------------------------------------------------ exchanges
     def _hidden(self, rows: Rows) -> torch.Tensor:
         b, width = rows.ids.shape
-        return torch.empty((width, b, self.hidden), dtype=self.dtype, device=self.device)
+        return torch.empty((width // self.seq_split, b, self.hidden), dtype=self.dtype, device=self.device)
 
     def _exchange(self, sends: list, recvs: list) -> None:
         """Post every ``(tensor, peer)`` send and receive at once, then wait for all of them."""

@@ -78,6 +78,10 @@ class MegatronWorker(TrainingSkeleton):
             cpu_shim.apply()
         par = dict(ctx.parallel or {})
         self.tp, self.pp = int(par.get("tp", 1)), int(par.get("pp", 1))
+        self.sp = bool(self.cfg.sequence_parallel)
+        if self.sp and (self.tp < 2 or self.kind != "causal_lm"):
+            raise ValueError(f"megatron backend: role {ctx.role}: options.sequence_parallel needs parallel.tp > 1 and "
+                             f"a causal_lm (got tp={self.tp}, model_type {self.kind})")
         if self.world_size % (self.tp * self.pp):
             raise ValueError(f"megatron backend: role {ctx.role}: {self.world_size} ranks are not a multiple of "
                              f"tp*pp = {self.tp}*{self.pp}")
@@ -103,8 +107,8 @@ class MegatronWorker(TrainingSkeleton):
         with HFReader(path) as read:
             self.model, self.layer_offset = mmodel.build(
                 self.shape, self.kind, self.impl, self.tp, self.tp_rank, self.pp, self.pp_rank, dtype,
-                self.device, read, seed, recompute=self.cfg.activation_checkpointing)
-        self.stages = pipeline.Stages(self.model, self.pp_rank, self.pp, self.device)
+                self.device, read, seed, recompute=self.cfg.activation_checkpointing, sequence_parallel=self.sp)
+        self.stages = pipeline.Stages(self.model, self.pp_rank, self.pp, self.device, self.tp if self.sp else 1)
         self.step = 0
         self.offloaded = False
         self.stream_peak_bytes = 0
@@ -169,7 +173,8 @@ class MegatronWorker(TrainingSkeleton):
 
     def _rows(self, mb: Batch | None) -> pipeline.Rows:
         """``mb`` laid out for the model: one packed row, or right-padded rows (``use_packing``)."""
-        return (pipeline.packed_row if self.cfg.use_packing else pipeline.padded)(mb, self.device)
+        layout = pipeline.packed_row if self.cfg.use_packing else pipeline.padded
+        return layout(mb, self.device, self.tp if self.sp else 1)
 
     def _last_outputs(self, raw: torch.Tensor, mb: Batch, flat: torch.Tensor, temperature: float,
                       with_entropy: bool) -> dict[str, torch.Tensor]:
@@ -308,15 +313,16 @@ class MegatronWorker(TrainingSkeleton):
         return self.masters.main(p) if self.masters is not None else p
 
     def _reduce_grads(self) -> None:
-        """Sum the query/key norms' gradients over tensor-parallel ranks and every gradient over
-        data-parallel replicas; share the tied output weight's with the embedding."""
+        """Sum the query/key norms' gradients (and with sequence parallelism the norms') over
+        tensor-parallel ranks and every gradient over data-parallel replicas; share the tied
+        output weight's with the embedding."""
         params = [self.main(p) for p in self.model.parameters() if p.requires_grad]
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        if self.tp > 1:  # the query/key norms: replicated, each rank's gradient from its own heads
+        if self.tp > 1:  # replicated, each rank's gradient from its own heads or its own slice of the sequence
             for name, p in self.model.named_parameters():
-                if p.requires_grad and convert.tp_summed(name):
+                if p.requires_grad and (convert.tp_summed(name) or getattr(p, "sequence_parallel", False)):
                     dist.all_reduce(self.main(p).grad, group=self._tp_group())
         if self.dp > 1:  # summed on every replica, or on the parameter's owner (sharded optimizer), in buckets
             group = self._dp_group()
