@@ -77,8 +77,8 @@ EXEMPT = {
         "directories (core/tests/test_config_hub.py pins revisions in a cache it writes)",
     Key("roles.<role>.model.revision"): "as model.revision",
     Key("roles.<role>.options.sequence_parallel", "megatron"):
-        "needs tp > 1 and a causal LM, which the one-rank reward-model run here is not; read and tested against "
-        "FSDP in plugins/backend_megatron/tests/test_megatron_cpu.py (tp2sp)",
+        "needs tp > 1, which the one-rank reward-model run here does not have; read and tested against FSDP in "
+        "plugins/backend_megatron/tests/test_megatron_cpu.py (tp2sp)",
     Key("logging.entity"): "read only by the wandb backend, which needs W&B's offline mode to run here "
         "(core/tests/test_loggers.py)",
 }

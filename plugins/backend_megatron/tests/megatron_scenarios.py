@@ -75,15 +75,16 @@ def policy_scenario(ctx_kw: dict, model_dir: str, work: str, parallel: dict, bud
     return res
 
 
-def heads_scenario(ctx_kw: dict, model_dir: str, kinds: list[str], parallel: dict) -> dict[str, dict[str, Any]]:
+def heads_scenario(ctx_kw: dict, model_dir: str, kinds: list[str], parallel: dict,
+                   options: dict | None = None) -> dict[str, dict[str, Any]]:
     """For each of ``kinds``, one worker after the other in this spawn (sharing its process
     group, which the last one shuts down): values (``value``) or scores (``reward``) of the
     fixed batch, for ``value`` then one train step on a squared-error loss, and the streamed
-    weights after it; by kind."""
+    weights after it; by kind. ``options``: more backend options."""
     out: dict[str, dict[str, Any]] = {}
     w = None
     for kind in kinds:
-        w = worker(ctx_kw, {"path": model_dir, "dtype": "float32", "model_type": kind}, parallel)
+        w = worker(ctx_kw, {"path": model_dir, "dtype": "float32", "model_type": kind}, parallel, **(options or {}))
         batch = sc.fixed_batch()
         res: dict[str, Any] = {}
         if kind == "value":

@@ -96,10 +96,12 @@ def fsdp(models, heads_model, qwen3_model):
     return run_ranks(mt.fsdp_references, 1, runs)
 
 
-@pytest.fixture(scope="module")
-def heads(heads_model):
-    """The heads model as ``value`` and ``reward`` at TP=2, in one spawn."""
-    return run_ranks(mt.heads_scenario, 2, heads_model, list(HEAD_KINDS), {"tp": 2})
+@pytest.fixture(scope="module", params=[False, True], ids=["tp2", "tp2sp"])
+def heads(request, heads_model):
+    """The heads model as ``value`` and ``reward`` at TP=2, in one spawn; with and without
+    sequence parallelism (the scalar head gathers the sequence)."""
+    return run_ranks(mt.heads_scenario, 2, heads_model, list(HEAD_KINDS), {"tp": 2},
+                     {"sequence_parallel": request.param})
 
 
 @pytest.fixture(scope="module", params=list(CASES))

@@ -5,7 +5,7 @@ any worker starts, after the role's options were validated. The core already che
 parallel sizes are >= 1 and multiply to the role's ``devices`` (``dp * tp * pp``, or divide it
 without ``dp``); here is what only this backend knows: the model's shape must split over
 ``tp`` and ``pp``, its architecture must be one the backend converts, and Megatron's sequence
-parallelism needs ``tp > 1`` and a causal LM.
+parallelism needs ``tp > 1``.
 """
 
 from __future__ import annotations
@@ -103,19 +103,17 @@ def _options(section: Any) -> dict[str, Any]:
 
 def check_role(role: str, section: Any, model: Any) -> list[tuple[str, str]]:
     """Every reason ``role`` cannot run on this backend as configured, as ``(key path, message)``:
-    ``options.sequence_parallel`` without ``tp > 1`` or on a value/reward model, and, when the model is a local directory
+    ``options.sequence_parallel`` without ``tp > 1``, and, when the model is a local directory
     with a config.json, an unsupported architecture or MoE model (at ``model.path``, or
     ``roles.<role>.model.path`` for a role's own model), heads, key/value heads or
     ``intermediate_size`` not divisible by ``tp``, layers not divisible by ``pp``."""
     parallel = dict(getattr(section, "parallel", None) or {})
     tp, pp = max(1, int(parallel.get("tp", 1))), max(1, int(parallel.get("pp", 1)))
     out: list[tuple[str, str]] = []
-    kind = getattr(getattr(section, "model", None) or model, "model_type", "causal_lm") or "causal_lm"
-    if _options(section).get("sequence_parallel") and (tp < 2 or kind != "causal_lm"):
+    if _options(section).get("sequence_parallel") and tp < 2:
         out.append((f"roles.{role}.options.sequence_parallel",
                     f"role {role!r}: megatron's sequence parallelism splits the sequence over the tensor-parallel "
-                    f"ranks of a causal LM: it needs parallel.tp > 1 and model_type causal_lm (got tp={tp}, "
-                    f"model_type {kind}); set sequence_parallel: false"))
+                    f"ranks: it needs parallel.tp > 1 (got tp={tp}); set sequence_parallel: false"))
     model_key = f"roles.{role}.model.path" if getattr(section, "model", None) is not None else "model.path"
     try:
         data = read_model_config(model)

@@ -22,7 +22,7 @@ class MegatronConfig(BaseModel):
     sequence_parallel: bool = Field(
         False, description="Megatron's sequence parallelism: activations outside attention and MLP (norms, residuals, "
         "dropout) split along the sequence over the tp ranks, gathered before and reduce-scattered after each "
-        "tensor-parallel block. Needs parallel.tp > 1 and a causal_lm.",
+        "tensor-parallel block. Needs parallel.tp > 1.",
     )
     use_packing: bool = Field(
         True, description="Micro-batches as one row of samples back to back, attention within each sample (THD, "

@@ -22,13 +22,21 @@ from rlweave_backend_megatron import convert
 
 
 class ScalarHead(nn.Module):
-    """Stands in for ``GPTModel.output_layer``: ``(s, b, h) -> ((s, b, 1), None)``."""
+    """Stands in for ``GPTModel.output_layer``: ``(s, b, h) -> ((s, b, 1), None)``. With sequence
+    parallelism its input holds this rank's slice of the sequence: it is gathered first, and its
+    gradient split back without a sum (every tensor-parallel rank computes the same loss on the
+    whole sequence, as with the vocabulary-parallel logits' replicated loss)."""
 
-    def __init__(self, hidden: int, dtype: torch.dtype):
+    def __init__(self, hidden: int, dtype: torch.dtype, sequence_parallel: bool = False):
         super().__init__()
         self.score = nn.Linear(hidden, 1, bias=False, dtype=dtype)
+        self.sequence_parallel = sequence_parallel
 
     def forward(self, hidden_states, weight=None, runtime_gather_output=None):
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden_states = gather_from_sequence_parallel_region(hidden_states, tensor_parallel_output_grad=False)
         return self.score(hidden_states), None
 
 
@@ -88,7 +96,7 @@ def build(shape: convert.Shape, kind: str, impl: str, tp: int, tp_rank: int, pp:
                      position_embedding_type="rope", rotary_base=int(shape.rope_theta)
                      if float(shape.rope_theta).is_integer() else shape.rope_theta, parallel_output=True)
     if last and kind != "causal_lm":
-        model.output_layer = ScalarHead(shape.hidden, dtype)
+        model.output_layer = ScalarHead(shape.hidden, dtype, sequence_parallel)
     offset = pp_rank * (shape.layers // pp)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -79,9 +79,9 @@ class MegatronWorker(TrainingSkeleton):
         par = dict(ctx.parallel or {})
         self.tp, self.pp = int(par.get("tp", 1)), int(par.get("pp", 1))
         self.sp = bool(self.cfg.sequence_parallel)
-        if self.sp and (self.tp < 2 or self.kind != "causal_lm"):
-            raise ValueError(f"megatron backend: role {ctx.role}: options.sequence_parallel needs parallel.tp > 1 and "
-                             f"a causal_lm (got tp={self.tp}, model_type {self.kind})")
+        if self.sp and self.tp < 2:
+            raise ValueError(f"megatron backend: role {ctx.role}: options.sequence_parallel needs parallel.tp > 1 "
+                             f"(got tp={self.tp})")
         if self.world_size % (self.tp * self.pp):
             raise ValueError(f"megatron backend: role {ctx.role}: {self.world_size} ranks are not a multiple of "
                              f"tp*pp = {self.tp}*{self.pp}")
