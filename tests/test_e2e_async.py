@@ -1,7 +1,8 @@
 """End-to-end GRPO in the overlapping run modes and with partial rollout, through
 ``rlweave train`` on a tiny model (HF engine, FSDP backend, Ray, object-store weight sync).
 
-* ``one_step_off``: every step after the first trains samples exactly one version old;
+* ``one_step_off``: every step after the first trains samples at most one version old (older
+  samples trained, fresher ones when a weight load overtook a queued generate call), and some are;
 * ``async`` + partial rollout: no trained token is older than ``run.max_staleness``, samples
   cut at the token budget are continued (``partial/ratio`` > 0), and the checkpoint holds the
   queue (records drawn but not trained, partial samples) that ``--resume`` restores;
@@ -31,9 +32,12 @@ def test_one_step_off_trains_one_version_old_samples(grpo_workspace):
     steps = _steps(ws.root / "runs" / "off")
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert steps[0]["staleness/max"] == 0.0
+    # at most one version old: fresher where a weight load reached the engine (its control plane) ahead of a
+    # generate call still queued there; and the mode did train one-version-old samples
     for r in steps[1:]:
-        assert r["staleness/mean"] == r["staleness/max"] == 1.0, r
+        assert 0.0 <= r["staleness/mean"] <= r["staleness/max"] <= 1.0, r
         assert r["samples"] == 16.0
+    assert max(r["staleness/max"] for r in steps[1:]) == 1.0
     assert pids and not leftovers(pids)
 
 
