@@ -183,8 +183,8 @@ def load(w: "MegatronWorker", path: str) -> None:
                     full = torch.zeros(target.local.shape[0] * w.tp, *value.shape[1:], dtype=value.dtype)
                     full[:n] = value
                     target.local.copy_(convert.split("embedding.word_embeddings.weight", full, w.tp, w.tp_rank))
-        tied_state = with_optim and (w.owner is None or w.dp_rank == 0)  # the tied pair's owner (zero.py)
-        w.stages.copy_tied_from_first(w.optimizer if tied_state else None, _STATES, w.main)
+        tied = "embedding.word_embeddings.weight" if w.stages.first else "output_layer.weight"  # this stage's copy
+        w.stages.copy_tied_from_first(w.optimizer if with_optim and w.owns(tied) else None, _STATES, w.main)
         if w.masters is not None:
             w.masters.copy_to_model()
     if with_optim:
