@@ -21,6 +21,10 @@ Configurations (``--backends``), each in fresh processes (``rlweave.testing.rank
 * ``megatron-pp2``, ``megatron-pp2-seq`` (optional): two ranks, pipeline-parallel 2, with the
   ``1f1b`` and the ``sequential`` pipeline schedule. The ``wait`` column is the share of a step
   each stage spends waiting for its neighbour (mean over the stages): the bubble, measured.
+* ``megatron-moe-dp2``, ``megatron-moe-ep2`` (optional): a Qwen3-MoE of the preset's shape (8
+  experts of width ffn/2, top-2: the dense preset's active FLOPs) on two data-parallel ranks, each
+  replica training half of every batch, with the ``moe_groupgemm`` kernel: every rank holding all
+  experts (ep=1) vs expert parallelism (ep=2: each rank 4 experts, tokens exchanged by all-to-all).
 * ``deepspeed-z2``, ``deepspeed-z3`` (optional): ``DeepSpeedWorker`` on one rank, ZeRO-2 / ZeRO-3,
   packed micro-batches like ``fsdp``; ``deepspeed-z2-offload`` adds the optimizer offload to host
   memory, ``deepspeed-z3-offload`` the optimizer and parameter offload. On one rank nothing is
@@ -75,6 +79,8 @@ CONFIGS = {
     "megatron-tp2": ("megatron", 2, {"tp": 2}),
     "megatron-pp2": ("megatron", 2, {"pp": 2}),
     "megatron-pp2-seq": ("megatron", 2, {"pp": 2}),
+    "megatron-moe-dp2": ("megatron", 2, {"dp": 2}),
+    "megatron-moe-ep2": ("megatron", 2, {"dp": 2, "ep": 2}),
     "deepspeed-z2": ("deepspeed", 1, {}),
     "deepspeed-z3": ("deepspeed", 1, {}),
     "deepspeed-z2-offload": ("deepspeed", 1, {}),
@@ -89,7 +95,15 @@ DEEPSPEED = {
     "deepspeed-z2-offload": {"zero_stage": 2, "offload_optimizer": "cpu"},
     "deepspeed-z3-offload": {"zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"},
 }
+#: the MoE configurations (their model: :func:`moe_dir`)
+MOE = ("megatron-moe-dp2", "megatron-moe-ep2")
+MOE_EXPERTS, MOE_TOP_K = 8, 2
 OPTIM = {"lr": 1e-4}
+
+
+def moe_dir(model_dir: str) -> str:
+    """Where the MoE configurations' model of the preset's shape lives, beside the dense one."""
+    return model_dir.rstrip("/") + "-moe"
 
 
 def _build(ctx_kw: dict, name: str, model_dir: str, opts: dict):
@@ -104,6 +118,9 @@ def _build(ctx_kw: dict, name: str, model_dir: str, opts: dict):
     if backend == "deepspeed":
         return train_worker("deepspeed", ctx_kw, {"path": model_dir}, OPTIM, mixed_precision="bf16" if bf16 else "none",
                             max_tokens_per_micro_batch=budget, **DEEPSPEED[name])
+    if name in MOE:
+        model_dir = moe_dir(model_dir)
+        ctx_kw = {**ctx_kw, "kernels": {"moe_groupgemm": "rlweave_kernel_moe.kernel:KERNEL"}}
     return train_worker("megatron", ctx_kw, {"path": model_dir, "dtype": "bfloat16" if bf16 else "float32"}, OPTIM,
                         parallel, max_tokens_per_micro_batch=budget, **MEGATRON.get(name, {}))
 
@@ -139,10 +156,12 @@ def run_config(ctx_kw: dict, name: str, model_dir: str, opts: dict) -> dict:
                for _ in range(opts["warmup"] + opts["steps"])]
     losses, steps = [], []
     piped = CONFIGS[name][0] == "megatron" and w.pp > 1
+    dp, dp_rank = (w.dp, w.dp_rank) if CONFIGS[name][0] == "megatron" else (1, 0)
     for i, b in enumerate(batches):
+        mine = b.select(list(range(dp_rank, len(b), dp))) if dp > 1 else b  # this replica's half
         sync()
         t0 = time.perf_counter()
-        m = w.train_step(b, nll)
+        m = w.train_step(mine, nll)
         sync()
         dt = time.perf_counter() - t0
         losses.append(float(m["loss"]))
@@ -275,6 +294,13 @@ def main(argv=None) -> int:
     try:
         if not os.path.exists(os.path.join(model_dir, "config.json")):
             build_tiny_qwen2(model_dir, max_positions=max(4096, args.max_len), init_std=0.02, seed=0, **preset)
+        if any(n in MOE for n in names) and not os.path.exists(os.path.join(moe_dir(model_dir), "config.json")):
+            from rlweave.testing.tiny_model import build_tiny_qwen3_moe
+
+            build_tiny_qwen3_moe(moe_dir(model_dir), preset["vocab_size"], preset["hidden"], preset["layers"],
+                                 preset["heads"], preset["kv_heads"], preset["ffn"] // MOE_TOP_K, 0,
+                                 num_experts=MOE_EXPERTS, top_k=MOE_TOP_K, max_positions=max(4096, args.max_len),
+                                 init_std=0.02, tie_word_embeddings=preset["tie_word_embeddings"])
         # on CPU: measured here, before and after the ranks run
         ceil = args.ceiling_tflops * 1e12 if args.ceiling_tflops else ceiling(args.device, prec)
         nparam = matmul_params(preset) + (0 if preset["tie_word_embeddings"] else preset["hidden"] * preset["vocab_size"])
@@ -318,7 +344,7 @@ def main(argv=None) -> int:
             "only; padding = padded share of the rows run; wait = share of a step the pipeline stages wait "
             "for their neighbours (mean over stages)")
     if any(CONFIGS[n][1] > 1 for n in names) and args.device == "cpu":
-        foot += (f"\nmegatron-tp2/pp2: 2 ranks x {max(1, args.threads // 2)} thread(s) on the same cores as the "
+        foot += (f"\nmegatron-tp2/pp2/moe: 2 ranks x {max(1, args.threads // 2)} thread(s) on the same cores as the "
                  f"one-rank configs' {args.threads} threads (a parallel split vs one rank, not added compute)")
     print(table + "\n" + foot)
     if out_txt is not None:

@@ -79,6 +79,17 @@ def test_parallel_product_and_support():
                        "role 'policy': the selected plugin does not support parallel size 'tp' (supported: dp)")]
 
 
+def test_expert_parallel_size_splits_the_data_parallel_replicas():
+    ok = [{"devices": 4, "parallel": {"ep": 2}}, {"devices": 4, "parallel": {"dp": 2, "tp": 2, "ep": 2}},
+          {"devices": 4, "parallel": {"dp": 4, "ep": 4}}]
+    for spec in ok:  # ep takes no devices of its own
+        assert check_placement(cfg({"policy": spec}), ["policy"]) == [], spec
+    (path, msg), = check_placement(cfg({"policy": {"devices": 4, "parallel": {"tp": 2, "ep": 4}}}), ["policy"])
+    assert path == "roles.policy.parallel.ep" and "ep=4 must divide the data-parallel size 2" in msg
+    (path, msg), = check_placement(cfg({"policy": {"devices": 4, "parallel": {"dp": 2, "ep": 2}}}), ["policy"])
+    assert path == "roles.policy.parallel" and "dp 2 = 2, but roles.policy.devices is 4" in msg
+
+
 def test_layout_offsets_and_required_devices():
     roles = {"policy": {"devices": 2}, "rollout": {"devices": 2}, "reference": {"devices": 1}}
     c = cfg(roles, pools={"main": {"devices_per_node": 4}}, colocate=[["policy", "reference"]])

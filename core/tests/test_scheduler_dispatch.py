@@ -29,6 +29,7 @@ def test_dp_size_rules():
     assert dp_size(4, {}) == 4
     assert dp_size(4, {"tp": 2}) == 2
     assert dp_size(4, {"dp": 1, "tp": 4}) == 1
+    assert dp_size(4, {"ep": 2}) == 4 and dp_size(4, {"tp": 2, "ep": 2}) == 2  # ep splits the replicas
     with pytest.raises(ValueError):
         dp_size(4, {"dp": 3})
 

@@ -271,3 +271,27 @@ def test_canonical_and_local_to_global():
     assert convert.local_to_global("decoder.layers.2.x", 0) == "decoder.layers.2.x"
     for same in ("decoder.final_layernorm.weight", "output_layer.weight", "embedding.word_embeddings.weight"):
         assert convert.local_to_global(same, 7) == same
+
+
+def test_qwen3_moe_experts_round_trip_and_split_over_expert_ranks(tmp_path):
+    """A saved Qwen3-MoE: its shape, the stacked experts built from the per-expert HF matrices and
+    back, and each expert-parallel rank's experts (contiguous halves)."""
+    from rlweave.testing.tiny_model import build_tiny_qwen3_moe
+
+    d = build_tiny_qwen3_moe(tmp_path / "q3", seed=1)
+    shape = convert.shape_from_config(json.loads((d / "config.json").read_text()))
+    assert (shape.num_experts, shape.top_k, shape.moe_ffn, shape.norm_topk, shape.qk_norm) == (8, 2, 32, True, True)
+    names = convert.full_names(shape)
+    assert "decoder.layers.1.mlp.experts.gate_up" in names and not any("linear_fc1" in n for n in names)
+    with HFReader(str(d)) as read:
+        fulls = {n: convert.full_from_hf(n, read, shape) for n in names}
+        hf = dict(convert.iter_hf(names, fulls.__getitem__, shape))
+        for name, t in hf.items():
+            assert torch.equal(t, read(name)), name
+    assert len(hf) == 3 + 2 * (2 + 4 + 1 + 2 + 3 * 8)  # embed, norm, head + per layer: norms, qkvo, q/k norm, router, experts
+    gate_up = fulls["decoder.layers.0.mlp.experts.gate_up"]
+    assert gate_up.shape == (8, 64, 64)
+    halves = [convert.split_ep("decoder.layers.0.mlp.experts.gate_up", gate_up, 2, r) for r in range(2)]
+    assert torch.equal(torch.cat(halves), gate_up) and halves[1].shape[0] == 4
+    router = fulls["decoder.layers.0.mlp.router.weight"]
+    assert convert.split_ep("decoder.layers.0.mlp.router.weight", router, 2, 1) is router  # replicated

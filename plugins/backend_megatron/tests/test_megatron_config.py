@@ -77,7 +77,8 @@ def test_record_is_registered_and_available_with_megatron_core_installed():
     assert "megatron" in pm.names("backend")
     assert record.target == "rlweave_backend_megatron.worker:MegatronWorker"
     assert record.config_model is MegatronConfig and record.check is check_role
-    assert record.model_types == ("causal_lm", "value", "reward") and record.parallel == ("dp", "tp", "pp")
+    assert record.model_types == ("causal_lm", "value", "reward") and record.parallel == ("dp", "tp", "pp", "ep")
+    assert record.kernels == ("moe_groupgemm",)
     assert importlib.util.find_spec("megatron.core") is not None and plugin.probe() is None
 
 
@@ -117,7 +118,7 @@ def test_valid_configs_pass_and_show_every_option(tmp_path):
     assert run.roles["policy"].options == {
         "transformer_impl": "auto", "sequence_parallel": False, "use_packing": True, "max_tokens_per_micro_batch": 4096,
         "max_tokens_per_forward": None, "pipeline_schedule": "1f1b", "master_weights": True, "shard_optimizer": True,
-        "dp_bucket_bytes": 50_000_000,
+        "dp_bucket_bytes": 50_000_000, "moe_aux_loss_coef": None,
         "activation_checkpointing": False, "seed": None,
         "hf_shard_bytes": 2_000_000_000, "make_vocab_size_divisible_by": 128}
     assert _errors(tmp_path, {"dp": 2, "tp": 2}, 4) == []
@@ -154,13 +155,40 @@ def test_layers_not_divisible_by_pp(tmp_path):
     assert "3 layers (num_hidden_layers) are not divisible by parallel.pp=2" in errs[0]
 
 
-def test_moe_models_are_refused(tmp_path):
+def test_moe_layers_of_dense_architectures_are_refused(tmp_path):
     errs = _errors(tmp_path, {"tp": 2}, 2, num_experts=8)
-    assert len(errs) == 1 and "c.yaml: model.path: role 'policy': mixture-of-experts models (8 experts, config.json num_experts)" in errs[0]
+    assert len(errs) == 1 and ("c.yaml: model.path: role 'policy': mixture-of-experts layers in a qwen2 model "
+                               "(8 experts, config.json num_experts)") in errs[0]
     assert "use backend 'fsdp'" in errs[0]
     nested = {"text_config": {**TINY, "num_local_experts": 4}}  # a role's own model, experts in text_config
     errs = _errors(tmp_path, {"tp": 2}, 2, role_model=True, **nested)
     assert len(errs) == 1 and "c.yaml: roles.policy.model.path: " in errs[0] and "(4 experts, config.json num_local_experts)" in errs[0]
+
+
+QWEN3_MOE = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "num_local_experts": 8,
+             "num_experts_per_tok": 2, "moe_intermediate_size": 16, "decoder_sparse_step": 1, "mlp_only_layers": []}
+
+
+def test_qwen3_moe_expert_parallel_sizes(tmp_path):
+    assert _errors(tmp_path, {"ep": 2}, 2, **QWEN3_MOE) == []  # dp 2 from the devices, split into 2 expert groups
+    assert _errors(tmp_path, {"dp": 4, "ep": 2}, 4, **QWEN3_MOE) == []
+    assert _errors(tmp_path, {"tp": 2, "ep": 2}, 4, **QWEN3_MOE) == []
+    errs = _errors(tmp_path, {"dp": 2, "ep": 4}, 2, **QWEN3_MOE)  # ep takes no devices: it must divide dp
+    assert any("roles.policy.parallel.ep: role 'policy': ep=4 must divide the data-parallel size 2" in e for e in errs), errs
+    errs = _errors(tmp_path, {"dp": 3, "ep": 3}, 3, **QWEN3_MOE)
+    assert errs == [f"{tmp_path / 'c.yaml'}: roles.policy.parallel.ep: role 'policy': 8 experts (config.json "
+                    f"num_experts) are not divisible by parallel.ep=3 (model {tmp_path / 'm'})"]
+    errs = _errors(tmp_path, {"ep": 2}, 2)
+    assert len(errs) == 1 and "parallel.ep=2 splits the experts of a mixture-of-experts model; this model is dense" in errs[0]
+
+
+def test_qwen3_moe_refuses_pipeline_stages_sequence_parallelism_and_dense_layers(tmp_path):
+    errs = _errors(tmp_path, {"pp": 2}, 2, **QWEN3_MOE)
+    assert len(errs) == 1 and "roles.policy.parallel.pp: " in errs[0] and "without pipeline stages" in errs[0]
+    errs = _errors(tmp_path, {"tp": 2}, 2, {"sequence_parallel": True}, **QWEN3_MOE)
+    assert len(errs) == 1 and "roles.policy.options.sequence_parallel: " in errs[0] and "mixture-of-experts" in errs[0]
+    errs = _errors(tmp_path, {"tp": 2}, 2, **{**QWEN3_MOE, "mlp_only_layers": [1]})
+    assert len(errs) == 1 and "model.path: " in errs[0] and "mlp_only_layers" in errs[0]
 
 
 def test_unsupported_architecture_lists_the_supported_ones(tmp_path):

@@ -16,8 +16,10 @@ Rules:
 * parallel sizes: when ``roles.<r>.parallel`` is given, every size is >= 1; with ``dp``
   the product of the sizes equals ``roles.<r>.devices`` (``dp * tp * pp == devices``),
   without it the product divides ``devices`` and the quotient is the data-parallel size
-  (``devices: 4, parallel: {tp: 2}`` is two replicas of two devices); when the selected
-  plugin's record is known, every key is one the plugin supports;
+  (``devices: 4, parallel: {tp: 2}`` is two replicas of two devices); sizes in
+  :data:`WITHIN_DP` (expert parallelism, ``ep``) split the data-parallel replicas instead of
+  adding devices: they are left out of the product and must divide the data-parallel size;
+  when the selected plugin's record is known, every key is one the plugin supports;
 * ranks spanning devices: when the plugin's record says one rank spans some parallel sizes
   (``EngineRecord.rank_spans``, e.g. a vLLM replica spans ``tp`` devices), the devices of
   one rank (:func:`devices_per_rank`) must sit on one node: that number must not exceed,
@@ -35,6 +37,11 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from rlweave.config.schema import RunConfig
+
+
+#: parallel sizes that split the data-parallel replicas rather than multiply devices: ``ep``
+#: (expert parallelism: ``ep`` replicas of the dense layers each hold 1/ep of the experts)
+WITHIN_DP = ("ep",)
 
 
 @dataclass(frozen=True)
@@ -135,9 +142,14 @@ def _parallel_errors(role: str, section: Any, supported: Sequence[str] | None) -
             errors.append((f"{path}.{key}", f"role {role!r}: the selected plugin does not support parallel size "
                            f"{key!r} (supported: {choices})"))
     product = 1
-    for size in par.values():
-        product *= max(1, size)
-    arith = " * ".join(f"{k} {v}" for k, v in par.items())
+    for key, size in par.items():
+        product *= max(1, size) if key not in WITHIN_DP else 1
+    arith = " * ".join(f"{k} {v}" for k, v in par.items() if k not in WITHIN_DP) or "1"
+    dp = par.get("dp") or (section.devices // product if product and not section.devices % product else None)
+    for key in WITHIN_DP:
+        if key in par and par[key] >= 1 and dp and dp % par[key]:
+            errors.append((f"{path}.{key}", f"role {role!r}: {key}={par[key]} must divide the data-parallel size "
+                           f"{dp} ({key} splits the data-parallel replicas: it takes no devices of its own)"))
     if "dp" in par and product != section.devices:
         errors.append((path, f"role {role!r}: {arith} = {product}, but roles.{role}.devices is {section.devices} "
                        "(the product of the parallel sizes must equal devices)"))

@@ -4,7 +4,7 @@ Rank layout: a role of ``world_size`` ranks and data-parallel size ``dp`` is cut
 ``dp`` contiguous blocks of ``world_size // dp`` ranks (dp outermost); all ranks of a block
 (its tensor/pipeline-parallel peers) get the same shard, and the block's first rank gives
 the block's result. ``dp`` is ``parallel['dp']`` when given, else ``world_size`` divided by
-the product of the other parallel sizes.
+the product of the other parallel sizes (``ep`` excluded: it splits the replicas).
 
 Gathering puts results back in the original sample order, by type:
 
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from rlweave.config.placement import WITHIN_DP
+
 if TYPE_CHECKING:  # pragma: no cover
     from rlweave.data.batch import Batch
 
@@ -32,7 +34,7 @@ def dp_size(world_size: int, parallel: Mapping[str, int]) -> int:
     else:
         other = 1
         for k, v in parallel.items():
-            if k != "dp":
+            if k != "dp" and k not in WITHIN_DP:
                 other *= int(v)
         dp = max(1, world_size // other)
     if dp < 1 or world_size % dp:

@@ -2,13 +2,15 @@
 
 Every entry is keyed by its *global* megatron name (layer index counted over the whole
 model, not the stage), so a checkpoint does not depend on the parallel layout it was saved
-with: it loads into any ``tp`` / ``pp`` / ``dp`` (the model's shape fixed).
+with: it loads into any ``tp`` / ``pp`` / ``dp`` / ``ep`` (the model's shape fixed).
 
 * Tensor-parallel shards are DTensors over the tensor-parallel group (``Shard(0)`` for
   column-parallel rows, ``Shard(1)`` for row-parallel columns); ``linear_fc1`` is saved as
   two entries, ``#gate`` and ``#up``, each split by rows, since the fused layout depends on
   ``tp``. DCP writes each shard once (data-parallel copies are deduplicated) and reads any
   other split back.
+* Stacked experts (:mod:`.moe`) are DTensors over the expert-parallel group (``Shard(0)``: each
+  rank's experts), so a checkpoint loads into any ``ep``.
 * The embedding and output rows are saved without their padding (which depends on ``tp``),
   gathered over the stage's tensor-parallel ranks: the one place a full tensor is held.
 * With fp32 master weights (:mod:`.master`) the masters are saved as the parameters (so a
@@ -55,6 +57,7 @@ def _entries(w: "MegatronWorker", tensor_of, owned: bool = False) -> dict[str, A
     from torch.distributed.tensor import DTensor, Shard
 
     mesh = _mesh(w) if w.tp > 1 else None
+    emesh = _expert_mesh(w) if w.ep > 1 else None
     out: dict[str, Any] = {}
     for name, p in w.model.named_parameters():
         gname = w.global_name(name)
@@ -64,6 +67,8 @@ def _entries(w: "MegatronWorker", tensor_of, owned: bool = False) -> dict[str, A
         how = convert.split_kind(gname)
         if gname in _VOCAB:
             out[gname] = _Vocab(local)
+        elif convert.is_expert(gname) and emesh is not None:
+            out[gname] = DTensor.from_local(local, emesh, [Shard(0)], run_check=False)
         elif how == "gate_up":
             gate, up = local.chunk(2, dim=0)
             for part, t in (("gate", gate), ("up", up)):
@@ -73,6 +78,13 @@ def _entries(w: "MegatronWorker", tensor_of, owned: bool = False) -> dict[str, A
         else:
             out[gname] = local
     return out
+
+
+def _expert_mesh(w: "MegatronWorker"):
+    from megatron.core import parallel_state as ps
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(ps.get_expert_model_parallel_group(), w.device.type)
 
 
 class _Vocab:
@@ -143,7 +155,7 @@ def save(w: "MegatronWorker", path: str) -> None:
         state["optim/step"] = torch.tensor(steps)
     dcp.save(state, checkpoint_id=path)
     extra = {"step": w.step, "scheduler": w.scheduler.state_dict() if w.scheduler else None,
-             "layout": {"tp": w.tp, "pp": w.pp, "dp": w.dp}, "optimizer_state": with_optim}
+             "layout": {"tp": w.tp, "pp": w.pp, "dp": w.dp, "ep": w.ep}, "optimizer_state": with_optim}
     save_extra(path, w.rank, extra, "megatron")
     dist.barrier()
 

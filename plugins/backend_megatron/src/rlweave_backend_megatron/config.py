@@ -56,6 +56,11 @@ class MegatronConfig(BaseModel):
         50_000_000, ge=1, description="Bytes per bucket of the data-parallel gradient sums and the sharded optimizer's "
         "parameter broadcasts (consecutive tensors of one dtype flattened into one collective call).",
     )
+    moe_aux_loss_coef: Optional[float] = Field(
+        None, ge=0, description="Mixture-of-experts models: coefficient of the router load-balancing loss (Switch "
+        "Transformer, as transformers computes it) added to each micro-batch's loss, weighted by its share of the "
+        "step's tokens; null: the model config's router_aux_loss_coef; 0 turns it off. Dense models ignore it.",
+    )
     activation_checkpointing: bool = Field(
         False, description="Megatron's full recompute: keep only each transformer layer's input in forward and "
         "recompute the layer in backward.",

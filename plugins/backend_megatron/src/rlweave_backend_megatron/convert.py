@@ -1,4 +1,5 @@
-"""Hugging Face <-> megatron-core names and layouts for Qwen2 / Qwen3 / Llama-family dense models.
+"""Hugging Face <-> megatron-core names and layouts for Qwen2 / Qwen3 / Llama-family dense models
+and Qwen3-MoE.
 
 Three layers of tensors appear here:
 
@@ -14,6 +15,12 @@ Three layers of tensors appear here:
   ones split columns, norms and the scalar head are replicated (the query/key norms too: each
   tensor-parallel rank applies them to its own heads, so their gradients are summed over the ranks,
   :func:`tp_summed`).
+
+A Qwen3-MoE layer's MLP (:mod:`.moe`) has ``mlp.router.weight`` (HF ``mlp.gate.weight``) and the
+experts stacked: ``mlp.experts.gate_up`` ``(E, 2I, H)`` (each expert's gate rows over its up
+rows) and ``mlp.experts.down`` ``(E, H, I)`` (HF one matrix per expert,
+``mlp.experts.<e>.{gate,up,down}_proj.weight``). They are replicated over tensor-parallel ranks
+and split by experts over expert-parallel ranks (:func:`split_ep`).
 
 :func:`full_from_hf` and :func:`hf_from_full` convert between the first two (a reader
 function supplies HF tensors one at a time, so no whole model is loaded);
@@ -33,7 +40,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-SUPPORTED = ("qwen2", "qwen3", "llama")
+SUPPORTED = ("qwen2", "qwen3", "llama", "qwen3_moe")
 HEAD = "output_layer.score"  # the scalar head of value / reward models (replicated Linear(hidden, 1))
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _TE_ALIASES = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
@@ -59,6 +66,10 @@ class Shape:
     norm_eps: float
     max_positions: int
     qk_norm: bool = False
+    num_experts: int = 0  # MoE: experts per layer (0: dense), top-k, each expert's width, renormalised top-k
+    top_k: int = 0
+    moe_ffn: int = 0
+    norm_topk: bool = False
 
     @property
     def q_per_group(self) -> int:
@@ -68,7 +79,7 @@ class Shape:
 def shape_from_config(cfg: dict[str, Any], tp: int = 1, vocab_multiple: int = 128, source: str = "config.json") -> Shape:
     """A :class:`Shape` from a HF config dict; raises ValueError naming ``source`` and the key
     for an architecture or setting this backend does not convert."""
-    from rlweave_backend_megatron.checks import architecture_problems
+    from rlweave_backend_megatron.checks import architecture_problems, num_experts
 
     problems = architecture_problems(cfg)
     if problems:
@@ -87,7 +98,9 @@ def shape_from_config(cfg: dict[str, Any], tp: int = 1, vocab_multiple: int = 12
         tied=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=arch == "qwen2",
         rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), max_positions=int(cfg.get("max_position_embeddings", 4096)),
-        qk_norm=arch == "qwen3")
+        qk_norm=arch in ("qwen3", "qwen3_moe"), num_experts=int(num_experts(cfg) or 0),
+        top_k=int(cfg.get("num_experts_per_tok") or 0), moe_ffn=int(cfg.get("moe_intermediate_size") or 0),
+        norm_topk=bool(cfg.get("norm_topk_prob", False)))
 
 
 # ---------------------------------------------------------------- names
@@ -114,8 +127,9 @@ def full_names(shape: Shape, kind: str = "causal_lm") -> list[str]:
         per_layer.append("self_attention.linear_qkv.bias")
     if shape.qk_norm:
         per_layer += ["self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight"]
-    per_layer += ["self_attention.linear_proj.weight", "pre_mlp_layernorm.weight", "mlp.linear_fc1.weight",
-                  "mlp.linear_fc2.weight"]
+    per_layer += ["self_attention.linear_proj.weight", "pre_mlp_layernorm.weight"]
+    per_layer += (["mlp.router.weight", "mlp.experts.gate_up", "mlp.experts.down"] if shape.num_experts
+                  else ["mlp.linear_fc1.weight", "mlp.linear_fc2.weight"])
     for i in range(shape.layers):
         names += [f"decoder.layers.{i}.{p}" for p in per_layer]
     names.append("decoder.final_layernorm.weight")
@@ -171,6 +185,13 @@ def full_from_hf(name: str, read: Callable[[str], torch.Tensor], shape: Shape) -
         return fuse_qkv(q, k, v, shape)
     if rest == "mlp.linear_fc1.weight":
         return torch.cat([read(pre + "mlp.gate_proj.weight"), read(pre + "mlp.up_proj.weight")])
+    if rest == "mlp.router.weight":
+        return read(pre + "mlp.gate.weight")
+    if rest == "mlp.experts.gate_up":
+        return torch.stack([torch.cat([read(f"{pre}mlp.experts.{e}.gate_proj.weight"),
+                                       read(f"{pre}mlp.experts.{e}.up_proj.weight")]) for e in range(shape.num_experts)])
+    if rest == "mlp.experts.down":
+        return torch.stack([read(f"{pre}mlp.experts.{e}.down_proj.weight") for e in range(shape.num_experts)])
     raise KeyError(f"megatron backend: no HF source for parameter {name}")
 
 
@@ -199,6 +220,16 @@ def hf_from_full(name: str, full: torch.Tensor, shape: Shape) -> list[tuple[str,
     if rest == "mlp.linear_fc1.weight":
         gate, up = full.chunk(2, dim=0)
         return [(pre + "mlp.gate_proj.weight", gate), (pre + "mlp.up_proj.weight", up)]
+    if rest == "mlp.router.weight":
+        return [(pre + "mlp.gate.weight", full)]
+    if rest == "mlp.experts.gate_up":
+        out = []
+        for e in range(full.shape[0]):
+            gate, up = full[e].chunk(2, dim=0)
+            out += [(f"{pre}mlp.experts.{e}.gate_proj.weight", gate), (f"{pre}mlp.experts.{e}.up_proj.weight", up)]
+        return out
+    if rest == "mlp.experts.down":
+        return [(f"{pre}mlp.experts.{e}.down_proj.weight", full[e]) for e in range(full.shape[0])]
     raise KeyError(f"megatron backend: no HF name for parameter {name}")
 
 
@@ -252,6 +283,16 @@ def split(name: str, full: torch.Tensor, tp: int, rank: int) -> torch.Tensor:
         return full.chunk(tp, dim=1)[rank]
     gate, up = full.chunk(2, dim=0)
     return torch.cat([gate.chunk(tp, dim=0)[rank], up.chunk(tp, dim=0)[rank]])
+
+
+def is_expert(name: str) -> bool:
+    """Whether ``name`` holds stacked experts (split over expert-parallel ranks, dim 0)."""
+    return ".mlp.experts." in name
+
+
+def split_ep(name: str, full: torch.Tensor, ep: int, rank: int) -> torch.Tensor:
+    """Expert-parallel rank ``rank``'s experts of the full tensor ``name`` (other tensors whole)."""
+    return full.chunk(ep, dim=0)[rank] if ep > 1 and is_expert(name) else full
 
 
 def merge(name: str, shards: list[torch.Tensor]) -> torch.Tensor:

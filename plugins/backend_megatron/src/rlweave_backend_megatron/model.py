@@ -13,7 +13,7 @@ directory without ``score.weight`` starts the head at zero (``value``) or small 
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -61,28 +61,41 @@ def transformer_config(shape: convert.Shape, tp: int, pp: int, dtype: torch.dtyp
         sequence_parallel=sequence_parallel, **kw)
 
 
-def layer_spec(impl: str, qk_norm: bool = False):
+def layer_spec(impl: str, qk_norm: bool = False, mlp: type | None = None):
     """The layer spec of ``impl`` (``local``: plain torch modules, with core attention that also
     takes packed micro-batches, :mod:`.packed`; ``transformer_engine``: its own, THD included),
-    with query/key norms when ``qk_norm`` (Qwen3)."""
+    with query/key norms when ``qk_norm`` (Qwen3) and the MoE MLP class ``mlp`` (local only)."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     if impl == "transformer_engine":
+        if mlp is not None:
+            raise ValueError("megatron backend: mixture-of-experts models use the local layer spec "
+                             "(options.transformer_impl: local or auto)")
         return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_norm)
     from rlweave_backend_megatron import packed
 
-    return packed.local_spec(qk_norm)
+    return packed.local_spec(qk_norm, mlp)
 
 
 def build(shape: convert.Shape, kind: str, impl: str, tp: int, tp_rank: int, pp: int, pp_rank: int,
           dtype: torch.dtype, device: torch.device, read: Callable[[str], torch.Tensor | None], seed: int,
-          recompute: bool = False, sequence_parallel: bool = False) -> tuple[nn.Module, int]:
-    """The stage's model with its weights, and the global index of its first layer."""
+          recompute: bool = False, sequence_parallel: bool = False, ep_rank: int = 0,
+          kernel: Any = None) -> tuple[nn.Module, int]:
+    """The stage's model with its weights (a mixture-of-experts model: the experts of
+    expert-parallel rank ``ep_rank``, run by ``kernel`` when given, :mod:`.moe`), and the global
+    index of its first layer."""
+    from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
     first, last = pp_rank == 0, pp_rank == pp - 1
     cfg = transformer_config(shape, tp, pp, dtype, recompute, sequence_parallel)
-    spec = layer_spec(impl, shape.qk_norm)
+    mlp = None
+    if shape.num_experts:
+        from rlweave_backend_megatron import moe
+
+        mlp = moe.layer_class(moe.Experts(shape.num_experts, shape.top_k, shape.moe_ffn, shape.norm_topk), kernel)
+    ep = ps.get_expert_model_parallel_world_size() if shape.num_experts else 1
+    spec = layer_spec(impl, shape.qk_norm, mlp)
     if impl != "transformer_engine":  # the final norm too is ours (.norms), not megatron's WrappedTorchNorm
         from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
@@ -102,7 +115,7 @@ def build(shape: convert.Shape, kind: str, impl: str, tp: int, tp_rank: int, pp:
         for name, p in model.named_parameters():
             gname = _stage_name(name, offset)
             full = _full(gname, read, shape, kind, seed)
-            shard = convert.split(gname, full, tp, tp_rank)
+            shard = convert.split_ep(gname, convert.split(gname, full, tp, tp_rank), ep, ep_rank)
             if tuple(shard.shape) != tuple(p.shape):
                 raise ValueError(f"megatron backend: {gname}: shard of shape {tuple(shard.shape)} does not fit "
                                  f"the parameter's {tuple(p.shape)}")

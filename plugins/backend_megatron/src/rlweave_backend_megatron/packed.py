@@ -75,9 +75,10 @@ class PackedDotProductAttention(DotProductAttention):
         return torch.cat(outs, dim=0)
 
 
-def local_spec(qk_norm: bool = False):
+def local_spec(qk_norm: bool = False, mlp: type | None = None):
     """megatron-core's local GPT layer spec (with query/key norms when ``qk_norm``) with
-    :class:`PackedDotProductAttention` as core attention and :class:`.norms.RMSNorm` as every norm."""
+    :class:`PackedDotProductAttention` as core attention, :class:`.norms.RMSNorm` as every norm
+    and ``mlp`` (a module class built with ``config``, the MoE MLP of :mod:`.moe`) as the MLP when given."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
     from rlweave_backend_megatron.norms import RMSNorm
@@ -89,6 +90,8 @@ def local_spec(qk_norm: bool = False):
     layer.input_layernorm = layer.pre_mlp_layernorm = RMSNorm
     if qk_norm:
         attn.q_layernorm = attn.k_layernorm = RMSNorm
+    if mlp is not None:
+        layer.mlp = mlp
     return spec
 
 

@@ -42,6 +42,13 @@ class Rows:
     packed: object = None
 
 
+def layer_rows(r: Rows) -> torch.Tensor:
+    """Where the real tokens of ``r`` sit, in packed order, among a transformer layer's flattened
+    activations (megatron's sequence-first ``(L, B)`` order)."""
+    b, width = r.ids.shape
+    return (r.flat % width) * b + r.flat // width
+
+
 def packed_row(mb: Batch | None, device, multiple: int = 1) -> Rows:
     """``mb`` as one row of its samples back to back (THD), positions restarting at each sample
     (None: one 2-token sample of zeros whose loss is multiplied by 0); a row whose length is not a

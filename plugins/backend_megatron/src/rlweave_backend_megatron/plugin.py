@@ -35,11 +35,12 @@ def rlweave_training_backends():
     return [
         BackendRecord(
             name="megatron",
-            summary="megatron-core GPTModel with tensor/pipeline/data parallelism (gloo on CPU, NCCL on GPU)",
+            summary="megatron-core GPTModel with tensor/pipeline/data/expert parallelism (gloo on CPU, NCCL on GPU)",
             target="rlweave_backend_megatron.worker:MegatronWorker",
             config_model=MegatronConfig,
             model_types=("causal_lm", "value", "reward"),
-            parallel=("dp", "tp", "pp"),
+            parallel=("dp", "tp", "pp", "ep"),
+            kernels=("moe_groupgemm",),
             check=check_role,
             probe=probe,
         )

@@ -25,6 +25,14 @@ averaged) over data-parallel replicas, so the gradient is that of the loss summe
 replicas (the token-weight convention); the norm counts every parameter once (tensor-parallel
 shards summed, replicated tensors once), and a tied output weight on the last pipeline stage
 shares its gradient with the embedding.
+
+Mixture-of-experts models (Qwen3-MoE, :mod:`.moe`): ``parallel.ep`` splits the data-parallel
+replicas into expert-parallel groups whose ranks each hold 1/ep of every layer's experts and
+exchange tokens with all-to-all; expert gradients are summed over the replicas holding the same
+experts (``dp / ep``) and their AdamW state is not sharded. Each micro-batch's loss includes the
+router load-balancing loss (``options.moe_aux_loss_coef``) with the FSDP backend's token
+weighting (:mod:`rlweave.backend_helpers.moe`); the step reports ``moe_aux_loss`` and the
+expert-load metrics.
 """
 
 from __future__ import annotations
@@ -77,7 +85,7 @@ class MegatronWorker(TrainingSkeleton):
 
             cpu_shim.apply()
         par = dict(ctx.parallel or {})
-        self.tp, self.pp = int(par.get("tp", 1)), int(par.get("pp", 1))
+        self.tp, self.pp, self.ep = int(par.get("tp", 1)), int(par.get("pp", 1)), int(par.get("ep", 1))
         self.sp = bool(self.cfg.sequence_parallel)
         if self.sp and self.tp < 2:
             raise ValueError(f"megatron backend: role {ctx.role}: options.sequence_parallel needs parallel.tp > 1 "
@@ -86,14 +94,18 @@ class MegatronWorker(TrainingSkeleton):
             raise ValueError(f"megatron backend: role {ctx.role}: {self.world_size} ranks are not a multiple of "
                              f"tp*pp = {self.tp}*{self.pp}")
         self.dp = self.world_size // (self.tp * self.pp)
+        if self.dp % self.ep:
+            raise ValueError(f"megatron backend: role {ctx.role}: parallel.ep={self.ep} does not divide the "
+                             f"data-parallel size {self.dp}")
         self.init_distributed(force=True)
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         ps.initialize_model_parallel(tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp,
-                                     order="tp-cp-ep-pp-dp")
+                                     expert_model_parallel_size=self.ep, order="tp-cp-ep-pp-dp")
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.pp_rank = ps.get_pipeline_model_parallel_rank()
         self.dp_rank = ps.get_data_parallel_rank()
+        self.ep_rank = ps.get_expert_model_parallel_rank()
         seed = self.cfg.seed if self.cfg.seed is not None else ctx.seed
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
         _, dtype = model_dtype(ctx, "megatron")
@@ -104,10 +116,23 @@ class MegatronWorker(TrainingSkeleton):
         self.shape = convert.shape_from_config(json.loads((Path(path) / "config.json").read_text()), self.tp,
                                                self.cfg.make_vocab_size_divisible_by, f"{path}/config.json")
         self.impl = self._impl()
+        kernel = ctx.kernel("moe_groupgemm") if self.shape.num_experts else None
         with HFReader(path) as read:
             self.model, self.layer_offset = mmodel.build(
                 self.shape, self.kind, self.impl, self.tp, self.tp_rank, self.pp, self.pp_rank, dtype,
-                self.device, read, seed, recompute=self.cfg.activation_checkpointing, sequence_parallel=self.sp)
+                self.device, read, seed, recompute=self.cfg.activation_checkpointing, sequence_parallel=self.sp,
+                ep_rank=self.ep_rank, kernel=kernel)
+        self.moe = None  # the router load-balancing loss of a mixture-of-experts model
+        if self.shape.num_experts:
+            from rlweave.backend_helpers.moe import AuxLoss
+
+            from rlweave_backend_megatron import moe
+
+            self.mlps = moe.layers(self.model)
+            coef = self.cfg.moe_aux_loss_coef
+            if coef is None:
+                coef = float(json.loads((Path(path) / "config.json").read_text()).get("router_aux_loss_coef", 0.0))
+            self.moe = AuxLoss(len(self.mlps), self.shape.num_experts, self.shape.top_k, coef)
         self.stages = pipeline.Stages(self.model, self.pp_rank, self.pp, self.device, self.tp if self.sp else 1)
         self.step = 0
         self.offloaded = False
@@ -127,6 +152,8 @@ class MegatronWorker(TrainingSkeleton):
 
     def _impl(self) -> str:
         choice = self.cfg.transformer_impl
+        if self.shape.num_experts and choice == "auto":
+            return "local"  # the MoE MLP (.moe) replaces the local spec's
         if choice == "auto":
             import importlib.util
 
@@ -256,6 +283,8 @@ class MegatronWorker(TrainingSkeleton):
         stages return 0 and none)."""
         loss_sum, metrics = 0.0, {}
         micro = [batch.select(groups[i]) if i < len(groups) else None for i in range(n_micro)]
+        if self.moe is not None:
+            self.moe.begin_step(batch.num_tokens, self.device, self._dp_group())
         rows: dict[int, pipeline.Rows] = {}
 
         def rows_of(i: int) -> pipeline.Rows:
@@ -266,7 +295,8 @@ class MegatronWorker(TrainingSkeleton):
 
         def forward(i: int, r: pipeline.Rows, h):
             nonlocal loss_sum
-            raw = self.stages.run(r, h)
+            with self._router_logits() as logits:
+                raw = self.stages.run(r, h)
             rows.pop(i, None)  # not needed again once run
             if not self.stages.last:
                 return raw, None
@@ -278,6 +308,11 @@ class MegatronWorker(TrainingSkeleton):
                 loss, m = loss_fn(_Outputs(res.get("logprobs"), res.get("entropy"), res.get("values")), mb)
                 for k, v in m.items():
                     metrics[k] = merge_metric(k, metrics.get(k), float(v))
+            if self.moe is not None:  # the router load-balancing loss of the real tokens, token-weighted
+                keep = pipeline.layer_rows(r)
+                aux = self.moe.micro_loss([x.index_select(0, keep) for x in logits], mb.num_tokens if mb else 0)
+                if aux is not None:
+                    loss = loss + aux
             loss_sum += float(loss.detach())
             return raw, loss
 
@@ -290,12 +325,27 @@ class MegatronWorker(TrainingSkeleton):
     def _reports_metrics(self) -> bool:
         return self.stages.last and self.tp_rank == 0
 
+    def _router_logits(self):
+        """Context collecting the router logits of the MoE layers' forwards inside it (a list;
+        nothing for a dense model)."""
+        import contextlib
+
+        if self.moe is None:
+            return contextlib.nullcontext([])
+        from rlweave_backend_megatron import moe
+
+        return moe.capture(self.mlps)
+
+    def _step_metrics(self) -> tuple[dict[str, float], dict[str, float]]:
+        """``moe_aux_loss`` and the expert-load metrics of a mixture-of-experts model."""
+        return self.moe.step_metrics(self._dp_group()) if self.moe is not None else ({}, {})
+
     def _owners(self) -> dict[str, int]:
         """The sharded optimizer's plan (:mod:`.zero`): a tied embedding and its copy on the last
         stage on data-parallel rank 0, the rest balanced by size."""
         from rlweave_backend_megatron import zero
 
-        sizes = {n: p.numel() for n, p in self.model.named_parameters() if p.requires_grad}
+        sizes = {n: p.numel() for n, p in self.model.named_parameters() if p.requires_grad and not convert.is_expert(n)}
         if len(sizes) < self.dp:
             raise ValueError(f"megatron backend: role {self.ctx.role}: options.shard_optimizer: this pipeline stage has "
                              f"{len(sizes)} trainable tensors for {self.dp} data-parallel ranks; set shard_optimizer: "
@@ -304,8 +354,9 @@ class MegatronWorker(TrainingSkeleton):
         return zero.owners(sizes, self.dp, {n: 0 for n in sizes if self.global_name(n) in tied})
 
     def owns(self, name: str) -> bool:
-        """Whether this rank's optimizer steps parameter ``name`` (every one unless sharded)."""
-        return self.owner is None or self.owner.get(name) == self.dp_rank
+        """Whether this rank's optimizer steps parameter ``name`` (every one unless sharded;
+        experts always: they are this rank's own)."""
+        return self.owner is None or convert.is_expert(name) or self.owner.get(name) == self.dp_rank
 
     def main(self, p: torch.nn.Parameter) -> torch.nn.Parameter:
         """What the optimizer, the gradient reduction, clipping and checkpoints work on for the
@@ -326,7 +377,15 @@ class MegatronWorker(TrainingSkeleton):
                     dist.all_reduce(self.main(p).grad, group=self._tp_group())
         if self.dp > 1:  # summed on every replica, or on the parameter's owner (sharded optimizer), in buckets
             group = self._dp_group()
-            grads = {n: self.main(p).grad for n, p in self.model.named_parameters() if p.requires_grad}
+            grads = {n: self.main(p).grad for n, p in self.model.named_parameters()
+                     if p.requires_grad and not convert.is_expert(n)}
+            experts = [self.main(p).grad for n, p in self.model.named_parameters()
+                       if p.requires_grad and convert.is_expert(n)]
+            if experts and self.dp > self.ep:  # over the replicas holding the same experts
+                from megatron.core import parallel_state as ps
+
+                egroup = ps.get_expert_data_parallel_group()
+                buckets.coalesced(experts, lambda f: dist.all_reduce(f, group=egroup), self.bucket_bytes)
             if self.owner is None:
                 buckets.coalesced(grads.values(), lambda f: dist.all_reduce(f, group=group), self.bucket_bytes)
             else:
@@ -337,17 +396,17 @@ class MegatronWorker(TrainingSkeleton):
         self.stages.share_embedding_grads(self.main)
 
     def _clip(self) -> float:
-        """Data-parallel reduction (:meth:`_reduce_grads`), then the norm over the model-parallel
-        group, each value counted once, and clipping."""
+        """Data-parallel reduction (:meth:`_reduce_grads`), then the norm over all ranks, each
+        value counted once, and clipping."""
         self._reduce_grads()
         sq = torch.zeros(1, dtype=torch.float64, device=self.device)
         for name, p in self.model.named_parameters():
             g = self.main(p).grad
-            if g is None or not self._counted(name, p) or not self.owns(name):
+            if g is None or not self._counted(name, p):
                 continue
             sq += g.detach().double().pow(2).sum()
-        # sharded: each gradient is whole on its owner alone, so the sum runs over every rank
-        dist.all_reduce(sq, group=self._mp_group() if self.owner is None else None)
+        # every rank's share: replicas' copies counted on one of them (a sharded one's on its owner)
+        dist.all_reduce(sq, group=self._mp_group() if self.owner is None and self.ep == 1 else None)
         norm = float(sq.sqrt())
         max_norm = float(self.optim_cfg.grad_clip or 0.0)
         if max_norm > 0 and math.isfinite(norm):
@@ -378,7 +437,7 @@ class MegatronWorker(TrainingSkeleton):
         for r in range(self.dp):
             src = dist.get_global_rank(group, r)
             buckets.coalesced((self.main(p).data for n, p in self.model.named_parameters()
-                               if p.requires_grad and self.owner[n] == r),
+                               if p.requires_grad and self.owner.get(n) == r),
                               lambda f, src=src: dist.broadcast(f, src=src, group=group), self.bucket_bytes)
 
     def _state_bytes(self) -> tuple[int, int]:
@@ -390,10 +449,19 @@ class MegatronWorker(TrainingSkeleton):
             self.masters.to(device)
 
     def _counted(self, name: str, p: torch.nn.Parameter) -> bool:
-        """Whether this rank counts ``p`` in the global norm (each value once over the model-parallel group)."""
+        """Whether this rank counts ``p`` in the global norm: each value once over the
+        model-parallel group and, where the sum runs over all ranks (a sharded optimizer, expert
+        parallelism), once over the data-parallel replicas: on its owner, experts on the first
+        replica of their expert-parallel group, the rest on data-parallel rank 0."""
         if self.stages.is_tied_copy(name):
             return False
-        return convert.split_kind(name) != "none" or self.tp_rank == 0
+        if convert.split_kind(name) == "none" and self.tp_rank != 0:
+            return False
+        if convert.is_expert(name):
+            return self.dp_rank < self.ep
+        if self.owner is not None:
+            return self.owns(name)
+        return self.ep == 1 or self.dp_rank == 0
 
     # ------------------------------------------------------------------ state
     def global_name(self, name: str) -> str:
@@ -429,14 +497,21 @@ class MegatronWorker(TrainingSkeleton):
         first replica's ranks gather, global rank 0 yields (others yield nothing). Only one
         gathered tensor is alive on a rank at a time (``stream_peak_bytes`` records the most)."""
         self._check_ready("named_weights")
-        if self.dp_rank != 0:
+        if self.dp_rank >= self.ep:  # the first replica (with expert parallelism: its expert-parallel group)
             return
         self.stream_peak_bytes = 0
         for gname in self._full_names():
+            expert = convert.is_expert(gname)
+            if self.dp_rank != 0 and not expert:
+                continue
             stage = self._owner_stage(gname)
             full = None
             if stage == self.pp_rank:
                 shard = self._local_param(gname).detach()
+                if expert and self.ep > 1:
+                    shard = self._gather_experts(shard)
+                    if self.dp_rank != 0:
+                        continue
                 shards = pipeline.gather_tp(shard, self.tp, self.tp_rank, self._tp_group())
                 if shards is not None:
                     full = convert.merge(gname, shards)
@@ -447,6 +522,14 @@ class MegatronWorker(TrainingSkeleton):
                 if self.rank == 0:
                     yield gname, full
             del full
+
+    def _gather_experts(self, shard: torch.Tensor) -> torch.Tensor:
+        """Every expert of a stacked expert tensor, from the ranks of this expert-parallel group."""
+        from megatron.core import parallel_state as ps
+
+        parts = [torch.empty_like(shard) for _ in range(self.ep)]
+        dist.all_gather(parts, shard.contiguous(), group=ps.get_expert_model_parallel_group())
+        return torch.cat(parts)
 
     def named_weights(self, dtype: torch.dtype | None = None, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named full tensors, one full megatron tensor at a time; rank 0 yields."""

@@ -11,6 +11,9 @@ A backend that uses the kernel calls, before wrapping the model for parallelism 
 names and the state-dict layout stay as they are, so checkpoints, HF export and FSDP2 sharding
 are unaffected; at forward time the module's current ``gate_up_proj`` and ``down_proj`` are
 read (under FSDP2: the unsharded tensors). :meth:`MoEGroupGemm.remove` undoes it.
+
+A backend that builds its own MoE layers (megatron's expert-parallel block) calls
+:meth:`MoEGroupGemm.run` on its stacked expert weights instead.
 """
 
 from __future__ import annotations
@@ -112,6 +115,15 @@ class MoEGroupGemm:
                 if why:
                     fallback[name] = why
         return {"replaced": replaced, "impl": impl, "skipped": skipped, "fallback": fallback}
+
+    def run(self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+            gate_up: torch.Tensor, down: torch.Tensor, act_fn) -> torch.Tensor:
+        """The grouped experts output ``(T, H)`` for a backend that holds stacked expert weights
+        itself (``gate_up`` ``(E, 2I, H)``, ``down`` ``(E, H, I)``; the arguments of
+        :func:`rlweave_kernel_moe.experts.grouped_experts`), with :meth:`implementation` of
+        ``hidden``'s device."""
+        return experts.grouped_experts(hidden, top_k_index, top_k_weights, gate_up, down, act_fn,
+                                       self.implementation(hidden.device.type))
 
     def remove(self, model: torch.nn.Module) -> int:
         """Give the replaced experts modules their own forward back; returns how many."""
