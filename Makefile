@@ -14,4 +14,4 @@ test: setup
 	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder
 
 clean:
-	rm -rf runs examples/arith/artifacts examples/moe/artifacts
+	rm -rf runs examples/arith/artifacts examples/moe/artifacts examples/tools/artifacts

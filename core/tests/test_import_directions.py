@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("interfaces",),  # contracts of workers, engines and algorithms
     ("plugins",),  # hookspecs, record types, plugin manager, algorithms named by import path
     ("algo_parts", "rewards"),  # named loss parts; reward functions, sandboxed workers
+    ("environments",),  # built-in environments of multi-turn rollouts (tools run in the reward sandbox)
     ("config",),  # schema, loading and validation (both passes, input checks), run directory
     ("scheduler",),  # roles as worker groups, dispatch, futures; its Ray implementation
     ("algo_helpers", "engine_helpers"),  # what algorithm and engine plugins share

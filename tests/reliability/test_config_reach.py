@@ -114,6 +114,19 @@ def flaky(prompt, response, **_):
     if prompt.startswith("3"):
         raise RuntimeError("flaky reward")
     return 0.0
+
+
+from rlweave.interfaces.environment import Environment, EnvStep
+
+
+class Echo(Environment):
+    """A multi-turn environment: answers 'ok' to every model turn, never ends an episode itself."""
+
+    def reset(self, record):
+        return [{"role": "user", "content": record["prompt"]}]
+
+    def step(self, action):
+        return EnvStep(messages=[{"role": "tool", "content": "1"}])
 '''
 
 

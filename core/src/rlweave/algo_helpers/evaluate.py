@@ -55,8 +55,13 @@ def exact_match(
     greedy: bool = True,
     temperature: float = 1.0,
     seed: int = 0,
+    episodes: Any = None,
 ) -> dict[str, float]:
     """Generate one answer per record and score it.
+
+    ``episodes``: a :class:`~rlweave.algo_helpers.multi_turn.MultiTurnRollout`: each record is one
+    episode (``max_new_tokens`` per model turn) and its last model turn is the answer scored;
+    ``tool_used_frac`` is added (episodes with a tool call).
 
     ``reward_fn`` is either a reward set (has ``score(samples) -> (totals, breakdown)``,
     e.g. :class:`rlweave.rewards.RewardSet`) or a rule ``fn(prompt, response, **fields)``.
@@ -70,8 +75,6 @@ def exact_match(
     t0 = time.perf_counter()
     if not records:
         return {"accuracy": 0.0, "reward_mean": 0.0, "response_len": 0.0, "n": 0.0, "time_s": 0.0}
-    texts = [record_prompt(r, tokenizer) for r in records]
-    prompts = encode_prompts(tokenizer, texts)
     eos = getattr(tokenizer, "eos_token_id", None)
     params = SamplingParams(
         n=1,
@@ -80,8 +83,19 @@ def exact_match(
         stop_token_ids=[eos] if eos is not None else [],
         seed=seed,
     )
-    gens = _result(rollout.generate(prompts, params))
-    responses = [tokenizer.decode(g[0].token_ids, skip_special_tokens=True) for g in gens]
+    extra: dict[str, float] = {}
+    if episodes is not None:
+        trajs = [g[0] for g in episodes.run(records, 1, params, lambda p, s: _result(rollout.generate(p, s)))]
+        texts = [t.prompt_text for t in trajs]
+        answers = [t.final_ids for t in trajs]
+        lengths = [len(t.ids) for t in trajs]
+        extra["tool_used_frac"] = sum(t.stats.get("tool_calls", 0.0) > 0 for t in trajs) / len(trajs)
+    else:
+        texts = [record_prompt(r, tokenizer) for r in records]
+        gens = _result(rollout.generate(encode_prompts(tokenizer, texts), params))
+        answers = [g[0].token_ids for g in gens]
+        lengths = [len(a) for a in answers]
+    responses = [tokenizer.decode(a, skip_special_tokens=True) for a in answers]
     samples = [{"prompt": t, "response": resp, **reward_fields(r)} for t, resp, r in zip(texts, responses, records)]
     if hasattr(reward_fn, "score"):
         try:
@@ -95,7 +109,8 @@ def exact_match(
     return {
         "accuracy": sum(1.0 for s in scores if s >= threshold - 1e-9) / n,
         "reward_mean": sum(scores) / n,
-        "response_len": sum(len(g[0].token_ids) for g in gens) / n,
+        "response_len": sum(lengths) / n,
         "n": float(n),
         "time_s": time.perf_counter() - t0,
+        **extra,
     }

@@ -16,10 +16,11 @@ from rlweave.interfaces.engine import Generation, SamplingParams
 
 def reward_samples(tokenizer: Any, batch: Batch) -> list[dict[str, Any]]:
     """What the rule rewards score for each sample of a rollout batch: the prompt text, the
-    decoded response (special tokens skipped) and the record's reward fields from ``meta``."""
+    decoded response (special tokens skipped; a multi-turn episode's last model turn) and the
+    record's reward fields from ``meta``."""
     samples = []
     for m in batch.meta:
-        fields = {k: v for k, v in m.items() if k not in ("prompt", "response_ids", "finish_reason")}
+        fields = {k: v for k, v in m.items() if k not in ("prompt", "response_ids", "finish_reason", "episode")}
         text = tokenizer.decode(m["response_ids"], skip_special_tokens=True)
         samples.append({"prompt": m["prompt"], "response": text, **fields})
     return samples

@@ -108,6 +108,10 @@ class Algorithm(ABC):
         is failing; stop generation in flight first instead of waiting for it. Default:
         nothing (an algorithm that leaves nothing running)."""
 
+    def close(self) -> None:
+        """Release what the algorithm started itself (environment threads and tool workers):
+        the runner calls it once at the end of the run, failed or not. Default: nothing."""
+
     def state_dict(self) -> dict[str, Any]:
         """Algorithm state to checkpoint (KL controller, counters...), JSON-able."""
         return {}

@@ -6,6 +6,7 @@ from rlweave.plugins.types import (
     AlgorithmRecord,
     BackendRecord,
     EngineRecord,
+    EnvironmentRecord,
     KernelRecord,
     KLRecord,
     LossAggRecord,
@@ -27,4 +28,5 @@ __all__ = [
     "PolicyLossRecord",
     "KLRecord",
     "LossAggRecord",
+    "EnvironmentRecord",
 ]

@@ -173,6 +173,22 @@ def rlweave_loss_aggregations():  # type: ignore[empty-body]
     """
 
 
+@hookspec
+def rlweave_environments():  # type: ignore[empty-body]
+    """Environments for multi-turn rollouts this plugin provides (:mod:`rlweave.interfaces.environment`).
+
+    Selected in YAML by ``algorithm.multi_turn.env.name``; ``algorithm.multi_turn.env.args`` is validated
+    against ``config_model``. Example::
+
+        @hookimpl
+        def rlweave_environments():
+            return [EnvironmentRecord(name="chess", summary="plays a chess game against an engine",
+                                      target="my_envs.chess:ChessEnvironment", config_model=ChessArgs)]
+
+    :return: list of :class:`~rlweave.plugins.types.EnvironmentRecord`
+    """
+
+
 #: hook name -> record kind
 HOOK_KINDS: dict[str, str] = {
     "rlweave_training_backends": "backend",
@@ -184,4 +200,5 @@ HOOK_KINDS: dict[str, str] = {
     "rlweave_policy_losses": "policy_loss",
     "rlweave_kl_estimators": "kl",
     "rlweave_loss_aggregations": "loss_agg",
+    "rlweave_environments": "environment",
 }

@@ -225,7 +225,16 @@ class LossAggRecord(PluginRecord):
     kind: ClassVar[str] = "loss_agg"
 
 
+@dataclass(frozen=True)
+class EnvironmentRecord(PluginRecord):
+    """An environment of multi-turn rollouts: ``load()`` returns a
+    :class:`rlweave.interfaces.environment.Environment` subclass, built once per episode as
+    ``cls(args)`` with ``args`` its validated ``config_model`` instance (or ``{}``)."""
+
+    kind: ClassVar[str] = "environment"
+
+
 RECORD_TYPES: dict[str, type[PluginRecord]] = {
     r.kind: r for r in (BackendRecord, EngineRecord, AlgorithmRecord, RewardRecord, KernelRecord,
-                        AdvantageRecord, PolicyLossRecord, KLRecord, LossAggRecord)
+                        AdvantageRecord, PolicyLossRecord, KLRecord, LossAggRecord, EnvironmentRecord)
 }

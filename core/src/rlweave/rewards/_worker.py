@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import math
 import os
 import shutil
@@ -52,14 +53,16 @@ def import_reward_target(target: str) -> Any:
 
 
 def worker_main(conn: Any, targets: list[str], limits: SandboxLimits | None = None,
-                workdir: str | None = None) -> None:
+                workdir: str | None = None, numeric: bool = True) -> None:
     """Serve calls on ``conn`` until ``None`` or the parent goes away (see the module docstring).
     ``limits``: the sandbox (``None``: :class:`SandboxLimits` defaults); ``workdir``: the
-    private directory the pool made for this worker, or ``None``."""
+    private directory the pool made for this worker, or ``None``; ``numeric``: results must be
+    finite numbers (rewards), else any value, sent back as text (tools: a string as it is,
+    anything else as JSON)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     limits = limits if limits is not None else SandboxLimits()
     try:
-        _run(conn, targets, limits, workdir)
+        _run(conn, targets, limits, workdir, numeric)
     except OSError:  # BrokenPipeError and the like: the parent went away
         pass
     finally:  # the pool removes it too; this covers a parent that died
@@ -67,7 +70,7 @@ def worker_main(conn: Any, targets: list[str], limits: SandboxLimits | None = No
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run(conn: Any, targets: list[str], limits: SandboxLimits, workdir: str | None) -> None:
+def _run(conn: Any, targets: list[str], limits: SandboxLimits, workdir: str | None, numeric: bool) -> None:
     me = os.getpid()
     try:
         subreaper = enter(limits, workdir)
@@ -77,10 +80,10 @@ def _run(conn: Any, targets: list[str], limits: SandboxLimits, workdir: str | No
         return
     kill_children(scan=not subreaper)  # processes a reward module started at import
     conn.send(("ready", None))
-    _serve(conn, fns, limits, me, subreaper)
+    _serve(conn, fns, limits, me, subreaper, numeric)
 
 
-def _serve(conn: Any, fns: list[Any], limits: SandboxLimits, me: int, subreaper: bool) -> None:
+def _serve(conn: Any, fns: list[Any], limits: SandboxLimits, me: int, subreaper: bool, numeric: bool) -> None:
     while True:
         try:
             msg = conn.recv()
@@ -90,7 +93,7 @@ def _serve(conn: Any, fns: list[Any], limits: SandboxLimits, me: int, subreaper:
             return
         call_id, index, kwargs = msg
         try:
-            reply = _call(call_id, fns[index], kwargs, limits)
+            reply = _call(call_id, fns[index], kwargs, limits, numeric)
         except CpuTimeExceeded as exc:  # arrived while the reply was being made
             reply = (call_id, "error", f"{type(exc).__name__}: {exc}")
         if os.getpid() != me:  # a child the reward forked returned here: it must not answer
@@ -99,9 +102,13 @@ def _serve(conn: Any, fns: list[Any], limits: SandboxLimits, me: int, subreaper:
         conn.send(reply)
 
 
-def _call(call_id: int, fn: Any, kwargs: dict[str, Any], limits: SandboxLimits) -> tuple[int, str, Any]:
+def _call(call_id: int, fn: Any, kwargs: dict[str, Any], limits: SandboxLimits,
+          numeric: bool = True) -> tuple[int, str, Any]:
     with CpuLimit(limits.cpu_s):
         try:
+            if not numeric:
+                out = fn(**kwargs)
+                return (call_id, "ok", out if isinstance(out, str) else json.dumps(out, default=str))
             value = float(fn(**kwargs))
             if not math.isfinite(value):
                 raise ValueError(f"reward returned a non-finite value {value}")

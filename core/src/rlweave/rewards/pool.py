@@ -83,6 +83,8 @@ class RewardPool:
         start_timeout_s: how long a worker may take to import the rewards.
         sandbox: limits of each worker: a :class:`SandboxLimits` or the config's
             ``reward_runtime.sandbox`` (``None``: the defaults); ``cpu_s=None`` means ``timeout_s``.
+        numeric: the functions are rewards (an ``ok`` value is a finite float); False: any
+            value, returned as text (a string as it is, anything else as JSON): tools.
     """
 
     def __init__(
@@ -93,11 +95,13 @@ class RewardPool:
         start_method: str = "spawn",
         start_timeout_s: float = 120.0,
         sandbox: Any = None,
+        numeric: bool = True,
     ) -> None:
         if workers < 1:
             raise ValueError(f"reward workers must be >= 1, got {workers}")
         self.targets = [_absolute(t) for t in targets]  # workers may run in their own directory
         self.workers = workers
+        self.numeric = bool(numeric)
         self.timeout_s = float(timeout_s)
         self.start_timeout_s = float(start_timeout_s)
         if sandbox is None:
@@ -116,7 +120,7 @@ class RewardPool:
         workdir = tempfile.mkdtemp(prefix="rlweave-reward-") if self.sandbox.private_dir else None
         parent, child = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
-            target=worker_main, args=(child, self.targets, self.sandbox, workdir), daemon=True,
+            target=worker_main, args=(child, self.targets, self.sandbox, workdir, self.numeric), daemon=True,
             name="rlweave-reward-worker",
         )
         try:

@@ -519,6 +519,7 @@ class _Run:
                 except Exception as exc:  # noqa: BLE001 - the run's own error is the one reported
                     log.warning("shutdown: draining the algorithm: %s", exc)
         for closer in (
+            lambda: self.algo.close() if self.algo is not None else None,
             lambda: self.ctx.weight_sync.close() if self.ctx is not None else None,
             lambda: self.progress.close() if self.progress is not None else None,
             lambda: self.metrics.close(failed=failure is not None) if self.metrics is not None else None,

@@ -31,7 +31,10 @@ import torch
 
 from rlweave.algo_helpers import reward_models
 from rlweave.algo_helpers.evaluate import encode_records, exact_match
+from rlweave.algo_helpers.evaluate import reward_fields
 from rlweave.algo_helpers.minibatch import split
+from rlweave.algo_helpers.multi_turn import MultiTurnRollout, episode_metrics, episodes_to_batch
+from rlweave.algo_helpers.multi_turn_config import resolve_environment
 from rlweave.algo_helpers.pipeline import RolloutPipeline, groups_to_batch, pipelined
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
 from rlweave.algo_helpers.rollout import generations_to_batch, reward_samples, sampling_params
@@ -97,6 +100,17 @@ class GRPO(Algorithm):
         self.pipeline = RolloutPipeline(ctx, self.config.n_samples, self.config.max_new_tokens,
                                         functools.partial(encode_records, ctx.tokenizer)) \
             if pipelined(ctx.config) else None
+        #: the rollout: multi-turn episodes through an environment, or None (one continuation per prompt)
+        self.multi_turn = self._multi_turn() if c.multi_turn is not None else None
+
+    def _multi_turn(self) -> MultiTurnRollout:
+        spec = self.config.multi_turn
+        env_cls, args = resolve_environment(spec.env.name, spec.env.args)
+        return MultiTurnRollout(spec, env_cls, args, self.ctx.tokenizer)
+
+    def close(self) -> None:
+        if self.multi_turn is not None:
+            self.multi_turn.close()
 
     # ------------------------------------------------------------------ helpers
     def _sampling(self, salt: int) -> SamplingParams:
@@ -122,7 +136,10 @@ class GRPO(Algorithm):
         """Generate and score one group per record. Returns the batch, the rewards, the
         per-sample reward breakdowns and, with ``experience``, the reference and old log-prob
         calls (:meth:`_issue_experience`), issued before the rewards are scored so that they run
-        while the reward workers score."""
+        while the reward workers score. With ``multi_turn`` each sample is an episode
+        (:meth:`_episodes`)."""
+        if self.multi_turn is not None:
+            return self._episodes(records, salt, experience)
         prompt_ids, meta = encode_records(self.ctx.tokenizer, records)
         self._times["offload"] += self.residency.enter("generate")
         t0 = time.perf_counter()
@@ -147,6 +164,25 @@ class GRPO(Algorithm):
         if greedy is not None:
             batch.add_sample("baseline", self._baseline(greedy)[batch.sample["group"]])
         return batch, scores, breakdown, pending
+
+    def _episodes(self, records: list[dict[str, Any]], salt: int,
+                  experience: bool) -> tuple[Batch, torch.Tensor, list[dict], dict | None]:
+        """:meth:`_rollout` with multi-turn episodes (:mod:`rlweave.algo_helpers.multi_turn`): the
+        rule rewards score each episode's last model turn, plus the environment's reward."""
+        self._times["offload"] += self.residency.enter("generate")
+        t0 = time.perf_counter()
+        engine = self.ctx.roles["rollout"]
+        groups = self.multi_turn.run(records, self.config.n_samples, self._sampling(salt),
+                                     lambda prompts, sp: engine.generate(prompts, sp).result(), self.steps_done)
+        ids = [str(r.get("id", i)) for i, r in enumerate(records)]
+        batch = episodes_to_batch(groups, ids, [reward_fields(r) for r in records])
+        self._times["generate"] += time.perf_counter() - t0
+        pending = self._issue_experience(batch) if experience else None
+        if self._rules is not None or self.config.reward_models:
+            scores, breakdown = self._score(batch)
+        else:  # the environment's reward alone
+            scores, breakdown = torch.zeros(len(batch)), [{} for _ in range(len(batch))]
+        return batch, scores + batch.sample["env_reward"], breakdown, pending
 
     def _baseline(self, greedy: Batch) -> torch.Tensor:
         """ReMax's baseline: the reward ``(groups,)`` of each prompt's greedy response, scored by
@@ -291,6 +327,8 @@ class GRPO(Algorithm):
         self.steps_done += 1
         self.samples_seen += len(batch)
         metrics.update(self._step_metrics(batch, scores, rewards, adv, breakdown, train_metrics, need_old))
+        if self.multi_turn is not None:
+            metrics.update(episode_metrics(batch.meta))
         metrics.update(sync)
         metrics["offload/moves"] = float(len(self.residency.moves) - moves_before)
         if groups is not None:
@@ -458,6 +496,7 @@ class GRPO(Algorithm):
             greedy=c.eval_greedy,
             temperature=c.temperature,
             seed=int(self.ctx.seed),
+            episodes=self.multi_turn,
         )
 
     def state_dict(self) -> dict[str, Any]:

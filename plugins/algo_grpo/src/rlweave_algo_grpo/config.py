@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from rlweave.algo_helpers.multi_turn_config import MultiTurnConfig
 from rlweave.algo_helpers.reward_models import RewardModelEntry, check_entries
 from rlweave.algo_helpers.sampling import SamplingConfig
 from rlweave.algo_parts.config import KLSection, PolicyParts
@@ -50,6 +51,10 @@ class GRPOConfig(SamplingConfig, PolicyParts):
         default_factory=OffPolicyConfig,
         description="Off-policy correction of the policy loss against the engine's (behaviour) log-probs: "
         "truncated importance sampling or decoupled PPO (rlweave.algo_parts.offpolicy).",
+    )
+    multi_turn: Optional[MultiTurnConfig] = Field(
+        None, description="Multi-turn episodes through an environment (tools, games...): each sample is an episode "
+        "of model turns and environment steps, the loss on the model's tokens only; null: one continuation per prompt."
     )
     # rewards
     reward_models: list[RewardModelEntry] = Field(
@@ -92,6 +97,9 @@ class GRPOConfig(SamplingConfig, PolicyParts):
                 f"overlong_buffer ({self.overlong_buffer}) must be smaller than max_new_tokens ({self.max_new_tokens})"
             )
         check_entries(self.reward_models)
+        if self.multi_turn is not None and self.needs_baseline:
+            raise ValueError(f"advantage '{self.advantage.name}' needs a greedy single-turn baseline; it does not "
+                             "apply to multi_turn episodes")
         if self.needs_baseline and self.dynamic_sampling:
             raise ValueError(f"advantage '{self.advantage.name}' needs a greedy baseline per prompt, which "
                              "dynamic_sampling does not keep: turn one of them off")
@@ -117,10 +125,11 @@ def grpo_roles(cfg: GRPOConfig) -> tuple[str, ...]:
 
 def grpo_run_modes(cfg: GRPOConfig) -> tuple[str, ...]:
     """``run.mode`` values GRPO implements as configured: dynamic sampling draws prompts until a
-    step's groups disagree, and ReMax generates a greedy baseline with each batch: both need sync
-    steps."""
+    step's groups disagree, ReMax generates a greedy baseline with each batch, and multi-turn
+    episodes are not pipelined yet: these need sync steps."""
     cfg = _validated(cfg)
-    return ("sync",) if cfg.dynamic_sampling or cfg.needs_baseline else ("sync", "one_step_off", "async")
+    sync_only = cfg.dynamic_sampling or cfg.needs_baseline or cfg.multi_turn is not None
+    return ("sync",) if sync_only else ("sync", "one_step_off", "async")
 
 
 def grpo_partial_rollout(cfg: GRPOConfig) -> bool:

@@ -1,0 +1,245 @@
+"""Multi-turn rollouts: episodes of model turns and environment steps, as token-exact trajectories.
+
+For each record, ``n`` episodes (one per sample of the group). An episode builds its environment
+(plugin kind ``environment``, :mod:`rlweave.interfaces.environment`), renders the opening
+messages with the chat template (:func:`rlweave.algo_helpers.chat.prompt_ids`), then alternates:
+
+1. a model turn: the engine continues ``prompt + everything so far``; the sampled ids, their
+   log-probs and weight versions are appended as they are (loss mask 1);
+2. an environment step on the turn's text (in a worker thread); unless it is done, its
+   observation messages are rendered (:func:`rlweave.algo_helpers.chat.observation_ids`) and
+   appended (loss mask 0, log-prob 0).
+
+An episode ends when a step says ``done``, after ``max_turns`` model turns, when a model turn is
+cut by its token budget (``finish_reason`` ``length``: the episode's ``max_total_tokens``, or the
+sampling ``max_new_tokens`` unless ``end_on_length`` is off), or when an observation would pass
+``max_total_tokens``.
+
+Scheduling (``scheduling``): ``independent`` (default) sends every episode whose environment
+step has finished to the engine together, while slower steps go on in their threads: a slow tool
+holds only its own episode. ``lockstep`` waits for every step of a turn before the next.
+
+:func:`episodes_to_batch` packs the trajectories like :func:`~rlweave.algo_helpers.rollout.
+generations_to_batch` does single-turn generations, with the loss mask zero on observation
+tokens; ``response_ids`` in a sample's meta is its last model turn (what rule rewards score).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+from collections.abc import Callable, Sequence
+
+import torch
+
+from rlweave.algo_helpers import chat
+from rlweave.data.batch import Batch
+from rlweave.interfaces.engine import Generation, SamplingParams
+from rlweave.interfaces.environment import Environment, EnvStep
+
+#: episode counters summed into the step metrics (``episode/<name>_mean``)
+COUNTERS = ("turns", "tool_calls", "tool_errors", "tool_time_s")
+
+
+@dataclass
+class Trajectory:
+    """One episode: ``ids`` after the prompt with their ``mask`` (1: sampled by the model),
+    ``logprobs`` and ``versions`` (0 on observation tokens), the last model turn
+    (``final_ids``), the environment's summed reward (None: it gave none), how it ended
+    (``ended_by``: ``done``, ``max_turns``, ``length``, ``max_total_tokens`` or ``error``) and its
+    counters (:data:`COUNTERS`)."""
+
+    prompt_ids: list[int]
+    prompt_text: str
+    env: Environment | None = None
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    final_ids: list[int] = field(default_factory=list)
+    finish_reason: str = "stop"
+    reward: float | None = None
+    ended_by: str | None = None
+    stats: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in COUNTERS})
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.ids)
+
+    def add_turn(self, gen: Generation, version: int) -> None:
+        self.ids += gen.token_ids
+        self.mask += [1] * len(gen.token_ids)
+        self.logprobs += list(gen.logprobs)
+        self.versions += list(gen.versions) if len(gen.versions) == len(gen.token_ids) else [version] * len(gen.token_ids)
+        self.final_ids = list(gen.token_ids)
+        self.finish_reason = gen.finish_reason
+        self.stats["turns"] += 1
+
+    def add_observation(self, ids: Sequence[int]) -> None:
+        self.ids += list(ids)
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [0] * len(ids)
+
+    def end(self, how: str) -> None:
+        self.ended_by = how
+        if self.env is not None:
+            self.env.close()
+            self.env = None
+
+
+class MultiTurnRollout:
+    """Runs episodes (see the module docstring) with ``env_cls(env_args)`` environments.
+
+    ``generate(prompts, sampling) -> list[list[Generation]]`` is the engine call (blocking), and
+    ``tokenizer`` renders messages. :meth:`close` stops the step threads."""
+
+    def __init__(self, cfg: Any, env_cls: Callable[[Any], Environment], env_args: Any, tokenizer: Any):
+        self.cfg = cfg
+        self.env_cls, self.env_args, self.tok = env_cls, env_args, tokenizer
+        self.pool = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="rlweave-env")
+        self.eos = getattr(tokenizer, "eos_token_id", None)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        shutdown = getattr(self.env_cls, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    def run(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams,
+            generate: Callable[[list[list[int]], SamplingParams], list[list[Generation]]],
+            version: int = 0) -> list[list[Trajectory]]:
+        """``n`` episodes per record, grouped by record."""
+        groups: list[list[Trajectory]] = []
+        for r in records:
+            group = []
+            for _ in range(n):
+                env = self.env_cls(self.env_args)
+                ids, text = chat.prompt_ids(self.tok, env.reset(r))
+                group.append(Trajectory(ids, text, env))
+            groups.append(group)
+        every = [t for g in groups for t in g]
+        ready = [t for t in every if self._fits(t)]
+        stepping: dict[Future, Trajectory] = {}
+        turn = 0
+        try:
+            while ready or stepping:
+                if ready:
+                    self._model_turn(ready, sampling, generate, version, turn, stepping)
+                    turn += 1
+                    ready = []
+                if stepping:
+                    lock = self.cfg.scheduling == "lockstep"
+                    done, _ = wait(list(stepping), return_when="ALL_COMPLETED" if lock else FIRST_COMPLETED)
+                    for f in done:
+                        t = stepping.pop(f)
+                        if self._observe(t, f):
+                            ready.append(t)
+        finally:
+            for f in stepping:
+                f.cancel()
+            for t in every:
+                if t.ended_by is None:
+                    t.end("error")
+        return groups
+
+    def _fits(self, t: Trajectory) -> bool:
+        if t.length >= self.cfg.max_total_tokens:
+            t.end("max_total_tokens")
+            return False
+        return True
+
+    def _model_turn(self, ready: list[Trajectory], sampling: SamplingParams, generate, version: int, turn: int,
+                    stepping: dict[Future, Trajectory]) -> None:
+        """One engine call for every ready episode; the turns' environment steps are started."""
+        params = dataclasses.replace(sampling, n=1, seed=None if sampling.seed is None else int(sampling.seed) + 7919 * turn)
+        # a turn may fill what the episode has left of max_total_tokens: one call per distinct budget
+        by_budget: dict[int, list[Trajectory]] = {}
+        for t in ready:
+            room = max(1, min(sampling.max_new_tokens, self.cfg.max_total_tokens - t.length))
+            by_budget.setdefault(room, []).append(t)
+        for room, ts in by_budget.items():
+            gens = generate([t.prompt_ids + t.ids for t in ts], dataclasses.replace(params, max_new_tokens=room))
+            for t, g in zip(ts, gens):
+                t.add_turn(g[0], version)
+                if g[0].finish_reason == "error":
+                    t.end("error")
+                elif g[0].finish_reason != "stop" and (self.cfg.end_on_length or t.length >= self.cfg.max_total_tokens):
+                    t.end("length")
+                elif t.stats["turns"] >= self.cfg.max_turns:
+                    t.end("max_turns")
+                else:
+                    text = self.tok.decode(t.final_ids, skip_special_tokens=True)
+                    stepping[self.pool.submit(self._timed_step, t.env, text)] = t
+
+    @staticmethod
+    def _timed_step(env: Environment, text: str) -> EnvStep:
+        return env.step(text)
+
+    def _observe(self, t: Trajectory, f: Future) -> bool:
+        """Apply a finished environment step to ``t``; whether it goes on to another model turn."""
+        exc = f.exception()
+        if exc is not None:
+            raise RuntimeError(f"environment step failed: {type(exc).__name__}: {exc}") from exc
+        step: EnvStep = f.result()
+        for k, v in step.info.items():
+            t.stats[k] = t.stats.get(k, 0.0) + float(v)
+        if step.reward is not None:
+            t.reward = (t.reward or 0.0) + float(step.reward)
+        if step.done:
+            t.end("done")
+            return False
+        obs = chat.observation_ids(self.tok, step.messages, stopped=t.finish_reason == "stop")
+        if t.length + len(obs) >= self.cfg.max_total_tokens:
+            t.end("max_total_tokens")
+            return False
+        t.add_observation(obs)
+        return True
+
+
+def episodes_to_batch(groups: Sequence[Sequence[Trajectory]], ids: Sequence[str],
+                      meta: Sequence[dict[str, Any]]) -> Batch:
+    """One packed sample per trajectory, group-major (see the module docstring). Token fields
+    ``input_ids``, ``loss_mask`` (the model's tokens), ``rollout_logprobs``; sample fields
+    ``prompt_len``, ``response_len`` (everything after the prompt), ``group``, ``env_reward`` (0
+    where the environment gave none); ``meta``: the record's plus ``prompt`` (the rendered
+    opening), ``response_ids`` (the last model turn), ``finish_reason`` and ``episode`` (how it
+    ended, ``ended_by``, and its counters)."""
+    seqs, plens, rlens, grp, sids, metas, lps, masks, rewards = [], [], [], [], [], [], [], [], []
+    for g, (group, pid, m) in enumerate(zip(groups, ids, meta)):
+        for k, t in enumerate(group):
+            if not t.ids:
+                raise ValueError(f"episode {pid}/{k} has no model tokens (its prompt fills max_total_tokens)")
+            seqs.append(t.prompt_ids + t.ids)
+            plens.append(len(t.prompt_ids))
+            rlens.append(len(t.ids))
+            grp.append(g)
+            sids.append(f"{pid}/{k}")
+            metas.append({**m, "prompt": t.prompt_text, "response_ids": t.final_ids, "finish_reason": t.finish_reason,
+                          "episode": {"ended_by": t.ended_by, **t.stats}})
+            lps += [0.0] * len(t.prompt_ids) + t.logprobs
+            masks += [0.0] * len(t.prompt_ids) + [float(x) for x in t.mask]
+            rewards.append(t.reward or 0.0)
+    batch = Batch.from_sequences(seqs, ids=sids, meta=metas, prompt_lens=plens)
+    batch.add_token("loss_mask", torch.tensor(masks, dtype=torch.float32))
+    batch.add_token("rollout_logprobs", torch.tensor(lps, dtype=torch.float32))
+    batch.add_sample("response_len", torch.tensor(rlens, dtype=torch.long))
+    batch.add_sample("group", torch.tensor(grp, dtype=torch.long))
+    batch.add_sample("env_reward", torch.tensor(rewards, dtype=torch.float32))
+    return batch
+
+
+def episode_metrics(meta: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """``episode/<counter>_mean`` per episode, ``episode/limit_frac`` (episodes ended by a limit
+    rather than by the environment) and ``episode/tool_used_frac`` (episodes that called at least
+    one tool)."""
+    eps = [m["episode"] for m in meta if "episode" in m]
+    if not eps:
+        return {}
+    out = {f"episode/{k}_mean": sum(float(e.get(k, 0.0)) for e in eps) / len(eps) for k in COUNTERS}
+    out["episode/limit_frac"] = sum(e.get("ended_by") != "done" for e in eps) / len(eps)
+    out["episode/tool_used_frac"] = sum(float(e.get("tool_calls", 0.0)) > 0 for e in eps) / len(eps)
+    return out
+

@@ -1,0 +1,1 @@
+"""Built-in environments of multi-turn rollouts (plugin kind ``environment``): ``tools``."""

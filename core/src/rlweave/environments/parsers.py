@@ -1,0 +1,74 @@
+"""Tool-call parsers: from a model turn's text to the tool calls it asks for.
+
+A parser is ``fn(text) -> (calls, problems)``: ``calls`` a list of :class:`ToolCall`, ``problems``
+one message per malformed call (returned to the model as an error observation). Parsers are
+chosen by name (``env.args.parser``) from :data:`PARSERS`, or given as ``module:function``.
+
+``hermes`` (Hermes / Qwen2.5 / Qwen3 function calling): each call is
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; the arguments may also be a JSON
+string holding the object.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+from collections.abc import Callable
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call: the tool's name and its keyword arguments."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+_HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+
+def hermes(text: str) -> tuple[list[ToolCall], list[str]]:
+    """The ``<tool_call>`` JSON blocks of ``text`` (see the module docstring)."""
+    calls: list[ToolCall] = []
+    problems: list[str] = []
+    for m in _HERMES.finditer(text):
+        body = m.group(1).strip()
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as exc:
+            problems.append(f"tool call is not valid JSON ({exc.msg} at character {exc.pos}): {body[:80]!r}")
+            continue
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            problems.append(f"tool call needs a JSON object with a string 'name': {body[:80]!r}")
+            continue
+        args = obj.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                problems.append(f"arguments of tool {obj['name']!r} are not a JSON object: {args[:80]!r}")
+                continue
+        if not isinstance(args, dict):
+            problems.append(f"arguments of tool {obj['name']!r} must be a JSON object, got {type(args).__name__}")
+            continue
+        calls.append(ToolCall(obj["name"], args))
+    return calls, problems
+
+
+#: parsers by name
+PARSERS: dict[str, Callable[[str], tuple[list[ToolCall], list[str]]]] = {"hermes": hermes}
+
+
+def get_parser(name: str) -> Callable[[str], tuple[list[ToolCall], list[str]]]:
+    """The parser ``name`` (from :data:`PARSERS`, or a ``module:function``); ValueError naming
+    the choices when unknown."""
+    if name in PARSERS:
+        return PARSERS[name]
+    if ":" in name:
+        from rlweave.targets import import_target
+
+        return import_target(name)
+    raise ValueError(f"unknown tool-call parser {name!r}; choose one of {', '.join(sorted(PARSERS))} "
+                     "or give module:function")

@@ -1,0 +1,155 @@
+"""Multi-turn rollouts (:mod:`rlweave.algo_helpers.multi_turn`): observations rendered by the chat
+template without touching the model's tokens, episodes packed with the loss mask on the model's
+tokens only, episode limits, and scheduling (a slow environment step holds only its own episode).
+The engine here is a scripted stand-in: the logic around it is the subject (tests/ runs the real
+HF engine and an FSDP worker)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from rlweave.algo_helpers import chat
+from rlweave.algo_helpers.multi_turn import MultiTurnRollout, episode_metrics, episodes_to_batch
+from rlweave.algo_helpers.multi_turn_config import MultiTurnConfig
+from rlweave.interfaces.engine import Generation, SamplingParams
+from rlweave.interfaces.environment import Environment, EnvStep
+from rlweave.testing.tiny_tokenizer import char_tokenizer
+
+QWEN_LIKE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return char_tokenizer(["abcdefghijklmnopqrstuvwxyz0123456789 :<>|_\n"])
+
+
+def test_observation_text_of_a_template_with_roles(tok):
+    tok = char_tokenizer(["abcdefghijklmnopqrstuvwxyz0123456789 :<>|_\n"], chat_template=QWEN_LIKE)
+    tok.eos_token = "<|im_end|>"
+    obs = [{"role": "tool", "content": "42"}]
+    assert chat.observation_text(tok, obs, stopped=True) == "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+    assert chat.observation_text(tok, obs, stopped=False).startswith("<|im_end|>\n<|im_start|>tool")
+    ids, text = chat.prompt_ids(tok, [{"role": "user", "content": "hi"}])
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n" and tok.decode(ids) == text
+
+
+def test_observation_text_of_the_tiny_template_and_without_one(tok):
+    assert chat.observation_text(tok, [{"role": "tool", "content": "42"}], stopped=True) == "42"
+    plain = SimpleNamespace(chat_template=None)
+    assert chat.observation_text(plain, [{"role": "tool", "content": "7"}], stopped=True) == "tool: 7\nassistant: "
+
+
+class Echo(Environment):
+    """Answers every turn with 'ok<turn>' until the model writes 'done'; step 0 of the episode
+    whose prompt is 'slow' sleeps."""
+
+    def reset(self, record):
+        self.turn, self.slow = 0, record["prompt"] == "slow"
+        return [{"role": "user", "content": record["prompt"]}]
+
+    def step(self, action):
+        self.turn += 1
+        if self.slow and self.turn == 1:
+            time.sleep(0.5)
+        if "done" in action:
+            return EnvStep(done=True, reward=1.0)
+        return EnvStep(messages=[{"role": "tool", "content": f"ok{self.turn}"}], reward=0.25, info={"tool_calls": 1})
+
+
+class Script:
+    """A stand-in engine: turn k of every episode is the tokens of ``turns[k]`` (+ EOS); records
+    each call's prompts and the time it was made."""
+
+    def __init__(self, tok, turns):
+        self.tok, self.turns, self.calls, self.lock = tok, turns, [], threading.Lock()
+
+    def __call__(self, prompts, params: SamplingParams):
+        with self.lock:
+            self.calls.append((time.perf_counter(), [list(p) for p in prompts], params))
+        out = []
+        for p in prompts:
+            k = sum(self._turn_of(p))
+            ids = self.tok(self.turns[min(k, len(self.turns) - 1)], add_special_tokens=False)["input_ids"]
+            ids = ids[: params.max_new_tokens]
+            stop = len(ids) < params.max_new_tokens
+            if stop:
+                ids = ids + [self.tok.eos_token_id]
+            out.append([Generation(ids, [-0.5] * len(ids), "stop" if stop else "length", versions=[3] * len(ids))])
+        return out
+
+    def _turn_of(self, prompt):
+        return [1 for t in prompt if t == self.tok.eos_token_id]
+
+
+def _rollout(tok, **cfg):
+    c = MultiTurnConfig.model_validate({"env": {"name": "tools", "args": {"tools": [
+        {"name": "calc", "target": "rlweave.environments.calculator:calculate"}]}}, **cfg})
+    return MultiTurnRollout(c, Echo, None, tok)
+
+
+def test_episodes_are_token_exact_and_masked(tok):
+    engine = Script(tok, ["abc", "de", "done"])
+    r = _rollout(tok, max_turns=5)
+    try:
+        groups = r.run([{"prompt": "go", "answer": "x"}], 2, SamplingParams(max_new_tokens=8, seed=1), engine, version=3)
+    finally:
+        r.close()
+    t = groups[0][0]
+    assert t.ended_by == "done" and t.stats["turns"] == 3 and t.reward == 1.5 and t.stats["tool_calls"] == 2
+    text = tok.decode(t.prompt_ids + t.ids)
+    assert text == "go" + "abc<eos>" + "ok1" + "de<eos>" + "ok2" + "done<eos>"
+    # each engine call continued exactly the ids the trajectory holds
+    for _, prompts, _ in engine.calls:
+        for p in prompts:
+            assert p == (t.prompt_ids + t.ids)[: len(p)]
+    batch = episodes_to_batch(groups, ["r0"], [{"answer": "x"}])
+    mask = batch.token["loss_mask"][: batch.cu_seqlens[1]]
+    ids = batch.token["input_ids"][: batch.cu_seqlens[1]]
+    model = ids[mask > 0].tolist()
+    assert tok.decode(model) == "abc<eos>de<eos>done<eos>"
+    assert tok.decode(ids[mask == 0].tolist()) == "go" + "ok1" + "ok2"
+    lp = batch.token["rollout_logprobs"][: batch.cu_seqlens[1]]
+    assert torch.all(lp[mask > 0] == -0.5) and torch.all(lp[mask == 0] == 0)
+    assert batch.meta[0]["response_ids"] == t.final_ids and tok.decode(t.final_ids) == "done<eos>"
+    assert float(batch.sample["env_reward"][0]) == 1.5 and batch.sample["group"].tolist() == [0, 0]
+    m = episode_metrics(batch.meta)
+    assert m["episode/turns_mean"] == 3 and m["episode/limit_frac"] == 0 and m["episode/tool_used_frac"] == 1
+
+
+def test_limits_end_episodes(tok):
+    engine = Script(tok, ["abc"])  # never 'done'
+    r = _rollout(tok, max_turns=2)
+    try:
+        (t,), = r.run([{"prompt": "go"}], 1, SamplingParams(max_new_tokens=8), engine)
+        assert t.ended_by == "max_turns" and t.stats["turns"] == 2
+        r.cfg = r.cfg.model_copy(update={"max_turns": 10, "max_total_tokens": 14})
+        (t,), = r.run([{"prompt": "go"}], 1, SamplingParams(max_new_tokens=8), engine)
+        assert t.length <= 14 and t.ended_by in ("max_total_tokens", "length")
+        # a turn is cut to what the episode has left
+        assert all(p.max_new_tokens <= 14 - len(prompts[0]) for _, prompts, p in engine.calls[-2:])
+    finally:
+        r.close()
+    assert episode_metrics([{"episode": {"ended_by": "max_turns", "turns": 2}}])["episode/limit_frac"] == 1
+
+
+@pytest.mark.parametrize("scheduling", ["independent", "lockstep"])
+def test_a_slow_step_holds_only_its_own_episode(tok, scheduling):
+    engine = Script(tok, ["abc", "done"])
+    r = _rollout(tok, max_turns=3, scheduling=scheduling)
+    try:
+        t0 = time.perf_counter()
+        r.run([{"prompt": "slow"}, {"prompt": "fast"}], 1, SamplingParams(max_new_tokens=8), engine)
+    finally:
+        r.close()
+    second = [(t - t0, len(prompts)) for t, prompts, _ in engine.calls[1:]]
+    if scheduling == "independent":  # the fast episode's second turn did not wait for the slow step
+        assert second[0][0] < 0.4 and second[0][1] == 1, second
+    else:
+        assert second[0][0] >= 0.5 and second[0][1] == 2, second
