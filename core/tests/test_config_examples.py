@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*/*.yaml"))
 IDS = [p.relative_to(ROOT).as_posix() for p in EXAMPLES]
 #: built by a script, not by a run (see examples/arith/README.md)
-BUILT_BY_SCRIPTS = {"examples/arith/artifacts/base", "examples/moe/artifacts/base", "examples/longtail/artifacts/base"}
+BUILT_BY_SCRIPTS = {"examples/arith/artifacts/base", "examples/moe/artifacts/base", "examples/longtail/artifacts/base",
+                    "examples/tools/artifacts/base"}
 
 
 @pytest.fixture(autouse=True)
