@@ -21,8 +21,9 @@ def test_real_probe_measures_a_sane_ratio_quickly_and_restores_threads():
     assert 1e-3 < s.ratio < 1e4, s
     assert took < 3.0, f"probe took {took:.2f} s"
     assert torch.get_num_threads() == threads
-    if s.onednn_bf16 is False:  # no oneDNN bf16 kernels: bf16 matmuls take the generic slow path
-        assert s.slow, s
+    assert s.slow == (s.ratio >= cpu.SLOW_RATIO), s  # judged by what was measured, not by the CPU's name:
+    # without oneDNN bf16 kernels some CPUs run bf16 ~100x slower, others (torch 2.13 on an AVX2-only AMD
+    # EPYC) about as fast as fp32
     d = s.describe()
     assert d.startswith("bf16 matmuls (a linear layer's forward and backward) run ") and f"({s.capability}" in d
 
