@@ -27,10 +27,10 @@ tokens; ``response_ids`` in a sample's meta is its last model turn (what rule re
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable, Sequence
 
 import torch
 
@@ -100,7 +100,6 @@ class MultiTurnRollout:
         self.cfg = cfg
         self.env_cls, self.env_args, self.tok = env_cls, env_args, tokenizer
         self.pool = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="rlweave-env")
-        self.eos = getattr(tokenizer, "eos_token_id", None)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -172,11 +171,7 @@ class MultiTurnRollout:
                     t.end("max_turns")
                 else:
                     text = self.tok.decode(t.final_ids, skip_special_tokens=True)
-                    stepping[self.pool.submit(self._timed_step, t.env, text)] = t
-
-    @staticmethod
-    def _timed_step(env: Environment, text: str) -> EnvStep:
-        return env.step(text)
+                    stepping[self.pool.submit(t.env.step, text)] = t
 
     def _observe(self, t: Trajectory, f: Future) -> bool:
         """Apply a finished environment step to ``t``; whether it goes on to another model turn."""

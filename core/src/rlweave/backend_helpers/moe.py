@@ -1,5 +1,5 @@
-"""Router load-balancing loss and expert-load metrics of mixture-of-experts models, shared by
-the training backends so every backend trains the same objective.
+"""Router load-balancing loss, expert-load metrics and the per-expert loop of mixture-of-experts
+models, shared by the training backends so every backend trains the same objective.
 
 Load-balancing loss (Switch Transformer, as transformers' ``load_balancing_loss_func``):
 ``aux = E * sum_e f_e * P_e`` over the routed tokens of all MoE layers of one forward, with
@@ -14,10 +14,33 @@ or replicas, so the value depends on how tokens are grouped into micro-batches.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+
+def loop_experts(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, gate_up: torch.Tensor,
+                 down: torch.Tensor, act_fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The experts output ``(T, H)`` of tokens ``x`` ``(T, H)`` routed to ``top_k_index`` ``(T, k)``
+    with ``top_k_weights``, one plain loop over the stacked experts ``gate_up`` ``(E, 2I, H)`` (gate
+    rows over up rows) and ``down`` ``(E, H, I)``: for each expert, ``gate, up = (x @ gate_up[e].T)
+    .chunk(2)``, ``y = (act(gate) * up) @ down[e].T``, added to its tokens times their weights. In
+    the promoted dtype of ``x`` and the weights; the caller picks the compute dtype. Syncs with the
+    host once per expert. The weights are split per expert with ``unbind`` (not ``gate_up[e]``,
+    whose backward would build a full-size gradient per expert)."""
+    import torch.nn.functional as F
+
+    out = torch.zeros(x.shape, dtype=torch.promote_types(x.dtype, top_k_weights.dtype), device=x.device)
+    gate_ups, downs = gate_up.unbind(0), down.unbind(0)
+    for e in range(len(gate_ups)):
+        token, choice = torch.where(top_k_index == e)
+        if token.numel() == 0:
+            continue
+        gate, up = F.linear(x[token], gate_ups[e]).chunk(2, dim=-1)
+        y = F.linear(act_fn(gate) * up, downs[e])
+        out = out.index_add(0, token, y * top_k_weights[token, choice, None])
+    return out
 
 
 def router_topk(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:

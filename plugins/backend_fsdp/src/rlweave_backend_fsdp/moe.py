@@ -135,11 +135,10 @@ class MoETraining:
         sizes = {(b.num_experts, b.top_k) for b in blocks}
         if len(sizes) != 1:
             raise ValueError(f"fsdp backend: MoE layers with different (experts, top-k): {sorted(sizes)}")
-        (self.num_experts, self.top_k), = sizes
+        (num_experts, top_k), = sizes
         self.blocks = list(blocks)
-        self.coef = float(coef)
         self.tap = RouterTap(self.blocks)
-        self.aux = AuxLoss(len(self.blocks), self.num_experts, self.top_k, self.coef)
+        self.aux = AuxLoss(len(self.blocks), num_experts, top_k, coef)
 
     def begin_step(self, local_tokens: int, device: torch.device) -> None:
         self.aux.begin_step(local_tokens, device)

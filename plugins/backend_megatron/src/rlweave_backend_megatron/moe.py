@@ -23,7 +23,7 @@ Experts are not split over tensor-parallel ranks: each tensor-parallel rank hold
 expert-parallel rank's experts whole and runs them on its (identical) tokens.
 
 Experts run through the ``moe_groupgemm`` kernel when the role selected it (grouped matmuls),
-else one matmul pair per expert. While a layer's ``tap`` is a list, each forward appends its
+else one matmul pair per expert (:func:`rlweave.backend_helpers.moe.loop_experts`). While a layer's ``tap`` is a list, each forward appends its
 router logits ``(tokens, E)`` to it (the load-balancing loss, :func:`capture`).
 """
 
@@ -67,21 +67,6 @@ class _AllToAll(torch.autograd.Function):
         return _AllToAll.apply(grad.contiguous(), ctx.recv, ctx.send, ctx.group), None, None, None
 
 
-def _loop_experts(x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
-                  down: torch.Tensor) -> torch.Tensor:
-    """Experts output ``(T, H)`` of tokens ``x`` routed to ``idx`` ``(T, k)`` with ``weights``,
-    one matmul pair per expert that received tokens (no kernel selected)."""
-    out = torch.zeros_like(x)
-    flat = idx.reshape(-1)
-    for e in torch.unique(flat).tolist():
-        pair = (flat == e).nonzero().squeeze(1)
-        tok = pair // idx.shape[1]
-        gate, up = F.linear(x[tok], gate_up[e]).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, down[e]) * weights.reshape(-1)[pair, None].to(x.dtype)
-        out = out.index_add(0, tok, y)
-    return out
-
-
 class GroupedExperts(nn.Module):
     """This rank's experts, stacked: ``gate_up`` ``(n, 2I, H)``, ``down`` ``(n, H, I)``."""
 
@@ -93,7 +78,9 @@ class GroupedExperts(nn.Module):
     def forward(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, kernel: Any = None) -> torch.Tensor:
         if kernel is not None:
             return kernel.run(x, idx, weights, self.gate_up, self.down, F.silu)
-        return _loop_experts(x, idx, weights, self.gate_up, self.down)
+        from rlweave.backend_helpers.moe import loop_experts
+
+        return loop_experts(x, idx, weights, self.gate_up, self.down, F.silu).to(x.dtype)
 
 
 class ExpertParallelMoE(nn.Module):
@@ -112,7 +99,6 @@ class ExpertParallelMoE(nn.Module):
         self.ep_rank = ps.get_expert_model_parallel_rank()
         self.group = ps.get_expert_model_parallel_group() if self.ep > 1 else None
         n = self.spec.num // self.ep
-        self.first = self.ep_rank * n
         self.router = nn.Linear(config.hidden_size, self.spec.num, bias=False, dtype=config.params_dtype)
         self.experts = GroupedExperts(n, config.hidden_size, self.spec.ffn, config.params_dtype)
         self.tap: list[torch.Tensor] | None = None

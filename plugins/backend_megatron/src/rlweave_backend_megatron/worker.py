@@ -113,8 +113,9 @@ class MegatronWorker(TrainingSkeleton):
         if not path or not Path(path).is_dir():
             raise FileNotFoundError(f"megatron backend: model.path {path!r} is not a local directory")
         self.path = path
-        self.shape = convert.shape_from_config(json.loads((Path(path) / "config.json").read_text()), self.tp,
-                                               self.cfg.make_vocab_size_divisible_by, f"{path}/config.json")
+        hf_config = json.loads((Path(path) / "config.json").read_text())
+        self.shape = convert.shape_from_config(hf_config, self.tp, self.cfg.make_vocab_size_divisible_by,
+                                               f"{path}/config.json")
         self.impl = self._impl()
         kernel = ctx.kernel("moe_groupgemm") if self.shape.num_experts else None
         with HFReader(path) as read:
@@ -131,7 +132,7 @@ class MegatronWorker(TrainingSkeleton):
             self.mlps = moe.layers(self.model)
             coef = self.cfg.moe_aux_loss_coef
             if coef is None:
-                coef = float(json.loads((Path(path) / "config.json").read_text()).get("router_aux_loss_coef", 0.0))
+                coef = float(hf_config.get("router_aux_loss_coef", 0.0))
             self.moe = AuxLoss(len(self.mlps), self.shape.num_experts, self.shape.top_k, coef)
         self.stages = pipeline.Stages(self.model, self.pp_rank, self.pp, self.device, self.tp if self.sp else 1)
         self.step = 0
