@@ -11,7 +11,8 @@ from rlweave.interfaces.environment import Environment, EnvStep
 
 
 class Countdown(Environment):
-    """Answers each model turn with 'left <k>' until three turns were taken, then ends."""
+    """Answers each model turn with 'left <k>' until three turns were taken, then ends. Each turn
+    earns a tenth of its length in characters, so sampled episodes of a group differ in reward."""
 
     def reset(self, record):
         self.left = 3
@@ -19,9 +20,11 @@ class Countdown(Environment):
 
     def step(self, action):
         self.left -= 1
+        reward = len(action) / 10
         if self.left == 0:
-            return EnvStep(done=True, reward=1.0)
-        return EnvStep(messages=[{"role": "tool", "content": f"left {self.left}"}], info={"tool_calls": 1})
+            return EnvStep(done=True, reward=reward)
+        return EnvStep(messages=[{"role": "tool", "content": f"left {self.left}"}], reward=reward,
+                       info={"tool_calls": 1})
 
 
 class Hooked:
