@@ -91,7 +91,7 @@ def main(argv=None) -> int:
                 rollout = MultiTurnRollout(cfg, Latency, env_args, tok)
                 calls["n"] = 0
                 t0 = time.perf_counter()
-                groups = rollout.run(records, 1, sampling, generate)
+                groups = rollout.episodes(records, 1, sampling, generate)
                 dt = time.perf_counter() - t0
                 rollout.close()
                 done = sum(t.ended_by == "done" for g in groups for t in g)

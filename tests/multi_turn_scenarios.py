@@ -39,7 +39,10 @@ class Hooked:
         return self.inner(outputs, mb)
 
 
-def scenario(ctx_kw: dict, model_dir: str) -> dict[str, Any]:
+def scenario(ctx_kw: dict, model_dir: str, engine_name: str) -> dict[str, Any]:
+    """Episodes sampled by ``engine_name`` (``hf``: in this process; ``vllm``: its engine core in a
+    subprocess, so this rank's process group stays the trainer's), then log-probs and one train
+    step of an FSDP worker on them."""
     from rlweave.algo_helpers.multi_turn import MultiTurnRollout, episodes_to_batch
     from rlweave.algo_helpers.multi_turn_config import MultiTurnConfig
     from rlweave.algo_helpers.weights import token_weights
@@ -52,8 +55,14 @@ def scenario(ctx_kw: dict, model_dir: str) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    engine = HFEngine(WorkerContext(role="rollout", options={"max_model_len": 128},
-                                    model={"path": model_dir, "dtype": "float32"}, seed=1))
+    model = {"path": model_dir, "dtype": "float32"}
+    if engine_name == "vllm":
+        from rlweave_infer_vllm.engine import VLLMEngine
+
+        engine = VLLMEngine(WorkerContext(role="rollout", model=model, seed=1, options={
+            "max_model_len": 128, "kv_cache_gib": 0.25, "engine_core": "subprocess"}))
+    else:
+        engine = HFEngine(WorkerContext(role="rollout", options={"max_model_len": 128}, model=model, seed=1))
     engine.init_engine()
     calls: list = []
 
@@ -68,9 +77,10 @@ def scenario(ctx_kw: dict, model_dir: str) -> dict[str, Any]:
     records = [{"prompt": "12+3=", "id": "a"}, {"prompt": "40-7=", "id": "b"}]
     sampling = SamplingParams(n=1, temperature=1.0, max_new_tokens=5, stop_token_ids=[tok.eos_token_id], seed=5)
     try:
-        groups = rollout.run(records, 2, sampling, generate)
+        groups = rollout.episodes(records, 2, sampling, generate)
     finally:
         rollout.close()
+        engine.shutdown()
     batch = episodes_to_batch(groups, ["a", "b"], [{}, {}])
     w = sc.train_worker("fsdp", ctx_kw, {"path": model_dir, "dtype": "float32"}, {"lr": 1e-3},
                         max_tokens_per_micro_batch=256)

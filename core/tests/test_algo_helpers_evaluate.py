@@ -3,7 +3,8 @@ thing under test's input, not the thing tested)."""
 
 import pytest
 
-from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
+from rlweave.algo_helpers.evaluate import exact_match, reward_fields
+from rlweave.algo_helpers.rollout import record_prompt
 from rlweave.interfaces.engine import Generation
 
 

@@ -38,7 +38,7 @@ def engine(prompts, params):  # guesses 5, 3, 1, 8 in turn
     return [[Generation(tok(next(guesses))["input_ids"] + [tok.eos_token_id], [-1.0, -1.0], "stop")] for _ in prompts]
 
 rollout = MultiTurnRollout(cfg, record.load(), record.config_model.model_validate(cfg.env.args), tok)
-(t,), = rollout.run([{"prompt": "", "secret": 8}], 1, SamplingParams(max_new_tokens=4), engine)
+(t,), = rollout.episodes([{"prompt": "", "secret": 8}], 1, SamplingParams(max_new_tokens=4), engine)
 rollout.close()
 print("RESULT=" + json.dumps({"bad": bad, "reward": t.reward, "turns": t.stats["turns"], "ended_by": t.ended_by,
                               "text": tok.decode(t.prompt_ids + t.ids)}))

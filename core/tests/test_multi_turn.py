@@ -98,7 +98,7 @@ def test_episodes_are_token_exact_and_masked(tok):
     engine = Script(tok, ["abc", "de", "done"])
     r = _rollout(tok, max_turns=5)
     try:
-        groups = r.run([{"prompt": "go", "answer": "x"}], 2, SamplingParams(max_new_tokens=8, seed=1), engine, version=3)
+        groups = r.episodes([{"prompt": "go", "answer": "x"}], 2, SamplingParams(max_new_tokens=8, seed=1), engine, version=3)
     finally:
         r.close()
     t = groups[0][0]
@@ -127,10 +127,10 @@ def test_limits_end_episodes(tok):
     engine = Script(tok, ["abc"])  # never 'done'
     r = _rollout(tok, max_turns=2)
     try:
-        (t,), = r.run([{"prompt": "go"}], 1, SamplingParams(max_new_tokens=8), engine)
+        (t,), = r.episodes([{"prompt": "go"}], 1, SamplingParams(max_new_tokens=8), engine)
         assert t.ended_by == "max_turns" and t.stats["turns"] == 2
         r.cfg = r.cfg.model_copy(update={"max_turns": 10, "max_total_tokens": 14})
-        (t,), = r.run([{"prompt": "go"}], 1, SamplingParams(max_new_tokens=8), engine)
+        (t,), = r.episodes([{"prompt": "go"}], 1, SamplingParams(max_new_tokens=8), engine)
         assert t.length <= 14 and t.ended_by in ("max_total_tokens", "length")
         # a turn is cut to what the episode has left
         assert all(p.max_new_tokens <= 14 - len(prompts[0]) for _, prompts, p in engine.calls[-2:])
@@ -145,7 +145,7 @@ def test_a_slow_step_holds_only_its_own_episode(tok, scheduling):
     r = _rollout(tok, max_turns=3, scheduling=scheduling)
     try:
         t0 = time.perf_counter()
-        r.run([{"prompt": "slow"}, {"prompt": "fast"}], 1, SamplingParams(max_new_tokens=8), engine)
+        r.episodes([{"prompt": "slow"}, {"prompt": "fast"}], 1, SamplingParams(max_new_tokens=8), engine)
     finally:
         r.close()
     second = [(t - t0, len(prompts)) for t, prompts, _ in engine.calls[1:]]
@@ -153,3 +153,35 @@ def test_a_slow_step_holds_only_its_own_episode(tok, scheduling):
         assert second[0][0] < 0.4 and second[0][1] == 1, second
     else:
         assert second[0][0] >= 0.5 and second[0][1] == 2, second
+
+
+def test_both_rollouts_keep_the_rollout_contract(tok):
+    """What :mod:`rlweave.interfaces.rollout` promises, from the single-turn default and from
+    multi-turn episodes alike (both built by ``make_rollout`` from an algorithm's config)."""
+    from rlweave.algo_helpers.rollout import SingleTurnRollout, make_rollout
+
+    def one_shot(prompts, params):
+        ids = tok("ab", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        return [[Generation(ids, [-0.5] * len(ids), "stop") for _ in range(params.n)] for _ in prompts]
+
+    records = [{"prompt": "go", "answer": "x", "id": "a"}, {"prompt": "ho", "answer": "y", "id": "b"}]
+    spec = MultiTurnConfig.model_validate({"env": {"name": f"{__file__}:Echo"}, "max_turns": 3})
+    single, episodes = make_rollout(None, tok), make_rollout(spec, tok)
+    assert isinstance(single, SingleTurnRollout) and isinstance(episodes, MultiTurnRollout)
+    for rollout, engine, reward in ((single, one_shot, 0.0), (episodes, Script(tok, ["abc", "done"]), 1.25)):
+        try:
+            batch = rollout.run(records, 2, SamplingParams(max_new_tokens=8, seed=1), engine)
+        finally:
+            rollout.close()
+        assert batch.ids == ["a/0", "a/1", "b/0", "b/1"] and batch.sample["group"].tolist() == [0, 0, 1, 1]
+        assert batch.sample["env_reward"].tolist() == [reward] * 4
+        lens = batch.seqlens
+        assert (batch.sample["prompt_len"] + batch.sample["response_len"]).tolist() == lens.tolist()
+        mask, lp = batch.token["loss_mask"], batch.token["rollout_logprobs"]
+        assert torch.all(lp[mask > 0] == -0.5) and torch.all(lp[mask == 0] == 0)
+        for i, (seq, m) in enumerate(zip(batch.sequences(), batch.meta)):
+            plen = int(batch.sample["prompt_len"][i])
+            assert m["answer"] == records[i // 2]["answer"] and tok.decode(seq[:plen].tolist()) == m["prompt"]
+            assert seq[-len(m["response_ids"]):].tolist() == m["response_ids"] and m["finish_reason"] == "stop"
+            assert mask[batch.cu_seqlens[i]:batch.cu_seqlens[i] + plen].sum() == 0
+        assert ("episode" in batch.meta[0]) == (rollout is episodes)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 from pydantic import Field
-from rlweave.algo_helpers.evaluate import exact_match, record_prompt, reward_fields
+from rlweave.algo_helpers.evaluate import exact_match, reward_fields
+from rlweave.algo_helpers.rollout import record_prompt
 from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, sampling_params
 from rlweave.algo_helpers.sampling import SamplingConfig
 from rlweave.algo_helpers.weights import token_weights

@@ -51,3 +51,27 @@ def test_every_prompt_accounted_for():
     seen = [i for i, _, _ in sel.pairs] + sel.tied + sel.too_few
     assert sorted(seen) == list(range(200))
     assert all(len(set(rs)) == 1 for i, rs in enumerate(rewards) if i in sel.tied)
+
+
+def test_pairs_from_sampled_trajectories_keep_their_loss_mask():
+    """OnlineDPO pairs cut from a rollout batch: an episode's observation tokens stay untrained,
+    and the layout is build_pair_batch's (chosen, rejected side by side, weights per pair)."""
+    import torch
+    from rlweave.data.batch import Batch
+
+    from rlweave_algo_dpo.pairs import build_pair_batch, select_pair_batch
+
+    samples = Batch.from_sequences([[1, 2, 3], [1, 4, 5, 6, 7], [8, 9], [8, 10, 11]], ids=["a/0", "a/1", "b/0", "b/1"],
+                                   meta=[{"answer": k} for k in range(4)], prompt_lens=[1, 1, 1, 1])
+    samples.token["loss_mask"][5] = 0.0  # token 5 of "a/1": an observation between two model turns
+    pairs = select_pair_batch(samples, [(1, 0), (2, 3)], ["a", "b"])
+    assert pairs.ids == ["a/chosen", "a/rejected", "b/chosen", "b/rejected"]
+    assert [m["answer"] for m in pairs.meta] == [1, 0, 2, 3] and pairs.meta[0]["side"] == "chosen"
+    assert [s.tolist() for s in pairs.sequences()] == [[1, 4, 5, 6, 7], [1, 2, 3], [8, 9], [8, 10, 11]]
+    assert pairs.token["loss_mask"].tolist() == [0, 1, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 1]
+    plain = build_pair_batch([[1], [8]], [[4, 5, 6, 7], [9]], [[2, 3], [10, 11]], ["a", "b"])
+    for key in ("pair_id", "group", "is_chosen", "pair_weight"):
+        assert torch.equal(pairs.sample[key], plain.sample[key]), key
+    chosen = pairs.token["sft_weight"] > 0
+    assert chosen.tolist() == [False, True, False, True, True] + [False] * 3 + [False, True] + [False] * 3
+    assert torch.isclose(pairs.token["sft_weight"].sum(), torch.tensor(1.0))

@@ -10,35 +10,11 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from rlweave.algo_helpers.rollout import encode_prompts
+from rlweave.algo_helpers.rollout import encode_prompts, record_prompt
 from rlweave.interfaces.engine import SamplingParams
+from rlweave.interfaces.rollout import Rollout
 from rlweave.rewards.failures import RewardFailureError
 from rlweave.rewards.fields import reward_fields  # noqa: F401 - re-exported: algorithms import it from here
-
-
-def record_prompt(record: dict[str, Any], tokenizer: Any = None) -> str:
-    """The prompt text of a record: ``prompt``, else ``query``, else the chat ``messages``
-    without the last assistant turn, rendered with the tokenizer's chat template."""
-    if "prompt" in record:
-        return str(record["prompt"])
-    if "query" in record:
-        return str(record["query"])
-    if "messages" in record:
-        msgs = list(record["messages"])
-        if msgs and msgs[-1].get("role") == "assistant":
-            msgs = msgs[:-1]
-        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        return "".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant: "
-    raise ValueError(f"record {record.get('id', '?')}: no 'prompt', 'query' or 'messages' field")
-
-
-def encode_records(tokenizer: Any, records: Sequence[dict[str, Any]]) -> tuple[list[list[int]], list[dict[str, Any]]]:
-    """Prompt token ids of ``records`` (:func:`record_prompt`, then
-    :func:`~rlweave.algo_helpers.rollout.encode_prompts`) and the meta each sample carries to
-    the rewards: the prompt text and the record's reward fields."""
-    texts = [record_prompt(r, tokenizer) for r in records]
-    return encode_prompts(tokenizer, texts), [{"prompt": t, **reward_fields(r)} for t, r in zip(texts, records)]
 
 
 def _result(x: Any) -> Any:
@@ -55,13 +31,14 @@ def exact_match(
     greedy: bool = True,
     temperature: float = 1.0,
     seed: int = 0,
-    episodes: Any = None,
+    trajectories: Rollout | None = None,
 ) -> dict[str, float]:
     """Generate one answer per record and score it.
 
-    ``episodes``: a :class:`~rlweave.algo_helpers.multi_turn.MultiTurnRollout`: each record is one
-    episode (``max_new_tokens`` per model turn) and its last model turn is the answer scored;
-    ``tool_used_frac`` is added (episodes with a tool call).
+    ``trajectories``: the algorithm's :class:`~rlweave.interfaces.rollout.Rollout`, when it is not
+    the plain single-turn one: each record is one trajectory (``max_new_tokens`` per model turn)
+    whose last model turn is the answer scored; for episodes ``tool_used_frac`` is added (episodes
+    with a tool call).
 
     ``reward_fn`` is either a reward set (has ``score(samples) -> (totals, breakdown)``,
     e.g. :class:`rlweave.rewards.RewardSet`) or a rule ``fn(prompt, response, **fields)``.
@@ -84,12 +61,14 @@ def exact_match(
         seed=seed,
     )
     extra: dict[str, float] = {}
-    if episodes is not None:
-        trajs = [g[0] for g in episodes.run(records, 1, params, lambda p, s: _result(rollout.generate(p, s)))]
-        texts = [t.prompt_text for t in trajs]
-        answers = [t.final_ids for t in trajs]
-        lengths = [len(t.ids) for t in trajs]
-        extra["tool_used_frac"] = sum(t.stats.get("tool_calls", 0.0) > 0 for t in trajs) / len(trajs)
+    if trajectories is not None:
+        batch = trajectories.run(records, 1, params, lambda p, s: _result(rollout.generate(p, s)))
+        texts = [m["prompt"] for m in batch.meta]
+        answers = [m["response_ids"] for m in batch.meta]
+        lengths = [int(x) for x in batch.sample["response_len"]]
+        eps = [m["episode"] for m in batch.meta if "episode" in m]
+        if eps:
+            extra["tool_used_frac"] = sum(float(e.get("tool_calls", 0.0)) > 0 for e in eps) / len(eps)
     else:
         texts = [record_prompt(r, tokenizer) for r in records]
         gens = _result(rollout.generate(encode_prompts(tokenizer, texts), params))

@@ -38,6 +38,8 @@ from rlweave.algo_helpers import chat
 from rlweave.data.batch import Batch
 from rlweave.interfaces.engine import Generation, SamplingParams
 from rlweave.interfaces.environment import Environment, EnvStep
+from rlweave.interfaces.rollout import GenerateFn, Rollout
+from rlweave.rewards.fields import reward_fields
 
 #: episode counters summed into the step metrics (``episode/<name>_mean``)
 COUNTERS = ("turns", "tool_calls", "tool_errors", "tool_time_s")
@@ -90,8 +92,9 @@ class Trajectory:
             self.env = None
 
 
-class MultiTurnRollout:
-    """Runs episodes (see the module docstring) with ``env_cls(env_args)`` environments.
+class MultiTurnRollout(Rollout):
+    """Runs episodes (see the module docstring) with ``env_cls(env_args)`` environments; the
+    :class:`~rlweave.interfaces.rollout.Rollout` of ``algorithm.multi_turn``.
 
     ``generate(prompts, sampling) -> list[list[Generation]]`` is the engine call (blocking), and
     ``tokenizer`` renders messages. :meth:`close` stops the step threads."""
@@ -107,9 +110,15 @@ class MultiTurnRollout:
         if shutdown is not None:
             shutdown()
 
-    def run(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams,
-            generate: Callable[[list[list[int]], SamplingParams], list[list[Generation]]],
-            version: int = 0) -> list[list[Trajectory]]:
+    def run(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,
+            version: int = 0) -> Batch:
+        """``n`` episodes per record as one batch (:func:`episodes_to_batch`)."""
+        groups = self.episodes(records, n, sampling, generate, version)
+        return episodes_to_batch(groups, [str(r.get("id", i)) for i, r in enumerate(records)],
+                                 [reward_fields(r) for r in records])
+
+    def episodes(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,
+                 version: int = 0) -> list[list[Trajectory]]:
         """``n`` episodes per record, grouped by record."""
         groups: list[list[Trajectory]] = []
         for r in records:

@@ -6,7 +6,7 @@ is an episode of :mod:`rlweave.algo_helpers.multi_turn`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -63,3 +63,16 @@ class MultiTurnConfig(BaseModel):
     end_on_length: bool = Field(
         True, description="A model turn cut by max_new_tokens ends the episode; false: the environment steps on it "
         "(a turn cut by max_total_tokens always ends it).")
+
+
+class MultiTurnKeys(BaseModel):
+    """The ``multi_turn`` key of the algorithms that sample through the rollout seam (GRPO, PPO,
+    OnlineDPO): their configs subclass this, and :func:`rlweave.algo_helpers.rollout.make_rollout`
+    turns it into their rollout."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    multi_turn: Optional[MultiTurnConfig] = Field(
+        None, description="Multi-turn episodes through an environment (tools, games...): each sample is an episode "
+        "of model turns and environment steps, the loss on the model's tokens only; null: one continuation per prompt."
+    )

@@ -1,4 +1,5 @@
-"""From prompt texts to token ids, and from engine generations to a training :class:`Batch`.
+"""From records to prompt token ids, from engine generations to a training :class:`Batch`, and
+the default rollout (:class:`SingleTurnRollout`, see :mod:`rlweave.interfaces.rollout`).
 
 Both SFT and RL algorithms go through :func:`encode_prompts`, so a prompt is tokenized the
 same way when a model is fine-tuned on it and when the rollout engine is asked to continue it.
@@ -6,12 +7,15 @@ same way when a model is fine-tuned on it and when the rollout engine is asked t
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import torch
 
 from rlweave.data.batch import Batch
 from rlweave.interfaces.engine import Generation, SamplingParams
+from rlweave.interfaces.rollout import GenerateFn, Rollout
+from rlweave.rewards.fields import reward_fields
 
 
 def reward_samples(tokenizer: Any, batch: Batch) -> list[dict[str, Any]]:
@@ -60,6 +64,31 @@ def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     return out
 
 
+def record_prompt(record: dict[str, Any], tokenizer: Any = None) -> str:
+    """The prompt text of a record: ``prompt``, else ``query``, else the chat ``messages``
+    without the last assistant turn, rendered with the tokenizer's chat template."""
+    if "prompt" in record:
+        return str(record["prompt"])
+    if "query" in record:
+        return str(record["query"])
+    if "messages" in record:
+        msgs = list(record["messages"])
+        if msgs and msgs[-1].get("role") == "assistant":
+            msgs = msgs[:-1]
+        if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return "".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant: "
+    raise ValueError(f"record {record.get('id', '?')}: no 'prompt', 'query' or 'messages' field")
+
+
+def encode_records(tokenizer: Any, records: Sequence[dict[str, Any]]) -> tuple[list[list[int]], list[dict[str, Any]]]:
+    """Prompt token ids of ``records`` (:func:`record_prompt`, then
+    :func:`~rlweave.algo_helpers.rollout.encode_prompts`) and the meta each sample carries to
+    the rewards: the prompt text and the record's reward fields."""
+    texts = [record_prompt(r, tokenizer) for r in records]
+    return encode_prompts(tokenizer, texts), [{"prompt": t, **reward_fields(r)} for t, r in zip(texts, records)]
+
+
 def generations_to_batch(
     prompt_ids: Sequence[Sequence[int]],
     gens: Sequence[Sequence[Generation]],
@@ -106,3 +135,32 @@ def generations_to_batch(
     batch.add_sample("response_len", torch.tensor(rlens, dtype=torch.long))
     batch.add_sample("group", torch.tensor(groups, dtype=torch.long))
     return batch
+
+
+class SingleTurnRollout(Rollout):
+    """The default rollout: one engine call, one continuation per sample
+    (:func:`encode_records`, then :func:`generations_to_batch`; ``env_reward`` is 0)."""
+
+    def __init__(self, tokenizer: Any):
+        self.tok = tokenizer
+
+    def run(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,
+            version: int = 0) -> Batch:
+        prompt_ids, meta = encode_records(self.tok, records)
+        gens = generate(prompt_ids, dataclasses.replace(sampling, n=n))
+        batch = generations_to_batch(prompt_ids, gens, [str(r.get("id", i)) for i, r in enumerate(records)], meta)
+        batch.add_sample("env_reward", torch.zeros(len(batch), dtype=torch.float32))
+        return batch
+
+
+def make_rollout(multi_turn: Any, tokenizer: Any) -> Rollout:
+    """The rollout an algorithm's config asks for: multi-turn episodes when its ``multi_turn``
+    section (:class:`~rlweave.algo_helpers.multi_turn_config.MultiTurnConfig`) is set, else
+    :class:`SingleTurnRollout`."""
+    if multi_turn is None:
+        return SingleTurnRollout(tokenizer)
+    from rlweave.algo_helpers.multi_turn import MultiTurnRollout
+    from rlweave.algo_helpers.multi_turn_config import resolve_environment
+
+    env_cls, args = resolve_environment(multi_turn.env.name, multi_turn.env.args)
+    return MultiTurnRollout(multi_turn, env_cls, args, tokenizer)

@@ -85,8 +85,8 @@ def _algo_setting(src: Any, key: str, default: Any) -> Any:
 def sampled_metrics(eng: Any, tokenizer: Any, records: list[dict[str, Any]], rewards: Any, n: int, ks: list[int],
                     temperature: float, top_p: float, max_tokens: int, threshold: float, seed: int) -> dict[str, float]:
     """``pass@k`` for each ``k`` and ``sampled_reward_mean`` over ``n`` samples per record."""
-    from rlweave.algo_helpers.evaluate import record_prompt, reward_fields
-    from rlweave.algo_helpers.rollout import encode_prompts
+    from rlweave.algo_helpers.evaluate import reward_fields
+    from rlweave.algo_helpers.rollout import encode_prompts, record_prompt
     from rlweave.interfaces.engine import SamplingParams
     from rlweave.rewards.failures import RewardFailureError
 

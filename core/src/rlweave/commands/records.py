@@ -5,7 +5,7 @@ parquet or a saved ``datasets`` directory; a stable ``id`` (the record's own, el
 stem>:<line or row number>``); chat records (``messages``, or a ``prompt`` given as a message
 list) rendered into ``prompt`` with the tokenizer's chat template. Each record needs one of
 :data:`PROMPT_FIELDS`; its prompt text is
-:func:`rlweave.algo_helpers.evaluate.record_prompt`'s.
+:func:`rlweave.algo_helpers.rollout.record_prompt`'s.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def load_records(path: Path, tokenizer: Any = None, chat_template: str | None = 
 
 def prompt_texts(records: list[dict[str, Any]], tokenizer: Any) -> list[str]:
     """The prompt text of each record (as a run's evaluation reads it)."""
-    from rlweave.algo_helpers.evaluate import record_prompt
+    from rlweave.algo_helpers.rollout import record_prompt
 
     return [record_prompt(r, tokenizer) for r in records]
 

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rlweave.algo_helpers.multi_turn_config import MultiTurnKeys
 from rlweave.algo_helpers.sampling import SamplingConfig
 
 
@@ -64,7 +65,7 @@ class DPOConfig(PreferenceLossConfig):
     )
 
 
-class OnlineDPOConfig(PreferenceLossConfig, SamplingConfig):
+class OnlineDPOConfig(PreferenceLossConfig, SamplingConfig, MultiTurnKeys):
     """The preference loss keys, the shared sampling keys
     (:class:`~rlweave.algo_helpers.sampling.SamplingConfig`) and OnlineDPO's own."""
 

@@ -15,14 +15,17 @@ log = logging.getLogger("rlweave.algo_dpo")
 
 
 def evaluate_records(ctx: Any, cfg: Any, records: list[dict[str, Any]], generator: Any,
-                     greedy: bool = True, temperature: float = 1.0) -> dict[str, float]:
+                     greedy: bool = True, temperature: float = 1.0, trajectories: Any = None) -> dict[str, float]:
+    """Held-out exact-match of ``generator``'s greedy (or sampled) answers; ``trajectories``: the
+    algorithm's multi-turn rollout, if it has one (see ``exact_match``)."""
     if not records:
         return {}
     if ctx.rewards is None:
         log.warning("no rewards configured: held-out exact-match is skipped (add rewards: [{name: ...}])")
         return {}
     m = exact_match(generator, ctx.tokenizer, records, ctx.rewards, max_new_tokens=cfg.eval_max_new_tokens,
-                    threshold=cfg.eval_threshold, greedy=greedy, temperature=temperature, seed=ctx.seed)
+                    threshold=cfg.eval_threshold, greedy=greedy, temperature=temperature, seed=ctx.seed,
+                    trajectories=trajectories)
     return {k: float(v) for k, v in m.items()}
 
 

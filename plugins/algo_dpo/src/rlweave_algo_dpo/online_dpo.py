@@ -17,14 +17,14 @@ import time
 from typing import Any
 
 
-from rlweave.algo_helpers.evaluate import record_prompt, reward_fields
-from rlweave.algo_helpers.rollout import encode_prompts, sampling_params
+from rlweave.algo_helpers.multi_turn import episode_metrics
+from rlweave.algo_helpers.rollout import make_rollout, reward_samples, sampling_params
 from rlweave.data.batch import Batch
 from rlweave.interfaces.algorithm import Algorithm, RunContext
 from rlweave.residency import Residency
 from rlweave_algo_dpo.config import OnlineDPOConfig
 from rlweave_algo_dpo.evaluation import evaluate_records
-from rlweave_algo_dpo.pairs import build_pair_batch
+from rlweave_algo_dpo.pairs import select_pair_batch
 from rlweave_algo_dpo.selection import select_pairs
 from rlweave_algo_dpo.update import make_loss, preference_update, result, role_seq_logps
 
@@ -58,6 +58,12 @@ class OnlineDPO(Algorithm):
         self.tied_total = 0
         self._rollout_fresh = False  # rollout weights equal the policy's
         self.residency = Residency.for_run(ctx, ("policy", "reference", "rollout", "reward"), PHASES)
+        #: records -> trajectories (:mod:`rlweave.interfaces.rollout`): one continuation per prompt, or
+        #: multi-turn episodes through an environment (``algorithm.multi_turn``)
+        self.rollout = make_rollout(cfg.multi_turn, ctx.tokenizer)
+
+    def close(self) -> None:
+        self.rollout.close()
 
     def _sync(self) -> dict[str, float]:
         self.residency.enter("sync")
@@ -73,23 +79,25 @@ class OnlineDPO(Algorithm):
         """The rollout role starts from the model path; after a resume the policy differs."""
         self._rollout_fresh = False
 
-    def _score(self, texts: list[str], prompt_ids: list[list[int]], gens: list[list[Any]],
-               records: list[dict[str, Any]]) -> list[list[float]]:
+    def _score(self, samples: Batch) -> list[list[float]]:
+        """Each sample's reward, by record: the reward model's score of the whole trajectory, or
+        the rule rewards on its last model turn; plus what an environment paid."""
         tok = self.ctx.tokenizer
         if self.config.reward_source == "model":
-            seqs = [list(p) + list(g.token_ids) for p, gl in zip(prompt_ids, gens) for g in gl]
-            plens = [len(p) for p, gl in zip(prompt_ids, gens) for _ in gl]
+            seqs = [s.tolist() for s in samples.sequences()]
+            plens = samples.sample["prompt_len"].tolist()
             seqs = [s if len(s) > pl else s + [tok.eos_token_id] for s, pl in zip(seqs, plens)]
             flat = [float(x) for x in result(self.ctx.roles["reward"].scores(
                 Batch.from_sequences(seqs, prompt_lens=plens))).tolist()]
+        elif self.ctx.rewards is not None:
+            flat = [float(x) for x in self.ctx.rewards.score(reward_samples(tok, samples))[0]]
+        elif self.config.multi_turn is not None:  # the environment's reward alone
+            flat = [0.0] * len(samples)
         else:
-            if self.ctx.rewards is None:
-                raise ValueError("online_dpo with reward_source 'rules' needs rewards: [{name: ...}] in the config")
-            samples = [{"prompt": t, "response": tok.decode(g.token_ids, skip_special_tokens=True), **reward_fields(r)}
-                       for t, gl, r in zip(texts, gens, records) for g in gl]
-            flat = [float(x) for x in self.ctx.rewards.score(samples)[0]]
+            raise ValueError("online_dpo with reward_source 'rules' needs rewards: [{name: ...}] in the config")
+        flat = [x + float(e) for x, e in zip(flat, samples.sample["env_reward"].tolist())]
         k = self.config.n_samples
-        return [flat[i * k:(i + 1) * k] for i in range(len(gens))]
+        return [flat[i * k:(i + 1) * k] for i in range(len(flat) // k)]
 
     def step(self, records: list[dict[str, Any]]) -> dict[str, float]:
         c, tok = self.config, self.ctx.tokenizer
@@ -97,33 +105,36 @@ class OnlineDPO(Algorithm):
         if not self._rollout_fresh:
             metrics.update(self._sync())
         t0 = time.perf_counter()
-        texts = [record_prompt(r, tok) for r in records]
-        prompt_ids = encode_prompts(tok, texts)
         params = sampling_params(c, tok, seed=self.ctx.seed + self.steps)
         t_off = self.residency.enter("generate")
-        gens = result(self.ctx.roles["rollout"].generate(prompt_ids, params))
-        if len(gens) != len(records) or any(len(g) != c.n_samples for g in gens):
-            raise RuntimeError(f"rollout returned {[len(g) for g in gens]} generations for {len(records)} prompts "
+        engine = self.ctx.roles["rollout"]
+        samples = self.rollout.run(records, c.n_samples, params, lambda p, sp: result(engine.generate(p, sp)),
+                                   self.steps)
+        if len(samples) != len(records) * c.n_samples:
+            raise RuntimeError(f"rollout returned {len(samples)} samples for {len(records)} prompts "
                                f"x {c.n_samples} samples")
         t1 = time.perf_counter()
         if c.reward_source == "model":
             t_off += self.residency.enter("score")
-        rewards = self._score(texts, prompt_ids, gens, records)
+        rewards = self._score(samples)
         t2 = time.perf_counter()
-        usable = [[len(g.token_ids) > 0 and g.finish_reason != "error" for g in gl] for gl in gens]
+        k = c.n_samples
+        usable = [[len(m["response_ids"]) > 0 and m["finish_reason"] != "error" for m in samples.meta[i * k:(i + 1) * k]]
+                  for i in range(len(records))]
         sel = select_pairs(rewards, usable, c.min_reward_gap)
         flat = [x for rs in rewards for x in rs]
         self.tied_total += len(sel.tied) + len(sel.too_few)
         metrics.update({
             "reward/mean": statistics.fmean(flat),
             "reward/std": statistics.pstdev(flat),
-            "response_len/mean": statistics.fmean(len(g.token_ids) for gl in gens for g in gl),
+            "response_len/mean": float(samples.sample["response_len"].float().mean()),
             "pairs": float(len(sel.pairs)),
             "tied_prompts": float(len(sel.tied)),
             "too_few_samples": float(len(sel.too_few)),
             "tied_prompts_total": float(self.tied_total),
             "time/generate": t1 - t0,
             "time/reward": t2 - t1,
+            **episode_metrics(samples.meta),
         })
         self.steps += 1
         if not sel.pairs:
@@ -133,12 +144,8 @@ class OnlineDPO(Algorithm):
         metrics["skipped_update"] = 0.0
         metrics["reward/chosen"] = statistics.fmean(rewards[i][b] for i, b, _ in sel.pairs)
         metrics["reward/rejected"] = statistics.fmean(rewards[i][w] for i, _, w in sel.pairs)
-        batch = build_pair_batch(
-            [prompt_ids[i] for i, _, _ in sel.pairs],
-            [gens[i][b].token_ids for i, b, _ in sel.pairs],
-            [gens[i][w].token_ids for i, _, w in sel.pairs],
-            [str(records[i].get("id", i)) for i, _, _ in sel.pairs],
-        )
+        batch = select_pair_batch(samples, [(i * k + b, i * k + w) for i, b, w in sel.pairs],
+                                  [str(records[i].get("id", i)) for i, _, _ in sel.pairs])
         t_off += self.residency.enter("reference")
         t3 = time.perf_counter()
         batch.add_sample("ref_logp", role_seq_logps(self.ctx.roles["reference"], batch, c.average_logprobs))
@@ -155,7 +162,8 @@ class OnlineDPO(Algorithm):
             self._sync()
         return self.residency.during("eval", evaluate_records, self.ctx, self.config, records,
                                      self.ctx.roles["rollout"], greedy=self.config.eval_greedy,
-                                     temperature=self.config.temperature)
+                                     temperature=self.config.temperature,
+                                     trajectories=self.rollout if self.config.multi_turn is not None else None)
 
     def state_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "tied_total": self.tied_total}

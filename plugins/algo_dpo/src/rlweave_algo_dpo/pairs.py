@@ -42,7 +42,28 @@ def build_pair_batch(
             plens.append(len(p))
             ids.append(f"{pid}/{side}")
             metas.append({**(meta[k] if meta is not None else {}), "pair": str(pid), "side": side})
-    batch = Batch.from_sequences(seqs, ids=ids, meta=metas, prompt_lens=plens)
+    return _with_pair_fields(Batch.from_sequences(seqs, ids=ids, meta=metas, prompt_lens=plens))
+
+
+def select_pair_batch(samples: Batch, pairs: Sequence[tuple[int, int]], pair_ids: Sequence[str]) -> Batch:
+    """The layout of :func:`build_pair_batch` from sampled trajectories: ``pairs`` are (chosen,
+    rejected) sample indices of ``samples`` (a rollout batch, :mod:`rlweave.interfaces.rollout`),
+    whose ``loss_mask`` is kept as it is (a multi-turn episode trains its model tokens only)."""
+    if len(pairs) != len(pair_ids) or not pairs:
+        raise ValueError(f"select_pair_batch: {len(pairs)} pairs, {len(pair_ids)} ids (at least one pair)")
+    picked = samples.select([i for pair in pairs for i in pair])
+    sides = [(pid, side) for pid in pair_ids for side in ("chosen", "rejected")]
+    ids = [f"{pid}/{side}" for pid, side in sides]
+    metas = [{**m, "pair": str(pid), "side": side} for m, (pid, side) in zip(picked.meta, sides)]
+    out = Batch(cu_seqlens=picked.cu_seqlens,
+                token={k: picked.token[k] for k in ("input_ids", "loss_mask")},
+                sample={"prompt_len": picked.sample["prompt_len"]}, ids=ids, meta=metas)
+    return _with_pair_fields(out)
+
+
+def _with_pair_fields(batch: Batch) -> Batch:
+    """Add the pair fields to ``batch`` of (chosen, rejected) samples side by side."""
+    n = len(batch) // 2
     pair_index = torch.arange(n, dtype=torch.long).repeat_interleave(2)
     is_chosen = torch.tensor([1.0, 0.0] * n)
     batch.add_sample("pair_id", pair_index)

@@ -9,7 +9,7 @@ Accepted records (one jsonl line each, with a stable ``id`` from the data loader
   prompt; a ``prompt`` may also be a string with chat-format answers.
 
 Chat prompts are rendered with the tokenizer's chat template (``add_generation_prompt``)
-exactly as evaluation renders them (``rlweave.algo_helpers.evaluate.record_prompt``); an answer is
+exactly as evaluation renders them (``rlweave.algo_helpers.rollout.record_prompt``); an answer is
 the text the template adds after that prompt. Prompts are tokenized alone (as at
 generation time) and answers on their own, followed by EOS unless already there, so the
 trained tokens are the ones the model must generate.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from rlweave.algo_helpers.evaluate import record_prompt
+from rlweave.algo_helpers.rollout import record_prompt
 from rlweave.algo_helpers.rollout import encode_prompts
 
 

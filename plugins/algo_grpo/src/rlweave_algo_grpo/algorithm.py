@@ -30,14 +30,12 @@ from typing import Any
 import torch
 
 from rlweave.algo_helpers import reward_models
-from rlweave.algo_helpers.evaluate import encode_records, exact_match
-from rlweave.algo_helpers.evaluate import reward_fields
+from rlweave.algo_helpers.evaluate import exact_match
 from rlweave.algo_helpers.minibatch import split
-from rlweave.algo_helpers.multi_turn import MultiTurnRollout, episode_metrics, episodes_to_batch
-from rlweave.algo_helpers.multi_turn_config import resolve_environment
+from rlweave.algo_helpers.multi_turn import episode_metrics
 from rlweave.algo_helpers.pipeline import RolloutPipeline, groups_to_batch, pipelined
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
-from rlweave.algo_helpers.rollout import generations_to_batch, reward_samples, sampling_params
+from rlweave.algo_helpers.rollout import encode_records, make_rollout, reward_samples, sampling_params
 from rlweave.algo_helpers.weights import token_weights
 from rlweave.algo_parts.kl import kl_value
 from rlweave.algo_parts.objective import PolicyObjective
@@ -100,17 +98,12 @@ class GRPO(Algorithm):
         self.pipeline = RolloutPipeline(ctx, self.config.n_samples, self.config.max_new_tokens,
                                         functools.partial(encode_records, ctx.tokenizer)) \
             if pipelined(ctx.config) else None
-        #: the rollout: multi-turn episodes through an environment, or None (one continuation per prompt)
-        self.multi_turn = self._multi_turn() if c.multi_turn is not None else None
-
-    def _multi_turn(self) -> MultiTurnRollout:
-        spec = self.config.multi_turn
-        env_cls, args = resolve_environment(spec.env.name, spec.env.args)
-        return MultiTurnRollout(spec, env_cls, args, self.ctx.tokenizer)
+        #: records -> trajectories (:mod:`rlweave.interfaces.rollout`): one continuation per prompt, or
+        #: multi-turn episodes through an environment (``algorithm.multi_turn``)
+        self.rollout = make_rollout(c.multi_turn, ctx.tokenizer)
 
     def close(self) -> None:
-        if self.multi_turn is not None:
-            self.multi_turn.close()
+        self.rollout.close()
 
     # ------------------------------------------------------------------ helpers
     def _sampling(self, salt: int) -> SamplingParams:
@@ -133,56 +126,40 @@ class GRPO(Algorithm):
 
     def _rollout(self, records: list[dict[str, Any]], salt: int,
                  experience: bool = False) -> tuple[Batch, torch.Tensor, list[dict], dict | None]:
-        """Generate and score one group per record. Returns the batch, the rewards, the
-        per-sample reward breakdowns and, with ``experience``, the reference and old log-prob
-        calls (:meth:`_issue_experience`), issued before the rewards are scored so that they run
-        while the reward workers score. With ``multi_turn`` each sample is an episode
-        (:meth:`_episodes`)."""
-        if self.multi_turn is not None:
-            return self._episodes(records, salt, experience)
-        prompt_ids, meta = encode_records(self.ctx.tokenizer, records)
+        """Generate and score one group per record through :attr:`rollout`. Returns the batch, the
+        rewards (rule rewards and reward models on each sample's last model turn, plus what an
+        environment paid), the per-sample reward breakdowns and, with ``experience``, the
+        reference and old log-prob calls (:meth:`_issue_experience`), issued before the rewards
+        are scored so that they run while the reward workers score."""
         self._times["offload"] += self.residency.enter("generate")
+        engine = self.ctx.roles["rollout"]
+        in_engine = 0.0
+
+        def generate(prompt_ids: list[list[int]], sampling: SamplingParams) -> list:
+            nonlocal in_engine
+            t = time.perf_counter()
+            fut = engine.generate(prompt_ids, sampling)
+            gens = fut.result()
+            self._add_call_times("generate", fut)
+            in_engine += time.perf_counter() - t
+            return gens
+
         t0 = time.perf_counter()
-        fut = self.ctx.roles["rollout"].generate(prompt_ids, self._sampling(salt))
-        gens = fut.result()
-        self._add_call_times("generate", fut)
+        batch = self.rollout.run(records, self.config.n_samples, self._sampling(salt), generate, self.steps_done)
         t1 = time.perf_counter()
-        ids = [str(r.get("id", i)) for i, r in enumerate(records)]
+        self._times["generate/pack"] += t1 - t0 - in_engine
         greedy = None
         if self._needs_baseline:  # ReMax: one greedy response per prompt, generated while the engine is resident
             sampling = dataclasses.replace(self._sampling(salt), n=1, temperature=0.0)
-            greedy = generations_to_batch(prompt_ids, self.ctx.roles["rollout"].generate(prompt_ids, sampling).result(),
-                                          ids, meta)
+            greedy = self.rollout.run(records, 1, sampling, lambda p, sp: engine.generate(p, sp).result(),
+                                      self.steps_done)
             self._times["baseline"] += time.perf_counter() - t1
-            t1 = time.perf_counter()
-        batch = generations_to_batch(prompt_ids, gens, ids, meta)
-        t2 = time.perf_counter()
-        self._times["generate/pack"] += t2 - t1
-        self._times["generate"] += t2 - t0
+        self._times["generate"] += time.perf_counter() - t0
         pending = self._issue_experience(batch) if experience else None
         scores, breakdown = self._score(batch)
         if greedy is not None:
             batch.add_sample("baseline", self._baseline(greedy)[batch.sample["group"]])
         return batch, scores, breakdown, pending
-
-    def _episodes(self, records: list[dict[str, Any]], salt: int,
-                  experience: bool) -> tuple[Batch, torch.Tensor, list[dict], dict | None]:
-        """:meth:`_rollout` with multi-turn episodes (:mod:`rlweave.algo_helpers.multi_turn`): the
-        rule rewards score each episode's last model turn, plus the environment's reward."""
-        self._times["offload"] += self.residency.enter("generate")
-        t0 = time.perf_counter()
-        engine = self.ctx.roles["rollout"]
-        groups = self.multi_turn.run(records, self.config.n_samples, self._sampling(salt),
-                                     lambda prompts, sp: engine.generate(prompts, sp).result(), self.steps_done)
-        ids = [str(r.get("id", i)) for i, r in enumerate(records)]
-        batch = episodes_to_batch(groups, ids, [reward_fields(r) for r in records])
-        self._times["generate"] += time.perf_counter() - t0
-        pending = self._issue_experience(batch) if experience else None
-        if self._rules is not None or self.config.reward_models:
-            scores, breakdown = self._score(batch)
-        else:  # the environment's reward alone
-            scores, breakdown = torch.zeros(len(batch)), [{} for _ in range(len(batch))]
-        return batch, scores + batch.sample["env_reward"], breakdown, pending
 
     def _baseline(self, greedy: Batch) -> torch.Tensor:
         """ReMax's baseline: the reward ``(groups,)`` of each prompt's greedy response, scored by
@@ -207,7 +184,7 @@ class GRPO(Algorithm):
         (their reward-model metrics are not recorded)."""
         c, tok = self.config, self.ctx.tokenizer
         t2 = time.perf_counter()
-        if self._rules is None and not c.reward_models:
+        if self._rules is None and not c.reward_models and c.multi_turn is None:
             raise RuntimeError("grpo needs a reward: an entry under 'rewards' or algorithm.reward_models")
         futs = {}
         if c.reward_models:
@@ -231,6 +208,8 @@ class GRPO(Algorithm):
             if not greedy:
                 self._model_metrics.update(model_metrics)
             self._times["reward/models"] += time.perf_counter() - t4
+        if "env_reward" in batch.sample:  # what an environment paid (0 for single-turn samples)
+            totals = totals + batch.sample["env_reward"].float()
         self._times["reward/decode"] += t3 - t2
         self._times["reward/pool"] += t4 - t3
         self._times["reward"] += time.perf_counter() - t2
@@ -327,8 +306,7 @@ class GRPO(Algorithm):
         self.steps_done += 1
         self.samples_seen += len(batch)
         metrics.update(self._step_metrics(batch, scores, rewards, adv, breakdown, train_metrics, need_old))
-        if self.multi_turn is not None:
-            metrics.update(episode_metrics(batch.meta))
+        metrics.update(episode_metrics(batch.meta))
         metrics.update(sync)
         metrics["offload/moves"] = float(len(self.residency.moves) - moves_before)
         if groups is not None:
@@ -496,7 +474,7 @@ class GRPO(Algorithm):
             greedy=c.eval_greedy,
             temperature=c.temperature,
             seed=int(self.ctx.seed),
-            episodes=self.multi_turn,
+            trajectories=self.rollout if c.multi_turn is not None else None,
         )
 
     def state_dict(self) -> dict[str, Any]:

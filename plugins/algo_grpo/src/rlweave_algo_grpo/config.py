@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from rlweave.algo_helpers.multi_turn_config import MultiTurnConfig
+from rlweave.algo_helpers.multi_turn_config import MultiTurnKeys
 from rlweave.algo_helpers.reward_models import RewardModelEntry, check_entries
 from rlweave.algo_helpers.sampling import SamplingConfig
 from rlweave.algo_parts.config import KLSection, PolicyParts
@@ -31,7 +31,7 @@ MOVED = {
 }
 
 
-class GRPOConfig(SamplingConfig, PolicyParts):
+class GRPOConfig(SamplingConfig, MultiTurnKeys, PolicyParts):
     """The shared sampling keys (:class:`~rlweave.algo_helpers.sampling.SamplingConfig`), the policy
     update's named parts (:class:`~rlweave.algo_parts.config.PolicyParts`) and GRPO's own."""
 
@@ -51,10 +51,6 @@ class GRPOConfig(SamplingConfig, PolicyParts):
         default_factory=OffPolicyConfig,
         description="Off-policy correction of the policy loss against the engine's (behaviour) log-probs: "
         "truncated importance sampling or decoupled PPO (rlweave.algo_parts.offpolicy).",
-    )
-    multi_turn: Optional[MultiTurnConfig] = Field(
-        None, description="Multi-turn episodes through an environment (tools, games...): each sample is an episode "
-        "of model turns and environment steps, the loss on the model's tokens only; null: one continuation per prompt."
     )
     # rewards
     reward_models: list[RewardModelEntry] = Field(
@@ -97,9 +93,6 @@ class GRPOConfig(SamplingConfig, PolicyParts):
                 f"overlong_buffer ({self.overlong_buffer}) must be smaller than max_new_tokens ({self.max_new_tokens})"
             )
         check_entries(self.reward_models)
-        if self.multi_turn is not None and self.needs_baseline:
-            raise ValueError(f"advantage '{self.advantage.name}' needs a greedy single-turn baseline; it does not "
-                             "apply to multi_turn episodes")
         if self.needs_baseline and self.dynamic_sampling:
             raise ValueError(f"advantage '{self.advantage.name}' needs a greedy baseline per prompt, which "
                              "dynamic_sampling does not keep: turn one of them off")

@@ -39,11 +39,12 @@ from typing import Any
 import torch
 
 from rlweave.algo_helpers import reward_models
-from rlweave.algo_helpers.evaluate import encode_records, exact_match
+from rlweave.algo_helpers.evaluate import exact_match
 from rlweave.algo_helpers.minibatch import split
+from rlweave.algo_helpers.multi_turn import episode_metrics
 from rlweave.algo_helpers.pipeline import RolloutPipeline, groups_to_batch, pipelined
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
-from rlweave.algo_helpers.rollout import encode_prompts, generations_to_batch, reward_samples, sampling_params
+from rlweave.algo_helpers.rollout import encode_prompts, encode_records, make_rollout, reward_samples, sampling_params
 from rlweave.algo_helpers.weights import token_weights
 from rlweave.algo_parts.kl import kl_value
 from rlweave.algo_parts.objective import PolicyObjective
@@ -122,6 +123,12 @@ class PPO(Algorithm):
         self.pipeline = RolloutPipeline(ctx, c.n_samples, c.max_new_tokens,
                                         functools.partial(encode_records, ctx.tokenizer)) \
             if pipelined(ctx.config) else None
+        #: records -> trajectories (:mod:`rlweave.interfaces.rollout`): one continuation per prompt, or
+        #: multi-turn episodes through an environment (``algorithm.multi_turn``, sync steps)
+        self.rollout = make_rollout(c.multi_turn, ctx.tokenizer)
+
+    def close(self) -> None:
+        self.rollout.close()
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -172,9 +179,9 @@ class PPO(Algorithm):
             groups = self.pipeline.next_groups(records, self.steps_done, self._sampling)
             metrics.update(self.pipeline.metrics(groups, self.steps_done))
             return groups_to_batch(groups)
-        prompt_ids, meta = encode_records(self.ctx.tokenizer, records)
-        gens = self.ctx.roles["rollout"].generate(prompt_ids, self._sampling()).result()
-        return generations_to_batch(prompt_ids, gens, [str(r.get("id", i)) for i, r in enumerate(records)], meta)
+        engine = self.ctx.roles["rollout"]
+        return self.rollout.run(records, self.config.n_samples, self._sampling(),
+                                lambda prompt_ids, sp: engine.generate(prompt_ids, sp).result(), self.steps_done)
 
     def _rule_rewards(self, batch: Batch) -> tuple[torch.Tensor | None, list[dict]]:
         rs = self.ctx.rewards
@@ -218,6 +225,8 @@ class PPO(Algorithm):
             metrics["reward/rules"] = float(rule.mean())
             metrics.update(reward_breakdown(breakdown))
             score = score + rule
+        if "env_reward" in batch.sample:  # what an environment paid (0 for single-turn samples)
+            score = score + batch.sample["env_reward"].float()
         return score
 
     # ---------------------------------------------------------------- ptx
@@ -369,6 +378,7 @@ class PPO(Algorithm):
         metrics.update(offpolicy_step_metrics(p_metrics))
         metrics.update(prefixed_means(p_metrics, MOE_PREFIX))
         metrics.update(prefixed_means(v_metrics, MOE_PREFIX, "critic/"))
+        metrics.update(episode_metrics(batch.meta))
         return metrics
 
     # ---------------------------------------------------------------- evaluation
@@ -398,6 +408,7 @@ class PPO(Algorithm):
             greedy=c.eval_greedy,
             temperature=c.temperature,
             seed=int(self.ctx.seed),
+            trajectories=self.rollout if c.multi_turn is not None else None,
         )
         self.phases.enter("rest")
         return out

@@ -6,10 +6,11 @@ PPO config before any worker starts.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from rlweave.algo_helpers.multi_turn_config import MultiTurnKeys
 from rlweave.algo_helpers.reward_models import RewardModelEntry, check_entries
 from rlweave.algo_helpers.sampling import SamplingConfig
 from rlweave.algo_parts.config import PolicyParts, checked
@@ -24,7 +25,7 @@ MOVED = {
 }
 
 
-class PPOConfig(SamplingConfig, PolicyParts):
+class PPOConfig(SamplingConfig, MultiTurnKeys, PolicyParts):
     """The shared sampling keys (:class:`~rlweave.algo_helpers.sampling.SamplingConfig`), the policy
     update's named parts (:class:`~rlweave.algo_parts.config.PolicyParts`) and PPO's own."""
 
@@ -118,10 +119,24 @@ class PPOConfig(SamplingConfig, PolicyParts):
         return self.kl_coef > 0 or self.kl_target is not None
 
 
+def _validated(cfg: Any) -> PPOConfig:
+    return cfg if isinstance(cfg, PPOConfig) else PPOConfig.model_validate({k: v for k, v in dict(cfg).items()})
+
+
+def ppo_run_modes(cfg: PPOConfig) -> tuple[str, ...]:
+    """``run.mode`` values PPO implements as configured: multi-turn episodes are not pipelined
+    yet (sync steps only); otherwise all three."""
+    return ("sync",) if _validated(cfg).multi_turn is not None else ("sync", "one_step_off", "async")
+
+
+def ppo_partial_rollout(cfg: PPOConfig) -> bool:
+    """Whether ``rollout.partial`` works with this PPO config (not with multi-turn episodes)."""
+    return len(ppo_run_modes(cfg)) > 1
+
+
 def ppo_roles(cfg: PPOConfig) -> tuple[str, ...]:
     """Roles PPO needs: policy, rollout, critic, the reward-model roles, and the reference
     unless the KL penalty is off (``kl_coef: 0`` and no ``kl_target``)."""
-    if not isinstance(cfg, PPOConfig):
-        cfg = PPOConfig.model_validate({k: v for k, v in dict(cfg).items()})
+    cfg = _validated(cfg)
     ref = ("reference",) if cfg.uses_reference else ()
     return ("policy", "rollout") + ref + ("critic",) + tuple(e.role for e in cfg.reward_models)

@@ -1,7 +1,7 @@
 """Entry point of rlweave-algo-ppo (light: no torch)."""
 
 from rlweave.plugins import AlgorithmRecord, hookimpl
-from rlweave_algo_ppo.config import PPOConfig, ppo_roles
+from rlweave_algo_ppo.config import PPOConfig, ppo_partial_rollout, ppo_roles, ppo_run_modes
 
 
 @hookimpl
@@ -13,7 +13,7 @@ def rlweave_algorithms():
             target="rlweave_algo_ppo.algorithm:PPO",
             config_model=PPOConfig,
             roles=ppo_roles,
-            run_modes=("sync", "one_step_off", "async"),
-            partial_rollout=True,
+            run_modes=ppo_run_modes,
+            partial_rollout=ppo_partial_rollout,
         )
     ]

@@ -1,0 +1,50 @@
+"""The rollout contract: records in, trajectories out, as one packed training batch.
+
+Every RL algorithm (GRPO and its named estimators, PPO, OnlineDPO) samples through a
+:class:`Rollout`: the single-turn rollout (one continuation per prompt,
+:class:`rlweave.algo_helpers.rollout.SingleTurnRollout`) is the default, multi-turn episodes
+through an environment (:class:`rlweave.algo_helpers.multi_turn.MultiTurnRollout`) are another,
+and :func:`rlweave.algo_helpers.rollout.make_rollout` picks one from the algorithm's config.
+
+What :meth:`Rollout.run` returns, one sample per trajectory, record-major (the ``n`` samples of
+record 0 first), sample ids ``f"{record id}/{k}"``:
+
+* token fields ``input_ids`` (prompt, then everything after it: the model's tokens exactly as
+  sampled, never re-tokenised, and any observation tokens between its turns), ``loss_mask``
+  (1 on the model's tokens, 0 on the prompt and on observations: what trainers train),
+  ``rollout_logprobs`` (the engine's log-prob of each model token, 0 elsewhere);
+* sample fields ``prompt_len``, ``response_len`` (tokens after the prompt), ``group`` (the
+  record's index) and ``env_reward`` (what an environment paid; 0 without one);
+* ``meta``: the record's reward fields plus ``prompt`` (the prompt text), ``response_ids`` (the
+  last model turn: what rule rewards score), ``finish_reason`` and, for episodes, ``episode``
+  (how it ended and its counters).
+
+Light: no torch at import time.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlweave.data.batch import Batch
+    from rlweave.interfaces.engine import Generation, SamplingParams
+
+#: ``generate(prompt_ids, sampling) -> one list of generations per prompt`` (blocking engine call)
+GenerateFn = Callable[[list[list[int]], "SamplingParams"], list[list["Generation"]]]
+
+
+class Rollout(ABC):
+    """Turns data records into trajectories (see the module docstring)."""
+
+    @abstractmethod
+    def run(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,
+            version: int = 0) -> Batch:
+        """``n`` trajectories per record sampled with ``sampling`` through ``generate``;
+        ``version``: the weight version the engine holds (stamped on tokens whose generation
+        carries none)."""
+
+    def close(self) -> None:
+        """Stop what the rollout runs besides the engine (environment threads and workers)."""
