@@ -1,6 +1,7 @@
 """A third-party environment package (``plugin_dists/guessenv``, installed with a real dist-info
 outside the repository's packages) is listed by ``rlweave list-plugins``, validated by name and
-arguments in ``algorithm.multi_turn.env``, and runs episodes."""
+arguments in ``algorithm.multi_turn.env``, and runs episodes; its tool-call parser is listed too,
+and the built-in ``tools`` environment reads calls with it."""
 
 from __future__ import annotations
 
@@ -40,8 +41,17 @@ def engine(prompts, params):  # guesses 5, 3, 1, 8 in turn
 rollout = MultiTurnRollout(cfg, record.load(), record.config_model.model_validate(cfg.env.args), tok)
 (t,), = rollout.episodes([{"prompt": "", "secret": 8}], 1, SamplingParams(max_new_tokens=4), engine)
 rollout.close()
+
+from rlweave.environments.tools import ToolsArgs, ToolsEnvironment
+tools = ToolsEnvironment(ToolsArgs(tools=[{"name": "calc", "target": "rlweave.environments.calculator:calculate"}],
+                                   parser="parens"))
+system = tools.reset({"prompt": "6*7?"})[0]["content"]
+obs = tools.step("let me see\\ncalc(expression=6*7)")
+tools.close()
+ToolsEnvironment.shutdown()
 print("RESULT=" + json.dumps({"bad": bad, "reward": t.reward, "turns": t.stats["turns"], "ended_by": t.ended_by,
-                              "text": tok.decode(t.prompt_ids + t.ids)}))
+                              "text": tok.decode(t.prompt_ids + t.ids), "system": system,
+                              "obs": obs.messages, "calls": obs.info["tool_calls"]}))
 """
 
 
@@ -55,6 +65,9 @@ def test_third_party_environment_is_listed(site):
     assert proc.returncode == 0, proc.stderr
     row = next(line for line in proc.stdout.splitlines() if " guess " in line)
     assert "environment" in row and "rlweave-testplug-guessenv" in row and " ok " in row
+    row = next(line for line in proc.stdout.splitlines() if " parens " in line)
+    assert "tool_parser" in row and "rlweave-testplug-guessenv" in row and " ok " in row
+    assert any(" hermes " in line and "tool_parser" in line for line in proc.stdout.splitlines())
 
 
 def test_third_party_environment_is_validated_and_used(site):
@@ -64,3 +77,6 @@ def test_third_party_environment_is_validated_and_used(site):
     assert "bonsu" in res["bad"]
     assert res["turns"] == 4 and res["ended_by"] == "done" and res["reward"] == pytest.approx(2.0 - 0.3)
     assert res["text"] == "guess a digit5<eos>higher3<eos>higher1<eos>higher8<eos>"
+    # the tools environment with the package's parser: its call format in the system message, its calls run
+    assert "name(key=value, ...) on a line of its own" in res["system"] and "<tool_call>" not in res["system"]
+    assert res["calls"] == 1 and res["obs"][0]["content"] == "42", res["obs"]

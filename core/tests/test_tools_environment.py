@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from rlweave.environments import parsers
 from rlweave.environments.calculator import calculate
 from rlweave.environments.tools import ToolsArgs, ToolsEnvironment, close_runners
@@ -27,8 +28,10 @@ def test_hermes_parser_reads_calls_and_reports_malformed_ones():
     assert calls == [] and len(problems) == 2
     assert "not valid JSON" in problems[0] and "string 'name'" in problems[1]
     assert parsers.hermes("the answer is 4") == ([], [])
-    with pytest.raises(ValueError, match="unknown tool-call parser 'xml'; choose one of hermes"):
-        parsers.get_parser("xml")
+    fn, call_format = parsers.resolve_parser("hermes")  # a registered plugin record
+    assert fn is parsers.hermes and call_format.startswith("<tool_call>")
+    with pytest.raises(ValidationError, match="tool-call parser 'xml'.*hermes"):
+        ToolsArgs(tools=[{"name": "c", "target": "rlweave.environments.calculator:calculate"}], parser="xml")
 
 
 def test_calculator():

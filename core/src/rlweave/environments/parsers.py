@@ -1,8 +1,10 @@
 """Tool-call parsers: from a model turn's text to the tool calls it asks for.
 
 A parser is ``fn(text) -> (calls, problems)``: ``calls`` a list of :class:`ToolCall`, ``problems``
-one message per malformed call (returned to the model as an error observation). Parsers are
-chosen by name (``env.args.parser``) from :data:`PARSERS`, or given as ``module:function``.
+one message per malformed call (returned to the model as an error observation). Parsers are a
+plugin kind (``tool_parser``, hook ``rlweave_tool_parsers``, listed by ``rlweave list-plugins``)
+chosen by name in ``env.args.parser``, or given as ``module:function`` (a function attribute
+``call_format`` then tells the system message how a call is written).
 
 ``hermes`` (Hermes / Qwen2.5 / Qwen3 function calling): each call is
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; the arguments may also be a JSON
@@ -57,18 +59,19 @@ def hermes(text: str) -> tuple[list[ToolCall], list[str]]:
     return calls, problems
 
 
-#: parsers by name
-PARSERS: dict[str, Callable[[str], tuple[list[ToolCall], list[str]]]] = {"hermes": hermes}
+Parser = Callable[[str], tuple[list[ToolCall], list[str]]]
 
 
-def get_parser(name: str) -> Callable[[str], tuple[list[ToolCall], list[str]]]:
-    """The parser ``name`` (from :data:`PARSERS`, or a ``module:function``); ValueError naming
-    the choices when unknown."""
-    if name in PARSERS:
-        return PARSERS[name]
+def resolve_parser(name: str, load: bool = True) -> tuple[Parser | None, str]:
+    """``(parser function, call format)`` of ``name``: a registered parser (plugin kind
+    ``tool_parser``) or a ``module:function``. ``load=False`` checks a registered name without
+    importing its function (which is then None). ValueError naming the choices when unknown."""
     if ":" in name:
         from rlweave.targets import import_target
 
-        return import_target(name)
-    raise ValueError(f"unknown tool-call parser {name!r}; choose one of {', '.join(sorted(PARSERS))} "
-                     "or give module:function")
+        fn = import_target(name)
+        return fn, str(getattr(fn, "call_format", ""))
+    from rlweave.plugins.manager import get_plugin_manager
+
+    record = get_plugin_manager().get("tool_parser", name, where="algorithm.multi_turn.env.args.parser")
+    return (record.load() if load else None), record.call_format

@@ -1,10 +1,11 @@
-"""Built-in environments, registered through the same ``rlweave_environments`` hook as
-third-party environment plugins (entry point ``builtin-environments`` in core's pyproject.toml).
-Light: the environment classes are imported by ``record.load()``."""
+"""Built-in environments and tool-call parsers, registered through the same
+``rlweave_environments`` and ``rlweave_tool_parsers`` hooks as third-party plugins (entry point
+``builtin-environments`` in core's pyproject.toml). Light: the environment classes and parser
+functions are imported by ``record.load()``."""
 
 from __future__ import annotations
 
-from rlweave.plugins import EnvironmentRecord, hookimpl
+from rlweave.plugins import EnvironmentRecord, ToolParserRecord, hookimpl
 
 
 @hookimpl
@@ -17,5 +18,17 @@ def rlweave_environments() -> list[EnvironmentRecord]:
             summary="the model calls Python tools declared in YAML (hermes <tool_call> JSON), run in a sandbox",
             target="rlweave.environments.tools:ToolsEnvironment",
             config_model=ToolsArgs,
+        ),
+    ]
+
+
+@hookimpl
+def rlweave_tool_parsers() -> list[ToolParserRecord]:
+    return [
+        ToolParserRecord(
+            name="hermes",
+            summary="Hermes / Qwen function calling: <tool_call>{JSON name and arguments}</tool_call>",
+            target="rlweave.environments.parsers:hermes",
+            call_format='<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>',
         ),
     ]

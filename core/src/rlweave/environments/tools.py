@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlweave.interfaces.environment import Environment, EnvStep
 
@@ -39,12 +39,13 @@ class ToolSpec(BaseModel):
 
 
 class ToolsArgs(BaseModel):
-    """``algorithm.rollout.env.args`` of the ``tools`` environment."""
+    """``algorithm.multi_turn.env.args`` of the ``tools`` environment."""
 
     model_config = ConfigDict(extra="forbid")
 
     tools: list[ToolSpec] = Field(..., min_length=1, description="The tools the model may call.")
-    parser: str = Field("hermes", description="Tool-call parser: hermes, or module:function.")
+    parser: str = Field("hermes", description="Tool-call parser (rlweave list-plugins shows them): hermes, a "
+                        "plugin's, or module:function.")
     max_tool_calls: int = Field(8, ge=0, description="Tool calls run per episode; later calls get an error message.")
     timeout_s: float = Field(5.0, gt=0, description="Wall-clock limit of one tool call (its worker is replaced).")
     memory_mb: int | None = Field(1024, ge=64, description="Address-space limit of a tool worker; null: none.")
@@ -52,6 +53,17 @@ class ToolsArgs(BaseModel):
     system_prompt: str | None = Field(
         None, description="The episode's system message; null: one listing the tools and the call format; '' none.")
     prompt_key: str = Field("prompt", description="Record field holding the user's message.")
+
+    @field_validator("parser")
+    @classmethod
+    def _known_parser(cls, v: str) -> str:
+        from rlweave.environments.parsers import resolve_parser
+
+        try:
+            resolve_parser(v, load=False)  # an unknown name fails validation, before any worker starts
+        except LookupError as exc:
+            raise ValueError(str(exc)) from None
+        return v
 
 
 def _signature(target: str) -> tuple[str, str]:
@@ -68,14 +80,14 @@ def _signature(target: str) -> tuple[str, str]:
     return ", ".join(params), doc[0] if doc else ""
 
 
-def system_text(args: ToolsArgs) -> str:
-    """The default system message: the tools and the call format."""
+def system_text(args: ToolsArgs, call_format: str) -> str:
+    """The default system message: the tools and the parser's ``call_format``."""
     lines = ["You can call these tools:"]
     for t in args.tools:
         params, doc = _signature(t.target)
         lines.append(f"- {t.name}({params}): {t.description or doc}".rstrip(": "))
-    lines.append('To call a tool, write <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>. '
-                 "Answer without a tool call when you are done.")
+    how = f"To call a tool, write {call_format}. " if call_format else ""
+    lines.append(how + "Answer without a tool call when you are done.")
     return "\n".join(lines)
 
 
@@ -146,9 +158,9 @@ class ToolsEnvironment(Environment):
     def __init__(self, args: Any = None):
         args = args if isinstance(args, ToolsArgs) else ToolsArgs.model_validate(dict(args or {}))
         super().__init__(args)
-        from rlweave.environments.parsers import get_parser
+        from rlweave.environments.parsers import resolve_parser
 
-        self.parse = get_parser(args.parser)
+        self.parse, self.call_format = resolve_parser(args.parser)
         self.index = {t.name: i for i, t in enumerate(args.tools)}
         self.calls = 0
 
@@ -161,7 +173,7 @@ class ToolsEnvironment(Environment):
         if a.prompt_key not in record:
             raise KeyError(f"tools environment: the record has no {a.prompt_key!r} field (env.args.prompt_key); "
                            f"its fields: {sorted(record)}")
-        system = system_text(a) if a.system_prompt is None else a.system_prompt
+        system = system_text(a, self.call_format) if a.system_prompt is None else a.system_prompt
         msgs = [{"role": "system", "content": system}] if system else []
         return msgs + [{"role": "user", "content": str(record[a.prompt_key])}]
 

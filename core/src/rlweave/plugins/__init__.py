@@ -13,6 +13,7 @@ from rlweave.plugins.types import (
     PluginRecord,
     PolicyLossRecord,
     RewardRecord,
+    ToolParserRecord,
 )
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "KLRecord",
     "LossAggRecord",
     "EnvironmentRecord",
+    "ToolParserRecord",
 ]

@@ -189,6 +189,22 @@ def rlweave_environments():  # type: ignore[empty-body]
     """
 
 
+@hookspec
+def rlweave_tool_parsers():  # type: ignore[empty-body]
+    """Tool-call parsers this plugin provides (:mod:`rlweave.environments.parsers`): how the
+    ``tools`` environment reads the calls in a model turn.
+
+    Selected in YAML by ``algorithm.multi_turn.env.args.parser``. Example::
+
+        @hookimpl
+        def rlweave_tool_parsers():
+            return [ToolParserRecord(name="pythonic", summary="[fn(a=1), g(b='x')] calls",
+                                     target="my_parsers:pythonic", call_format="[tool(arg=value)]")]
+
+    :return: list of :class:`~rlweave.plugins.types.ToolParserRecord`
+    """
+
+
 #: hook name -> record kind
 HOOK_KINDS: dict[str, str] = {
     "rlweave_training_backends": "backend",
@@ -201,4 +217,5 @@ HOOK_KINDS: dict[str, str] = {
     "rlweave_kl_estimators": "kl",
     "rlweave_loss_aggregations": "loss_agg",
     "rlweave_environments": "environment",
+    "rlweave_tool_parsers": "tool_parser",
 }

@@ -36,6 +36,7 @@ KIND_LABELS: dict[str, str] = {
     "kl": "KL estimator",
     "loss_agg": "loss aggregation",
     "environment": "environment",
+    "tool_parser": "tool-call parser",
 }
 
 

@@ -234,7 +234,19 @@ class EnvironmentRecord(PluginRecord):
     kind: ClassVar[str] = "environment"
 
 
+@dataclass(frozen=True)
+class ToolParserRecord(PluginRecord):
+    """A tool-call parser of the ``tools`` environment: ``load()`` returns ``fn(text) -> (calls,
+    problems)`` (:mod:`rlweave.environments.parsers`). ``call_format``: how a call is written,
+    for the system message that tells the model (empty: the message does not say)."""
+
+    kind: ClassVar[str] = "tool_parser"
+
+    call_format: str = ""
+
+
 RECORD_TYPES: dict[str, type[PluginRecord]] = {
     r.kind: r for r in (BackendRecord, EngineRecord, AlgorithmRecord, RewardRecord, KernelRecord,
-                        AdvantageRecord, PolicyLossRecord, KLRecord, LossAggRecord, EnvironmentRecord)
+                        AdvantageRecord, PolicyLossRecord, KLRecord, LossAggRecord, EnvironmentRecord,
+                        ToolParserRecord)
 }

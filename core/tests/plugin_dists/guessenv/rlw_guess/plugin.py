@@ -1,7 +1,9 @@
-"""A third-party environment: the model guesses the record's digit, hearing 'higher' or 'lower'."""
+"""A third-party environment (the model guesses the record's digit, hearing 'higher' or 'lower')
+and a third-party tool-call parser (``name(key=value, ...)`` on a line of its own)."""
 from pydantic import BaseModel, ConfigDict, Field
 from rlweave.interfaces.environment import Environment, EnvStep
-from rlweave.plugins import EnvironmentRecord, hookimpl
+from rlweave.environments.parsers import ToolCall
+from rlweave.plugins import EnvironmentRecord, ToolParserRecord, hookimpl
 
 
 class GuessArgs(BaseModel):
@@ -28,3 +30,28 @@ class Guess(Environment):
 def rlweave_environments():
     return [EnvironmentRecord(name="guess", summary="guess a digit", target="rlw_guess.plugin:Guess",
                               config_model=GuessArgs)]
+
+
+def calls(text):
+    """``name(key=value, ...)`` lines; values are integers, else strings."""
+    out, problems = [], []
+    for line in text.splitlines():
+        name, _, rest = line.strip().partition("(")
+        if not rest.endswith(")") or not name.isidentifier():
+            continue
+        args = {}
+        for pair in filter(None, (p.strip() for p in rest[:-1].split(","))):
+            key, eq, value = pair.partition("=")
+            if not eq:
+                problems.append(f"argument {pair!r} of {name} is not key=value")
+                break
+            args[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+        else:
+            out.append(ToolCall(name, args))
+    return out, problems
+
+
+@hookimpl
+def rlweave_tool_parsers():
+    return [ToolParserRecord(name="parens", summary="name(key=value) lines", target="rlw_guess.plugin:calls",
+                             call_format="name(key=value, ...) on a line of its own")]
