@@ -7,9 +7,12 @@ environment sleeps a random time drawn uniformly from ``[--lat-min, --lat-max]``
 tool call) before answering. The same episodes (same seeds, same latencies) run with
 ``scheduling: independent`` (episodes whose step is done go to the engine together while slower
 steps go on) and ``lockstep`` (each engine call waits for every step of the turn), taking turns
-``--repeat`` times. Prints episodes/s (median over repeats), the ratio, and the engine calls made.
+``--repeat`` times. ``--in-flight K`` streams the episodes: at most K run at once, the next starting
+when one ends (``max_in_flight``). Prints episodes/s (median over repeats), the ratio, and the
+engine calls made.
 
     python bench/multi_turn.py                            # 32 episodes, 3 turns, 0-200 ms
+    python bench/multi_turn.py --episodes 128 --in-flight 32
     python bench/multi_turn.py --episodes 64 --lat-max 500 --repeat 5
 """
 
@@ -51,6 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lat-min", type=float, default=0.0, help="ms")
     ap.add_argument("--lat-max", type=float, default=200.0, help="ms")
     ap.add_argument("--concurrency", type=int, default=32, help="environment steps at once")
+    ap.add_argument("--in-flight", type=int, default=None, help="episodes at once (default: all)")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args(argv)
 
@@ -87,7 +91,7 @@ def main(argv=None) -> int:
             for mode in (("independent", "lockstep") if rep % 2 == 0 else ("lockstep", "independent")):
                 cfg = MultiTurnConfig.model_validate({"env": {"name": f"{__file__}:Latency"}, "max_turns": args.turns + 1,
                                                       "scheduling": mode, "concurrency": args.concurrency,
-                                                      "end_on_length": False})
+                                                      "end_on_length": False, "max_in_flight": args.in_flight})
                 rollout = MultiTurnRollout(cfg, Latency, env_args, tok)
                 calls["n"] = 0
                 t0 = time.perf_counter()
@@ -104,7 +108,8 @@ def main(argv=None) -> int:
                       "calls", file=sys.stderr, flush=True)
         engine.shutdown()
     ind, lock = statistics.median(rates["independent"]), statistics.median(rates["lockstep"])
-    print(f"# {args.episodes} episodes x {args.turns} turns of {args.new_tokens} tokens, tool latency "
+    flight = f", {args.in_flight} in flight" if args.in_flight else ""
+    print(f"# {args.episodes} episodes{flight} x {args.turns} turns of {args.new_tokens} tokens, tool latency "
           f"U[{args.lat_min:g}, {args.lat_max:g}] ms, HF engine (tiny Qwen2, CPU), {args.repeat} repeats, {date.today()}")
     print(f"{'scheduling':<13}{'episodes/s':>11}{'ratio':>8}{'engine calls':>14}")
     print(f"{'lockstep':<13}{lock:>11.2f}{1.0:>7.2f}x{ncalls['lockstep']:>14}")

@@ -185,3 +185,40 @@ def test_both_rollouts_keep_the_rollout_contract(tok):
             assert seq[-len(m["response_ids"]):].tolist() == m["response_ids"] and m["finish_reason"] == "stop"
             assert mask[batch.cu_seqlens[i]:batch.cu_seqlens[i] + plen].sum() == 0
         assert ("episode" in batch.meta[0]) == (rollout is episodes)
+
+
+class Counted(Echo):
+    """:class:`Echo` that counts the episodes alive at once (reset .. close)."""
+
+    alive = peak = 0
+    lock = threading.Lock()
+
+    def reset(self, record):
+        with Counted.lock:
+            Counted.alive += 1
+            Counted.peak = max(Counted.peak, Counted.alive)
+        return super().reset(record)
+
+    def close(self):
+        with Counted.lock:
+            Counted.alive -= 1
+
+
+@pytest.mark.parametrize("scheduling", ["independent", "lockstep"])
+def test_max_in_flight_streams_episodes(tok, scheduling):
+    """At most max_in_flight episodes run at once, the others start as they end, and every one
+    finishes in its own group slot."""
+    c = MultiTurnConfig.model_validate({"env": {"name": f"{__file__}:Echo"}, "max_turns": 4, "max_in_flight": 3,
+                                        "scheduling": scheduling})
+    Counted.alive = Counted.peak = 0
+    r = MultiTurnRollout(c, Counted, None, tok)
+    engine = Script(tok, ["abc", "de", "done"])
+    records = [{"prompt": p} for p in ("go", "slow", "ho", "no")]
+    try:
+        groups = r.episodes(records, 2, SamplingParams(max_new_tokens=8), engine)
+    finally:
+        r.close()
+    assert Counted.peak == 3 and Counted.alive == 0
+    assert all(t.ended_by == "done" and t.stats["turns"] == 3 for g in groups for t in g)
+    assert [tok.decode(g[0].prompt_ids) for g in groups] == ["go", "slow", "ho", "no"]
+    assert max(len(prompts) for _, prompts, _ in engine.calls) <= 3 and len(engine.calls) > 3

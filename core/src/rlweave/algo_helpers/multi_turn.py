@@ -17,7 +17,9 @@ sampling ``max_new_tokens`` unless ``end_on_length`` is off), or when an observa
 
 Scheduling (``scheduling``): ``independent`` (default) sends every episode whose environment
 step has finished to the engine together, while slower steps go on in their threads: a slow tool
-holds only its own episode. ``lockstep`` waits for every step of a turn before the next.
+holds only its own episode. ``lockstep`` waits for every step of a turn before the next. With
+``max_in_flight`` at most that many episodes run at once: the next one starts (its environment
+built and reset) when one ends, so a step's episodes stream through the engine.
 
 :func:`episodes_to_batch` packs the trajectories like :func:`~rlweave.algo_helpers.rollout.
 generations_to_batch` does single-turn generations, with the loss mask zero on observation
@@ -119,21 +121,29 @@ class MultiTurnRollout(Rollout):
 
     def episodes(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,
                  version: int = 0) -> list[list[Trajectory]]:
-        """``n`` episodes per record, grouped by record."""
-        groups: list[list[Trajectory]] = []
-        for r in records:
-            group = []
-            for _ in range(n):
-                env = self.env_cls(self.env_args)
-                ids, text = chat.prompt_ids(self.tok, env.reset(r))
-                group.append(Trajectory(ids, text, env))
-            groups.append(group)
-        every = [t for g in groups for t in g]
-        ready = [t for t in every if self._fits(t)]
+        """``n`` episodes per record, grouped by record. At most ``max_in_flight`` episodes run at
+        once (the next one starts, its environment built and reset, when one ends)."""
+        groups: list[list[Trajectory | None]] = [[None] * n for _ in records]
+        waiting = [(g, k) for g in range(len(records)) for k in range(n)][::-1]
+        started: list[Trajectory] = []
+        ready: list[Trajectory] = []
         stepping: dict[Future, Trajectory] = {}
+        limit = self.cfg.max_in_flight or len(waiting)
         turn = 0
         try:
-            while ready or stepping:
+            while True:
+                live = sum(t.ended_by is None for t in started)
+                while waiting and live < limit:  # start episodes while there is room
+                    g, k = waiting.pop()
+                    env = self.env_cls(self.env_args)
+                    t = Trajectory(*chat.prompt_ids(self.tok, env.reset(records[g])), env)
+                    groups[g][k] = t
+                    started.append(t)
+                    if self._fits(t):
+                        ready.append(t)
+                        live += 1
+                if not (ready or stepping):
+                    break
                 if ready:
                     self._model_turn(ready, sampling, generate, version, turn, stepping)
                     turn += 1
@@ -148,10 +158,10 @@ class MultiTurnRollout(Rollout):
         finally:
             for f in stepping:
                 f.cancel()
-            for t in every:
+            for t in started:
                 if t.ended_by is None:
                     t.end("error")
-        return groups
+        return groups  # type: ignore[return-value]  # every slot was started
 
     def _fits(self, t: Trajectory) -> bool:
         if t.length >= self.cfg.max_total_tokens:

@@ -60,6 +60,9 @@ class MultiTurnConfig(BaseModel):
         "independent", description="independent: an episode whose environment step is done generates next with the "
         "others ready then, while slow steps go on; lockstep: every model turn waits for all environment steps.")
     concurrency: int = Field(8, ge=1, description="Environment steps running at once (threads).")
+    max_in_flight: Optional[int] = Field(
+        None, ge=1, description="Episodes running at once (the next starts when one ends); null: every episode of "
+        "the step starts at once.")
     end_on_length: bool = Field(
         True, description="A model turn cut by max_new_tokens ends the episode; false: the environment steps on it "
         "(a turn cut by max_total_tokens always ends it).")
