@@ -1,9 +1,9 @@
 """The megatron backend on CPU ranks over gloo, fp32, against transformers and the FSDP backend.
 
-A tiny Qwen2 (4 layers, 4 query heads, 2 key/value heads) at TP=1, PP=2 (with tied embeddings,
-whose copy on the last stage shares its gradient with the embedding), DP=2 (the optimizer state
-sharded over the two replicas, each holding about half), TP=2 x PP=2 and PP=2 x DP=2 (four ranks,
-tied: the embedding and its last-stage copy owned by the same data-parallel rank), TP=2 with
+A tiny Qwen2 (4 layers, 4 query heads, 2 key/value heads) at TP=1, DP=2 (the optimizer state
+sharded over the two replicas, each holding about half), TP=2 x PP=2 (with tied embeddings, whose
+copy on the last stage shares its gradient with the embedding) and PP=2 x DP=2 (four ranks, tied:
+the embedding and its last-stage copy owned by the same data-parallel rank), TP=2 with
 sequence parallelism (norms on half the sequence each, their gradients summed), and a
 tiny Qwen3 at TP=2 (log-probs, one step against FSDP, export):
 
@@ -41,7 +41,8 @@ from rlweave.testing.ranks import run_ranks
 mt = import_helper(Path(__file__).with_name("megatron_scenarios.py"))
 
 TOL = 1e-5
-CASES = {"tp1": ({}, False), "pp2": ({"pp": 2}, True), "dp2": ({"dp": 2}, False), "tp2pp2": ({"tp": 2, "pp": 2}, True),
+#: PP=2 runs in the four-rank cases (with TP=2, with DP=2), the 1F1B schedule test and the pp2-tp2 checkpoint test
+CASES = {"tp1": ({}, False), "dp2": ({"dp": 2}, False), "tp2pp2": ({"tp": 2, "pp": 2}, True),
          "pp2dp2": ({"pp": 2, "dp": 2}, True), "tp2sp": ({"tp": 2}, False)}
 #: backend options of a case beyond the parallel sizes
 CASE_OPTIONS = {"tp2sp": {"sequence_parallel": True}}
