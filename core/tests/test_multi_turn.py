@@ -222,3 +222,29 @@ def test_max_in_flight_streams_episodes(tok, scheduling):
     assert all(t.ended_by == "done" and t.stats["turns"] == 3 for g in groups for t in g)
     assert [tok.decode(g[0].prompt_ids) for g in groups] == ["go", "slow", "ho", "no"]
     assert max(len(prompts) for _, prompts, _ in engine.calls) <= 3 and len(engine.calls) > 3
+
+
+@pytest.mark.parametrize("engine_calls", [1, 2])
+def test_engine_calls_overlap_only_when_asked(tok, engine_calls):
+    """With engine_calls 2 an episode whose slow step ended goes to the engine while the other
+    episode's call still runs; with 1 it waits for that call to end."""
+    spans, lock = [], threading.Lock()
+    script = Script(tok, ["abc", "done"])
+
+    def engine(prompts, params):  # 0.8 s a call
+        start = time.perf_counter()
+        time.sleep(0.8)
+        out = script(prompts, params)
+        with lock:
+            spans.append((start, time.perf_counter()))
+        return out
+
+    r = _rollout(tok, max_turns=3, engine_calls=engine_calls)
+    try:
+        groups = r.episodes([{"prompt": "slow"}, {"prompt": "fast"}], 1, SamplingParams(max_new_tokens=8), engine)
+    finally:
+        r.close()
+    assert all(g[0].ended_by == "done" for g in groups)
+    spans.sort()
+    overlaps = [b[0] < a[1] for a, b in zip(spans, spans[1:])]
+    assert any(overlaps) == (engine_calls > 1), spans

@@ -38,3 +38,34 @@ class TestVLLMEngineContract(EngineContractSuite):
         prompts = [[(i * 7 + j) % 120 + 2 for j in range(40)] for i in range(256)]
         out = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=2, seed=3, ignore_eos=True))
         assert [len(g[0].token_ids) for g in out] == [2] * 256
+
+    def test_a_concurrent_call_joins_the_running_batch(self, engine):
+        """A call made while a long one runs joins vLLM's running batch: it returns before the
+        long call ends (it does not wait its turn), and each call's seeded samples equal those
+        it gets alone."""
+        import threading
+        import time
+
+        from rlweave.interfaces.engine import SamplingParams
+
+        long_p, short_p = [[5, 6, 7]], [[9, 10]]
+        long_sp = SamplingParams(temperature=1.0, max_new_tokens=40, seed=11, ignore_eos=True)
+        short_sp = SamplingParams(temperature=1.0, max_new_tokens=3, seed=12, ignore_eos=True)
+        t0 = time.perf_counter()
+        alone_long = engine.generate(long_p, long_sp)
+        took = time.perf_counter() - t0
+        alone_short = engine.generate(short_p, short_sp)
+        ended: dict[str, tuple[float, list]] = {}
+
+        def run(name, prompts, sp):
+            out = engine.generate(prompts, sp)
+            ended[name] = (time.perf_counter(), out)
+
+        first = threading.Thread(target=run, args=("long", long_p, long_sp))
+        first.start()
+        time.sleep(took / 4)
+        run("short", short_p, short_sp)
+        first.join(timeout=120)
+        assert ended["short"][0] < ended["long"][0], "the short call waited for the long one"
+        assert ended["long"][1][0][0].token_ids == alone_long[0][0].token_ids
+        assert ended["short"][1][0][0].token_ids == alone_short[0][0].token_ids

@@ -19,7 +19,10 @@ Scheduling (``scheduling``): ``independent`` (default) sends every episode whose
 step has finished to the engine together, while slower steps go on in their threads: a slow tool
 holds only its own episode. ``lockstep`` waits for every step of a turn before the next. With
 ``max_in_flight`` at most that many episodes run at once: the next one starts (its environment
-built and reset) when one ends, so a step's episodes stream through the engine.
+built and reset) when one ends, so a step's episodes stream through the engine. With
+``engine_calls`` > 1 the engine calls are made from threads, that many at once, so episodes that
+become ready go to the engine while an earlier call runs: an engine that batches concurrent calls
+(vLLM) takes them into its running batch.
 
 :func:`episodes_to_batch` packs the trajectories like :func:`~rlweave.algo_helpers.rollout.
 generations_to_batch` does single-turn generations, with the loss mask zero on observation
@@ -105,9 +108,14 @@ class MultiTurnRollout(Rollout):
         self.cfg = cfg
         self.env_cls, self.env_args, self.tok = env_cls, env_args, tokenizer
         self.pool = ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="rlweave-env")
+        #: engine calls made from threads, several at once (``engine_calls`` > 1), else None: in line
+        self.engine_pool = ThreadPoolExecutor(max_workers=cfg.engine_calls, thread_name_prefix="rlweave-engine") \
+            if cfg.engine_calls > 1 else None
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.engine_pool is not None:
+            self.engine_pool.shutdown(wait=True, cancel_futures=True)
         shutdown = getattr(self.env_cls, "shutdown", None)
         if shutdown is not None:
             shutdown()
@@ -128,6 +136,7 @@ class MultiTurnRollout(Rollout):
         started: list[Trajectory] = []
         ready: list[Trajectory] = []
         stepping: dict[Future, Trajectory] = {}
+        generating: dict[Future, list[Trajectory]] = {}
         limit = self.cfg.max_in_flight or len(waiting)
         turn = 0
         try:
@@ -142,21 +151,26 @@ class MultiTurnRollout(Rollout):
                     if self._fits(t):
                         ready.append(t)
                         live += 1
-                if not (ready or stepping):
+                if not (ready or stepping or generating):
                     break
                 if ready:
-                    self._model_turn(ready, sampling, generate, version, turn, stepping)
+                    for ts, prompts, params in self._turn_requests(ready, sampling, turn):
+                        if self.engine_pool is None:
+                            self._apply_turn(ts, generate(prompts, params), version, stepping)
+                        else:
+                            generating[self.engine_pool.submit(generate, prompts, params)] = ts
                     turn += 1
                     ready = []
-                if stepping:
+                if stepping or generating:
                     lock = self.cfg.scheduling == "lockstep"
-                    done, _ = wait(list(stepping), return_when="ALL_COMPLETED" if lock else FIRST_COMPLETED)
+                    done, _ = wait([*stepping, *generating], return_when="ALL_COMPLETED" if lock else FIRST_COMPLETED)
                     for f in done:
-                        t = stepping.pop(f)
-                        if self._observe(t, f):
+                        if f in generating:
+                            self._apply_turn(generating.pop(f), f.result(), version, stepping)
+                        elif self._observe(t := stepping.pop(f), f):
                             ready.append(t)
         finally:
-            for f in stepping:
+            for f in [*stepping, *generating]:
                 f.cancel()
             for t in started:
                 if t.ended_by is None:
@@ -169,28 +183,33 @@ class MultiTurnRollout(Rollout):
             return False
         return True
 
-    def _model_turn(self, ready: list[Trajectory], sampling: SamplingParams, generate, version: int, turn: int,
-                    stepping: dict[Future, Trajectory]) -> None:
-        """One engine call for every ready episode; the turns' environment steps are started."""
+    def _turn_requests(self, ready: list[Trajectory], sampling: SamplingParams,
+                       turn: int) -> list[tuple[list[Trajectory], list[list[int]], SamplingParams]]:
+        """The engine calls of one model turn of every ready episode: one per distinct token
+        budget (a turn may fill what the episode has left of ``max_total_tokens``), as
+        ``(episodes, prompts, sampling)``."""
         params = dataclasses.replace(sampling, n=1, seed=None if sampling.seed is None else int(sampling.seed) + 7919 * turn)
-        # a turn may fill what the episode has left of max_total_tokens: one call per distinct budget
         by_budget: dict[int, list[Trajectory]] = {}
         for t in ready:
             room = max(1, min(sampling.max_new_tokens, self.cfg.max_total_tokens - t.length))
             by_budget.setdefault(room, []).append(t)
-        for room, ts in by_budget.items():
-            gens = generate([t.prompt_ids + t.ids for t in ts], dataclasses.replace(params, max_new_tokens=room))
-            for t, g in zip(ts, gens):
-                t.add_turn(g[0], version)
-                if g[0].finish_reason == "error":
-                    t.end("error")
-                elif g[0].finish_reason != "stop" and (self.cfg.end_on_length or t.length >= self.cfg.max_total_tokens):
-                    t.end("length")
-                elif t.stats["turns"] >= self.cfg.max_turns:
-                    t.end("max_turns")
-                else:
-                    text = self.tok.decode(t.final_ids, skip_special_tokens=True)
-                    stepping[self.pool.submit(t.env.step, text)] = t
+        return [(ts, [t.prompt_ids + t.ids for t in ts], dataclasses.replace(params, max_new_tokens=room))
+                for room, ts in by_budget.items()]
+
+    def _apply_turn(self, ts: list[Trajectory], gens: list[list[Generation]], version: int,
+                    stepping: dict[Future, Trajectory]) -> None:
+        """Append an engine call's turns to their episodes and start their environment steps."""
+        for t, g in zip(ts, gens):
+            t.add_turn(g[0], version)
+            if g[0].finish_reason == "error":
+                t.end("error")
+            elif g[0].finish_reason != "stop" and (self.cfg.end_on_length or t.length >= self.cfg.max_total_tokens):
+                t.end("length")
+            elif t.stats["turns"] >= self.cfg.max_turns:
+                t.end("max_turns")
+            else:
+                text = self.tok.decode(t.final_ids, skip_special_tokens=True)
+                stepping[self.pool.submit(t.env.step, text)] = t
 
     def _observe(self, t: Trajectory, f: Future) -> bool:
         """Apply a finished environment step to ``t``; whether it goes on to another model turn."""

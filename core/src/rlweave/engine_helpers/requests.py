@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import json
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from rlweave.interfaces.engine import Generation, SamplingParams
@@ -203,15 +203,16 @@ class CallRegistry:
 
     An engine wraps each call in :meth:`call`, which registers the call's flag, waits until
     no other call of the engine runs (calls run one at a time: they share the engine's
-    scheduler and the process's random state), and yields the flag; the engine polls it at
-    every decoding step. :meth:`abort_all` (``abort()``, from another thread) sets the flags
-    of the calls registered at that moment, running or waiting their turn, and returns how
-    many there were. A call that starts later gets a fresh flag: an abort while idle affects
-    nothing."""
+    scheduler and the process's random state) unless the registry is not ``exclusive`` (an
+    engine whose calls share one batch, each stepping it for all), and yields the flag; the
+    engine polls it at every decoding step. :meth:`abort_all` (``abort()``, from another
+    thread) sets the flags of the calls registered at that moment, running or waiting their
+    turn, and returns how many there were. A call that starts later gets a fresh flag: an
+    abort while idle affects nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, exclusive: bool = True) -> None:
         self._lock = threading.Lock()
-        self._turn = threading.Lock()
+        self._turn: Any = threading.Lock() if exclusive else nullcontext()
         self._flags: list[threading.Event] = []
 
     @contextmanager

@@ -33,9 +33,12 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
   ``max_tokens`` in the call (:func:`rlweave.engine_helpers.requests.plan_requests`).
   :meth:`abort`, from another thread, makes the loop stop before its next engine step: the
   unfinished requests are aborted in vLLM and come back ``"aborted"`` with their tokens and
-  log-probs so far (none for requests not yet scheduled). Calls from several threads run
-  one at a time (:class:`~rlweave.engine_helpers.requests.CallRegistry`): they share vLLM's
-  step loop.
+  log-probs so far (none for requests not yet scheduled).
+* **Concurrent calls share the batch.** Calls from several threads run together: each adds its
+  requests to vLLM's running batch (continuous batching) and steps the engine, one step at a
+  time under the engine's lock, for every call's requests; a call returns when its own have
+  finished. A multi-turn episode whose tool answered joins the batch at the next step instead of
+  waiting for a call to end (``algorithm.multi_turn.engine_calls``).
 * **Versions and in-flight weights.** Every token carries the ``weight_version`` of the
   weights that produced it (``Generation.versions``). The engine has a control plane
   (``RolloutEngine.control_plane``): with the engine core in this process (``engine_core:
@@ -70,6 +73,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 import time
 from typing import Any, Iterable
 
@@ -109,6 +113,27 @@ def _model_max_len(path: str) -> int:
         return 0
 
 
+class _CallRequests:
+    """One ``generate`` call's requests in vLLM's batch: those still ``pending``, each sample's
+    ``latest`` cumulative output and the weight version of each of its tokens (``stamps``)."""
+
+    def __init__(self, stamps: dict[tuple[str, int], list[int]]):
+        self.stamps = stamps
+        self.latest: dict[tuple[str, int], Any] = {}
+        self.pending: set[str] = set()
+
+    def take(self, out: Any, version: int) -> bool:
+        """Record a step's output of one of the call's requests; whether the request finished."""
+        for o in out.outputs:  # one sample of the request (all of them once finished)
+            key = (out.request_id, o.index)
+            self.latest[key] = o
+            got = self.stamps[key]
+            got += [version] * (len(o.token_ids) - len(got))
+        if out.finished:
+            self.pending.discard(out.request_id)
+        return bool(out.finished)
+
+
 class EngineDeadError(WorkerLost):
     """vLLM's engine process is gone; the message names role and rank. A
     :class:`~rlweave.worker_errors.WorkerLost`: the rank must be rebuilt (``run.max_restarts``)."""
@@ -127,7 +152,9 @@ class VLLMEngine(RolloutEngine):
         self._procs: list[Any] = []  # vLLM's handles of the processes it started (set by init_engine)
         self.in_process = False  # vLLM's engine core runs in this process (set by init_engine)
         self._scratch: str | None = None  # folder of vLLM's sockets and rendezvous files (:mod:`.scratch`)
-        self._calls = CallRegistry()  # generate calls in progress and their stop flags (abort)
+        self._calls = CallRegistry(exclusive=False)  # generate calls in progress and their stop flags (abort)
+        self._engine_lock = threading.Lock()  # one thread at a time adds requests to vLLM or steps it
+        self._owners: dict[str, _CallRequests] = {}  # request id -> the call it belongs to
         self._request_ids = itertools.count()
         self._lora = None  # the LoRARequest every request carries (weight_sync.lora: adapter)
         self._lora_ids = itertools.count(1)
@@ -367,57 +394,66 @@ class VLLMEngine(RolloutEngine):
         or ``stop_flag`` is set. Returns ``(outputs, versions, aborted)``: per request and
         sample, the latest cumulative ``CompletionOutput`` (None when it produced nothing) and
         the weight version of each of its tokens, and whether the flag stopped the loop (the
-        unfinished requests were then aborted in vLLM). With the engine core in this process, waiting weight
-        updates land between two steps (``step_gate.boundary()``). On an exception the
-        requests still running are aborted before it propagates."""
+        unfinished requests were then aborted in vLLM). Other calls' requests share the batch:
+        whichever call steps hands every output to the call it belongs to. With the engine core
+        in this process, waiting weight updates land between two steps
+        (``step_gate.boundary()``). On an exception this call's requests still running are
+        aborted before it propagates."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         engine = llm.llm_engine
         call = next(self._request_ids)
         ids = [f"rlweave-{call}-{k}" for k in range(len(prompt_ids))]
-        latest: dict[tuple[str, int], Any] = {}
-        stamps: dict[tuple[str, int], list[int]] = {(rid, k): [] for rid, sp in zip(ids, sps) for k in range(sp.n)}
-        pending: set[str] = set()
+        mine = _CallRequests({(rid, k): [] for rid, sp in zip(ids, sps) for k in range(sp.n)})
         aborted = False
-        if self._stale_prefix and not engine.has_unfinished_requests():
-            llm.reset_prefix_cache()
-            self._stale_prefix = False
         try:
             inputs = _render_prompts(llm, [TokensPrompt(prompt_token_ids=p) for p in prompt_ids])
-            for rid, inp, sp in zip(ids, inputs, sps):
-                sp.output_kind = RequestOutputKind.CUMULATIVE  # every step: all tokens so far (by reference)
-                engine.add_request(rid, inp, sp, lora_request=self._lora)
-                pending.add(rid)
-            while pending and engine.has_unfinished_requests():
-                if stop_flag.is_set():
-                    engine.abort_request(sorted(pending))
-                    pending.clear()
-                    aborted = True
-                    break
-                version = self.weight_version  # no update lands during a step
-                for out in engine.step():
-                    if out.request_id in pending:
-                        for o in out.outputs:  # one sample of the request (all of them once finished)
-                            key = (out.request_id, o.index)
-                            latest[key] = o
-                            got = stamps[key]
-                            got += [version] * (len(o.token_ids) - len(got))
-                        if out.finished:
-                            pending.discard(out.request_id)
+            with self._engine_lock:
+                if self._stale_prefix and not engine.has_unfinished_requests():
+                    llm.reset_prefix_cache()
+                    self._stale_prefix = False
+                for rid, inp, sp in zip(ids, inputs, sps):
+                    sp.output_kind = RequestOutputKind.CUMULATIVE  # every step: all tokens so far (by reference)
+                    engine.add_request(rid, inp, sp, lora_request=self._lora)
+                    mine.pending.add(rid)
+                    self._owners[rid] = mine
+            while True:
+                with self._engine_lock:
+                    if not mine.pending:
+                        break
+                    if stop_flag.is_set():
+                        self._abort_requests(engine, mine)
+                        aborted = True
+                        break
+                    if not engine.has_unfinished_requests():
+                        raise RuntimeError(f"vLLM has no unfinished requests but {len(mine.pending)} of this call "
+                                           "never finished")
+                    version = self.weight_version  # no update lands during a step
+                    for out in engine.step():
+                        owner = self._owners.get(out.request_id)
+                        if owner is not None and owner.take(out, version):
+                            del self._owners[out.request_id]
                 if self.lands_between_steps:
                     self.step_gate.boundary()
         except BaseException:
-            if pending:
+            with self._engine_lock:
                 try:
-                    engine.abort_request(sorted(pending))
+                    self._abort_requests(engine, mine)
                 except Exception:  # noqa: BLE001 - the engine may be dead; report the first error
                     pass
             raise
-        if pending:
-            raise RuntimeError(f"vLLM has no unfinished requests but {len(pending)} of this call never finished")
-        return ([[latest.get((rid, k)) for k in range(sp.n)] for rid, sp in zip(ids, sps)],
-                [[stamps[(rid, k)] for k in range(sp.n)] for rid, sp in zip(ids, sps)], aborted)
+        return ([[mine.latest.get((rid, k)) for k in range(sp.n)] for rid, sp in zip(ids, sps)],
+                [[mine.stamps[(rid, k)] for k in range(sp.n)] for rid, sp in zip(ids, sps)], aborted)
+
+    def _abort_requests(self, engine, mine: _CallRequests) -> None:
+        """Abort a call's unfinished requests in vLLM (under the engine lock)."""
+        rids = sorted(mine.pending)
+        mine.pending.clear()
+        for rid in rids:
+            self._owners.pop(rid, None)
+        if rids:
+            engine.abort_request(rids)
 
     # --------------------------------------------------------------- weights
     def load_adapter(self, folder: str, sha256: str) -> dict[str, Any]:
