@@ -20,9 +20,10 @@ step has finished to the engine together, while slower steps go on in their thre
 holds only its own episode. ``lockstep`` waits for every step of a turn before the next. With
 ``max_in_flight`` at most that many episodes run at once: the next one starts (its environment
 built and reset) when one ends, so a step's episodes stream through the engine. With
-``engine_calls`` > 1 the engine calls are made from threads, that many at once, so episodes that
-become ready go to the engine while an earlier call runs: an engine that batches concurrent calls
-(vLLM) takes them into its running batch.
+``engine_calls`` > 1 the engine calls are made from threads, up to that many at once: episodes
+that become ready go to the engine while an earlier call runs (those that become ready while all
+are running go together in the next), and an engine that batches concurrent calls (vLLM) takes
+them into its running batch.
 
 :func:`episodes_to_batch` packs the trajectories like :func:`~rlweave.algo_helpers.rollout.
 generations_to_batch` does single-turn generations, with the loss mask zero on observation
@@ -153,7 +154,7 @@ class MultiTurnRollout(Rollout):
                         live += 1
                 if not (ready or stepping or generating):
                     break
-                if ready:
+                if ready and len(generating) < self.cfg.engine_calls:  # else they join the next call
                     for ts, prompts, params in self._turn_requests(ready, sampling, turn):
                         if self.engine_pool is None:
                             self._apply_turn(ts, generate(prompts, params), version, stepping)
