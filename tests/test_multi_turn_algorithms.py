@@ -6,6 +6,7 @@ is left running."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,8 @@ def test_each_algorithm_trains_on_multi_turn_episodes(grpo_workspace, algo):
         assert r["response_len/mean"] > r["episode/turns_mean"]  # observations are part of the episode
         assert torch.isfinite(torch.tensor(r.get("loss", 0.0)))
     assert any(r.get(updated, 0) > 0 for r in steps), steps
+    summary = json.loads((run_dir / "summary.json").read_text())  # held-out evaluation ran episodes too
+    assert summary["eval_after"]["eval/tool_used_frac"] > 0, summary
     before, after = load_file(ws.model / "model.safetensors"), load_file(run_dir / "hf" / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert not leftovers(pids)
