@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from rlweave.algo_helpers.rollout import record_prompt
-from rlweave.algo_helpers.rollout import encode_prompts
+from rlweave.algo_helpers.rollout import encode_prompts, record_prompt
 
 
 def _is_messages(x: Any) -> bool:

@@ -147,7 +147,7 @@ class GRPO(Algorithm):
         t0 = time.perf_counter()
         batch = self.rollout.run(records, self.config.n_samples, self._sampling(salt), generate, self.steps_done)
         t1 = time.perf_counter()
-        self._times["generate/pack"] += t1 - t0 - in_engine
+        self._times["generate/pack"] += max(0.0, t1 - t0 - in_engine)  # calls may overlap (engine_calls)
         greedy = None
         if self._needs_baseline:  # ReMax: one greedy response per prompt, generated while the engine is resident
             sampling = dataclasses.replace(self._sampling(salt), n=1, temperature=0.0)
