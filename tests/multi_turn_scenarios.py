@@ -1,9 +1,11 @@
 """Scenario of ``test_multi_turn_training.py`` (run in a spawned rank, see
 :func:`rlweave.testing.ranks.run_ranks`): multi-turn episodes sampled by the real HF engine, then
-scored and trained by a real FSDP worker."""
+scored and trained by a real FSDP worker; and the environments the multi-turn tests run."""
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 import torch
@@ -25,6 +27,17 @@ class Countdown(Environment):
             return EnvStep(done=True, reward=reward)
         return EnvStep(messages=[{"role": "tool", "content": f"left {self.left}"}], reward=reward,
                        info={"tool_calls": 1})
+
+
+class Marked(Countdown):
+    """:class:`Countdown` that appends a line to the file ``$MT_MARKS`` at every step and takes
+    0.2 s doing it (so a test can stop a run while its episodes are under way)."""
+
+    def step(self, action):
+        time.sleep(0.2)
+        with open(os.environ["MT_MARKS"], "a") as f:
+            f.write("step\n")
+        return super().step(action)
 
 
 class Hooked:

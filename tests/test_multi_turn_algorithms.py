@@ -7,6 +7,7 @@ is left running."""
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,44 @@ def test_multi_turn_config_errors_come_before_any_worker(grpo_workspace):
                         algorithm={"multi_turn": {"env": {"name": ENV}}, **ALGORITHMS[algo][0]})
         rc, out, _ = run_cli(["validate", str(cfg)], cli_env())
         assert rc != 0 and "one_step_off" in out and algo in out, out[-2000:]
+
+
+def test_a_run_killed_during_episodes_resumes_like_an_uninterrupted_one(grpo_workspace, tmp_path):
+    """SIGKILL while step 2's episodes are under way (environment steps done, none of the step
+    trained), then ``--resume``: the run continues from the step-1 checkpoint and ends with the
+    weights and step metrics of a run that was never stopped, so no episode was lost or trained
+    twice. Lock-step turns keep the engine calls, and so the samples, the same in both runs."""
+    ws = grpo_workspace
+    marks = tmp_path / "marks"
+    env = cli_env(MT_MARKS=str(marks))
+    episodes = {**EPISODES, "multi_turn": {**EPISODES["multi_turn"], "scheduling": "lockstep",
+                                           "env": {"name": ENV.replace(":Countdown", ":Marked")}}}
+    cfg = ws.config("mt-resume", 3, run={"scheduler": "in_process", "save_every": 1}, algorithm=episodes)
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    rc, out, pids = run_cli(["train", str(cfg), "--run-dir", str(straight)], env)
+    assert rc == 0, out[-4000:]
+    at_save: list[int] = []
+
+    def in_step_two() -> bool:
+        if not (cut / "checkpoints" / "step_000001" / "COMPLETE").exists():
+            return False
+        n = marks.read_text().count("\n")
+        at_save.append(n)
+        return n >= at_save[0] + 8  # eight environment steps into step 2
+
+    rc, out, killed = run_cli(["train", str(cfg), "--run-dir", str(cut)], env, kill_when=in_step_two)
+    assert rc == -signal.SIGKILL, out[-4000:]
+    assert sorted(r["step"] for r in metrics_rows(cut) if r["step"] >= 1) == [1]  # step 2 never trained
+    rc, out, more = run_cli(["train", str(cfg), "--resume", "--run-dir", str(cut)], env)
+    assert rc == 0 and "resumed from" in out, out[-4000:]
+    assert not leftovers(pids | killed | more)
+
+    def rows(d):
+        return {r["step"]: {k: v for k, v in r.items() if k.startswith(("episode/", "reward/", "response_len/"))
+                            or k in ("loss", "samples", "grad_norm")}
+                for r in metrics_rows(d) if r["step"] >= 1}
+
+    assert sorted(r["step"] for r in metrics_rows(cut) if r["step"] >= 1) == [1, 2, 3]  # each step once
+    assert rows(cut) == rows(straight)
+    a, b = load_file(straight / "hf" / "model.safetensors"), load_file(cut / "hf" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -71,6 +71,7 @@ class Trajectory:
     reward: float | None = None
     ended_by: str | None = None
     stats: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in COUNTERS})
+    order: int = 0  # start order within one ``episodes`` call: engine calls list episodes in this order
 
     @property
     def length(self) -> int:
@@ -146,7 +147,7 @@ class MultiTurnRollout(Rollout):
                 while waiting and live < limit:  # start episodes while there is room
                     g, k = waiting.pop()
                     env = self.env_cls(self.env_args)
-                    t = Trajectory(*chat.prompt_ids(self.tok, env.reset(records[g])), env)
+                    t = Trajectory(*chat.prompt_ids(self.tok, env.reset(records[g])), env, order=len(started))
                     groups[g][k] = t
                     started.append(t)
                     if self._fits(t):
@@ -191,7 +192,7 @@ class MultiTurnRollout(Rollout):
         ``(episodes, prompts, sampling)``."""
         params = dataclasses.replace(sampling, n=1, seed=None if sampling.seed is None else int(sampling.seed) + 7919 * turn)
         by_budget: dict[int, list[Trajectory]] = {}
-        for t in ready:
+        for t in sorted(ready, key=lambda t: t.order):  # not the order their steps ended in: reproducible calls
             room = max(1, min(sampling.max_new_tokens, self.cfg.max_total_tokens - t.length))
             by_budget.setdefault(room, []).append(t)
         return [(ts, [t.prompt_ids + t.ids for t in ts], dataclasses.replace(params, max_new_tokens=room))
