@@ -65,7 +65,8 @@ Parser = Callable[[str], tuple[list[ToolCall], list[str]]]
 def resolve_parser(name: str, load: bool = True) -> tuple[Parser | None, str]:
     """``(parser function, call format)`` of ``name``: a registered parser (plugin kind
     ``tool_parser``) or a ``module:function``. ``load=False`` checks a registered name without
-    importing its function (which is then None). ValueError naming the choices when unknown."""
+    importing its function (which is then None). An unknown name raises the plugin manager's
+    ``LookupError`` naming the parsers there are."""
     if ":" in name:
         from rlweave.targets import import_target
 
