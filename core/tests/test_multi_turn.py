@@ -231,9 +231,9 @@ def test_engine_calls_overlap_only_when_asked(tok, engine_calls):
     spans, lock = [], threading.Lock()
     script = Script(tok, ["abc", "done"])
 
-    def engine(prompts, params):  # 0.8 s a call
+    def engine(prompts, params):  # 1.2 s a call: the slow step (0.5 s) ends well inside the second
         start = time.perf_counter()
-        time.sleep(0.8)
+        time.sleep(1.2)
         out = script(prompts, params)
         with lock:
             spans.append((start, time.perf_counter()))
