@@ -23,8 +23,9 @@ Experts are not split over tensor-parallel ranks: each tensor-parallel rank hold
 expert-parallel rank's experts whole and runs them on its (identical) tokens.
 
 Experts run through the ``moe_groupgemm`` kernel when the role selected it (grouped matmuls),
-else one matmul pair per expert (:func:`rlweave.backend_helpers.moe.loop_experts`). While a layer's ``tap`` is a list, each forward appends its
-router logits ``(tokens, E)`` to it (the load-balancing loss, :func:`capture`).
+else one matmul pair per expert (:func:`rlweave.backend_helpers.moe.loop_experts`). While a
+layer's ``tap`` is a list, each forward appends its router logits ``(tokens, E)`` to it (the
+load-balancing loss, :func:`capture`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from rlweave.backend_helpers.moe import loop_experts
 
 
 @dataclass(frozen=True)
@@ -78,8 +81,6 @@ class GroupedExperts(nn.Module):
     def forward(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor, kernel: Any = None) -> torch.Tensor:
         if kernel is not None:
             return kernel.run(x, idx, weights, self.gate_up, self.down, F.silu)
-        from rlweave.backend_helpers.moe import loop_experts
-
         return loop_experts(x, idx, weights, self.gate_up, self.down, F.silu).to(x.dtype)
 
 
