@@ -66,7 +66,8 @@ def run_ranks(fn: Callable, world: int, *args: Any, device: str = "cpu", threads
     """Rank 0's result of ``fn(ctx_kwargs, *args)`` on ``world`` spawned ranks (see the module
     docstring); ``threads`` intra-op threads per rank (default: the cores shared evenly). A rank
     that raises or dies, or no result within ``timeout_s``, stops the others and raises
-    ``RuntimeError`` naming the rank and its traceback."""
+    ``RuntimeError`` naming the rank and its traceback. Every rank is joined before this returns;
+    one still running 30 s after the results came (stuck in its interpreter's teardown) is killed."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -108,6 +109,9 @@ def run_ranks(fn: Callable, world: int, *args: Any, device: str = "cpu", threads
                 p.terminate()
     for p in procs:
         p.join(timeout=30)
+        if p.is_alive():  # stuck in its interpreter's teardown; every result is already here
+            p.kill()
+            p.join(timeout=30)
     if errors:
         raise RuntimeError("run_ranks failed on " + "\n".join(errors))
     return results[0]
