@@ -2,7 +2,8 @@
 ``rlweave train`` (in process: FSDP workers, HF engine): an environment given as
 ``path/to/file.py:Class`` answers every model turn until its third, each algorithm trains the
 model's tokens of every turn through the rollout seam, the episode metrics are written, and nothing
-is left running."""
+is left running. PPO runs in ``one_step_off`` (the next step's episodes run while a step trains),
+and so does a GRPO run whose checkpoint holds the records drawn ahead."""
 
 from __future__ import annotations
 
@@ -29,13 +30,17 @@ ALGORITHMS = {
 }
 
 
+#: the run section each algorithm's run adds (PPO's episodes run one step ahead)
+RUN = {"ppo": {"mode": "one_step_off"}}
+
+
 @pytest.mark.parametrize("algo", list(ALGORITHMS))
 def test_each_algorithm_trains_on_multi_turn_episodes(grpo_workspace, algo):
     ws = grpo_workspace
     algorithm, roles, updated = ALGORITHMS[algo]
     if "critic" in roles:  # a role's own model section names its path
         roles = {"critic": {**roles["critic"], "model": {"path": str(ws.model), "model_type": "value"}}}
-    cfg = ws.config(f"multi-turn-{algo}", 2, run={"scheduler": "in_process"},
+    cfg = ws.config(f"multi-turn-{algo}", 2, run={"scheduler": "in_process", **RUN.get(algo, {})},
                     resources={"pools": {"default": {"devices_per_node": 3}}}, roles=roles,
                     algorithm={**EPISODES, **algorithm})
     rc, out, pids = run_cli(["train", str(cfg)], cli_env())
@@ -49,6 +54,8 @@ def test_each_algorithm_trains_on_multi_turn_episodes(grpo_workspace, algo):
         assert r["response_len/mean"] > r["episode/turns_mean"]  # observations are part of the episode
         assert torch.isfinite(torch.tensor(r.get("loss", 0.0)))
     assert any(r.get(updated, 0) > 0 for r in steps), steps
+    if RUN.get(algo, {}).get("mode") == "one_step_off":  # the second step trained episodes of the first weights
+        assert [r["staleness/max"] for r in steps] == [0.0, 1.0], steps
     summary = json.loads((run_dir / "summary.json").read_text())  # held-out evaluation ran episodes too
     assert summary["eval_after"]["eval/tool_used_frac"] > 0, summary
     before, after = load_file(ws.model / "model.safetensors"), load_file(run_dir / "hf" / "model.safetensors")
@@ -61,11 +68,36 @@ def test_multi_turn_config_errors_come_before_any_worker(grpo_workspace):
     cfg = ws.config("mt-bad", 1, algorithm={"multi_turn": {"env": {"name": "tools", "args": {"tools": []}}}})
     rc, out, _ = run_cli(["validate", str(cfg)], cli_env())
     assert rc != 0 and "algorithm.multi_turn.env" in out and "tools" in out, out[-2000:]
-    for algo in ("grpo", "ppo"):  # episodes are not pipelined yet
-        cfg = ws.config("mt-mode", 1, run={"mode": "one_step_off"},
+    for algo in ("grpo", "ppo"):  # episodes run one step ahead, not asynchronously or in rounds
+        cfg = ws.config("mt-mode", 1, run={"mode": "async"}, rollout={"partial": {"token_budget_per_step": 4}},
                         algorithm={"multi_turn": {"env": {"name": ENV}}, **ALGORITHMS[algo][0]})
         rc, out, _ = run_cli(["validate", str(cfg)], cli_env())
-        assert rc != 0 and "one_step_off" in out and algo in out, out[-2000:]
+        assert rc != 0 and "'async'" in out and "rollout.partial" in out and algo in out, out[-2000:]
+
+
+def test_one_step_off_runs_the_next_steps_episodes_while_a_step_trains(grpo_workspace):
+    """GRPO in ``one_step_off`` with episodes: the first step trains episodes of the current
+    weights, every later one episodes of the weights one update old; the final checkpoint holds
+    the records drawn ahead and not trained, which the data position already counts."""
+    ws = grpo_workspace
+    cfg = ws.config("mt-off", 3, run={"scheduler": "in_process", "mode": "one_step_off", "save_every": 3},
+                    algorithm=EPISODES)
+    rc, out, pids = run_cli(["train", str(cfg)], cli_env())
+    assert rc == 0, out[-4000:]
+    run_dir = ws.root / "runs" / "mt-off"
+    steps = [r for r in metrics_rows(run_dir) if r["step"] >= 1]
+    assert [r["staleness/max"] for r in steps] == [0.0, 1.0, 1.0], steps
+    for r in steps:
+        assert r["samples"] == 16.0 and r["episode/turns_mean"] > 1.5, r
+    # a sync asked for by a step is applied when the next episodes start (the last one's: before the checkpoint)
+    assert [r["sync_seconds"] > 0 for r in steps] == [True, True, False], steps
+    state = json.loads((run_dir / "checkpoints" / "step_000003" / "state.json").read_text())
+    ahead = state["algorithm"]["pipeline"]["records"]
+    assert [len(b) for b in ahead] == [4], ahead
+    assert state["data"]["position"] == 4 * 3 + 4
+    before, after = load_file(ws.model / "model.safetensors"), load_file(run_dir / "hf" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert not leftovers(pids)
 
 
 def test_a_run_killed_during_episodes_resumes_like_an_uninterrupted_one(grpo_workspace, tmp_path):

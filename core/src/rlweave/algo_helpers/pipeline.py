@@ -23,14 +23,19 @@ number of updates made (the algorithm's step count); the engine's is the version
 The extra records come from ``RunContext.next_records``; the queue's state (records not yet
 trained and the partial samples) is part of the algorithm's checkpoint, and the data position
 already counts them, so ``--resume`` neither loses nor repeats a record.
+
+Rollouts the controller drives (multi-turn episodes) have a pipeline of their own,
+:class:`~rlweave.algo_helpers.episode_pipeline.EpisodePipeline`; :func:`make_pipeline` picks.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable
 
-from rlweave.algo_helpers.rollout import generations_to_batch
+from rlweave.algo_helpers.episode_pipeline import EpisodePipeline
+from rlweave.algo_helpers.rollout import SingleTurnRollout, encode_records, generations_to_batch
 from rlweave.algo_helpers.rollout_queue import GroupState, RolloutQueue
 from rlweave.interfaces.engine import SamplingParams
 
@@ -47,6 +52,20 @@ def groups_to_batch(groups: list[GroupState]) -> Any:
         [str(g.record.get("id", g.serial)) for g in groups],
         [g.meta for g in groups],
     )
+
+
+def make_pipeline(ctx: Any, rollout: Any, n: int, max_new_tokens: int) -> Any:
+    """What feeds an algorithm's steps when the run config needs a pipeline (:func:`pipelined`),
+    else None: a :class:`RolloutPipeline` for the single-turn rollout (it queues the engine's
+    requests itself), an :class:`~rlweave.algo_helpers.episode_pipeline.EpisodePipeline` for
+    any other :class:`~rlweave.interfaces.rollout.Rollout` (multi-turn episodes). Both answer
+    ``next_batch``, ``step_metrics``, ``wait``, ``pump``, ``sync_weights``, ``drain``, ``close``
+    and ``state_dict``/``load_state_dict``."""
+    if not pipelined(ctx.config):
+        return None
+    if not isinstance(rollout, SingleTurnRollout):
+        return EpisodePipeline(ctx, rollout, n)
+    return RolloutPipeline(ctx, n, max_new_tokens, functools.partial(encode_records, ctx.tokenizer))
 
 
 def pipelined(config: Any) -> bool:
@@ -86,6 +105,7 @@ class RolloutPipeline:
         self.horizon: int | None = None  # groups at the head of the queue worth generating now
         self.idle_policy_s = 0.0
         self._regenerated_logged = 0
+        self._groups: list[GroupState] = []
 
     @property
     def overlapped(self) -> bool:
@@ -125,6 +145,20 @@ class RolloutPipeline:
             q.dispatch(generate, params, version, self.horizon)
         self.idle_policy_s = time.perf_counter() - t0
         return groups
+
+    def next_batch(self, records: list[dict[str, Any]], steps_done: int,
+                   params: Callable[[int], SamplingParams]) -> Any:
+        """:meth:`next_groups` as one training batch (:func:`groups_to_batch`);
+        :meth:`step_metrics` describes its groups."""
+        self._groups = self.next_groups(records, steps_done, params)
+        return groups_to_batch(self._groups)
+
+    def step_metrics(self, steps_done: int) -> dict[str, float]:
+        """:meth:`metrics` of the groups the last :meth:`next_batch` returned."""
+        return self.metrics(self._groups, steps_done)
+
+    def close(self) -> None:
+        """Nothing to stop: requests in flight end with :meth:`drain`."""
 
     def wait(self, future: Any, steps_done: int, params: Callable[[int], SamplingParams]) -> Any:
         """``future.result()``; in an overlapping mode, while it runs, merge the engine's

@@ -22,7 +22,6 @@ workers and the models' forward passes run at the same time.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import random
 import time
 from typing import Any
@@ -33,9 +32,9 @@ from rlweave.algo_helpers import reward_models
 from rlweave.algo_helpers.evaluate import exact_match
 from rlweave.algo_helpers.minibatch import split
 from rlweave.algo_helpers.multi_turn import episode_metrics
-from rlweave.algo_helpers.pipeline import RolloutPipeline, groups_to_batch, pipelined
+from rlweave.algo_helpers.pipeline import make_pipeline
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
-from rlweave.algo_helpers.rollout import encode_records, make_rollout, reward_samples, sampling_params
+from rlweave.algo_helpers.rollout import make_rollout, reward_samples, sampling_params
 from rlweave.algo_helpers.weights import token_weights
 from rlweave.algo_parts.kl import kl_value
 from rlweave.algo_parts.objective import PolicyObjective
@@ -94,15 +93,15 @@ class GRPO(Algorithm):
         self.residency = Residency.for_run(ctx, ("policy", "reference", "rollout")
                                            + tuple(e.role for e in c.reward_models), PHASES)
         self._times: dict[str, float] = {}
-        #: partial rollout and the overlapping run modes (None: plain sync steps)
-        self.pipeline = RolloutPipeline(ctx, self.config.n_samples, self.config.max_new_tokens,
-                                        functools.partial(encode_records, ctx.tokenizer)) \
-            if pipelined(ctx.config) else None
         #: records -> trajectories (:mod:`rlweave.interfaces.rollout`): one continuation per prompt, or
         #: multi-turn episodes through an environment (``algorithm.multi_turn``)
         self.rollout = make_rollout(c.multi_turn, ctx.tokenizer)
+        #: partial rollout and the overlapping run modes (None: plain sync steps)
+        self.pipeline = make_pipeline(ctx, self.rollout, c.n_samples, c.max_new_tokens)
 
     def close(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.close()
         self.rollout.close()
 
     # ------------------------------------------------------------------ helpers
@@ -274,12 +273,10 @@ class GRPO(Algorithm):
         self._model_metrics: dict[str, float] = {}
         self._baseline_mean: list[float] = []
         moves_before = len(self.residency.moves)
-        groups = None
         if self.pipeline is not None:
             self._times["offload"] += self.residency.enter("generate")
             t0 = time.perf_counter()
-            groups = self.pipeline.next_groups(records, self.steps_done, self._sampling)
-            batch = groups_to_batch(groups)
+            batch = self.pipeline.next_batch(records, self.steps_done, self._sampling)
             self._times["generate"] = time.perf_counter() - t0
             pending = self._issue_experience(batch) if len(batch) else None
             scores, breakdown = self._score(batch) if len(batch) else (torch.zeros(0), [])
@@ -309,8 +306,8 @@ class GRPO(Algorithm):
         metrics.update(episode_metrics(batch.meta))
         metrics.update(sync)
         metrics["offload/moves"] = float(len(self.residency.moves) - moves_before)
-        if groups is not None:
-            metrics.update(self.pipeline.metrics(groups, self.steps_done - 1))
+        if self.pipeline is not None:
+            metrics.update(self.pipeline.step_metrics(self.steps_done - 1))
         return metrics
 
     def _wait(self, fut):

@@ -118,13 +118,17 @@ def grpo_roles(cfg: GRPOConfig) -> tuple[str, ...]:
 
 def grpo_run_modes(cfg: GRPOConfig) -> tuple[str, ...]:
     """``run.mode`` values GRPO implements as configured: dynamic sampling draws prompts until a
-    step's groups disagree, ReMax generates a greedy baseline with each batch, and multi-turn
-    episodes are not pipelined yet: these need sync steps."""
+    step's groups disagree and ReMax generates a greedy baseline with each batch, so these need
+    sync steps; multi-turn episodes run one step ahead in ``one_step_off``
+    (:mod:`rlweave.algo_helpers.episode_pipeline`), not ``async``."""
     cfg = _validated(cfg)
-    sync_only = cfg.dynamic_sampling or cfg.needs_baseline or cfg.multi_turn is not None
-    return ("sync",) if sync_only else ("sync", "one_step_off", "async")
+    if cfg.dynamic_sampling or cfg.needs_baseline:
+        return ("sync",)
+    return ("sync", "one_step_off") if cfg.multi_turn is not None else ("sync", "one_step_off", "async")
 
 
 def grpo_partial_rollout(cfg: GRPOConfig) -> bool:
-    """Whether ``rollout.partial`` works with this GRPO config (not with dynamic sampling or ReMax)."""
-    return len(grpo_run_modes(cfg)) > 1
+    """Whether ``rollout.partial`` works with this GRPO config (not with dynamic sampling, ReMax
+    or multi-turn episodes)."""
+    cfg = _validated(cfg)
+    return len(grpo_run_modes(cfg)) > 1 and cfg.multi_turn is None

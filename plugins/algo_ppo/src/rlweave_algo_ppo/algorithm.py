@@ -31,7 +31,6 @@ roles is handled by :class:`~rlweave.residency.Residency` (phases in :data:`PHAS
 
 from __future__ import annotations
 
-import functools
 import random
 import time
 from typing import Any
@@ -42,9 +41,9 @@ from rlweave.algo_helpers import reward_models
 from rlweave.algo_helpers.evaluate import exact_match
 from rlweave.algo_helpers.minibatch import split
 from rlweave.algo_helpers.multi_turn import episode_metrics
-from rlweave.algo_helpers.pipeline import RolloutPipeline, groups_to_batch, pipelined
+from rlweave.algo_helpers.pipeline import make_pipeline
 from rlweave.algo_helpers.step_metrics import MOE_PREFIX, key_means, prefixed_means, reward_breakdown, truncated_frac
-from rlweave.algo_helpers.rollout import encode_prompts, encode_records, make_rollout, reward_samples, sampling_params
+from rlweave.algo_helpers.rollout import encode_prompts, make_rollout, reward_samples, sampling_params
 from rlweave.algo_helpers.weights import token_weights
 from rlweave.algo_parts.kl import kl_value
 from rlweave.algo_parts.objective import PolicyObjective
@@ -119,15 +118,15 @@ class PPO(Algorithm):
         self._ptx_iter = None
         self._ptx_state: dict[str, Any] | None = None
         self._eval_fn = None
-        #: partial rollout and the overlapping run modes (None: plain sync steps)
-        self.pipeline = RolloutPipeline(ctx, c.n_samples, c.max_new_tokens,
-                                        functools.partial(encode_records, ctx.tokenizer)) \
-            if pipelined(ctx.config) else None
         #: records -> trajectories (:mod:`rlweave.interfaces.rollout`): one continuation per prompt, or
-        #: multi-turn episodes through an environment (``algorithm.multi_turn``, sync steps)
+        #: multi-turn episodes through an environment (``algorithm.multi_turn``)
         self.rollout = make_rollout(c.multi_turn, ctx.tokenizer)
+        #: partial rollout and the overlapping run modes (None: plain sync steps)
+        self.pipeline = make_pipeline(ctx, self.rollout, c.n_samples, c.max_new_tokens)
 
     def close(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.close()
         self.rollout.close()
 
     # ------------------------------------------------------------------ helpers
@@ -176,9 +175,9 @@ class PPO(Algorithm):
         """One sample group per record: generated now (sync steps), or the pipeline's oldest
         complete groups (which also adds its ``staleness/*``, ``queue/*`` metrics)."""
         if self.pipeline is not None:
-            groups = self.pipeline.next_groups(records, self.steps_done, self._sampling)
-            metrics.update(self.pipeline.metrics(groups, self.steps_done))
-            return groups_to_batch(groups)
+            batch = self.pipeline.next_batch(records, self.steps_done, self._sampling)
+            metrics.update(self.pipeline.step_metrics(self.steps_done))
+            return batch
         engine = self.ctx.roles["rollout"]
         return self.rollout.run(records, self.config.n_samples, self._sampling(),
                                 lambda prompt_ids, sp: engine.generate(prompt_ids, sp).result(), self.steps_done)

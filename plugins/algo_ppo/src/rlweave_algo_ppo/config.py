@@ -124,14 +124,15 @@ def _validated(cfg: Any) -> PPOConfig:
 
 
 def ppo_run_modes(cfg: PPOConfig) -> tuple[str, ...]:
-    """``run.mode`` values PPO implements as configured: multi-turn episodes are not pipelined
-    yet (sync steps only); otherwise all three."""
-    return ("sync",) if _validated(cfg).multi_turn is not None else ("sync", "one_step_off", "async")
+    """``run.mode`` values PPO implements as configured: all three, except ``async`` with
+    multi-turn episodes (they run one step ahead in ``one_step_off``:
+    :mod:`rlweave.algo_helpers.episode_pipeline`)."""
+    return ("sync", "one_step_off") if _validated(cfg).multi_turn is not None else ("sync", "one_step_off", "async")
 
 
 def ppo_partial_rollout(cfg: PPOConfig) -> bool:
     """Whether ``rollout.partial`` works with this PPO config (not with multi-turn episodes)."""
-    return len(ppo_run_modes(cfg)) > 1
+    return _validated(cfg).multi_turn is None
 
 
 def ppo_roles(cfg: PPOConfig) -> tuple[str, ...]:
