@@ -33,6 +33,13 @@ run, a few minutes). Run on a quiet machine, from anywhere:
 
     python bench/async_rollout.py                                 # the four modes, 60 steps each
     python bench/async_rollout.py --steps 20 --modes sync,async --out /tmp/async.json
+
+``--task tools`` runs ``examples/tools/grpo.yaml`` instead: multi-turn episodes with a calculator
+tool (16 prompts x 8 episodes a step, at most 3 model turns of 96 tokens), from
+``runs/tools-sft/hf`` (or an SFT run of ``examples/tools/sft.yaml`` in the work directory); its
+episodes take ``sync`` and ``one_step_off`` only:
+
+    python bench/async_rollout.py --task tools --steps 15 --modes sync,one_step_off --repeat 2
 """
 
 from __future__ import annotations
@@ -51,13 +58,27 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+#: per task: the example folder and what a step's batch is
+TASKS = {
+    "longtail": ("longtail", "16 prompts x 4 samples, <= 256 new tokens"),
+    "tools": ("tools", "16 prompts x 8 episodes of <= 3 model turns (<= 96 tokens each)"),
+}
 EXAMPLE = ROOT / "examples" / "longtail"
 CONFIG = EXAMPLE / "grpo.yaml"
 SFT_CONFIG = EXAMPLE / "sft.yaml"
 SFT_MODEL = ROOT / "runs" / "longtail-sft" / "hf"
 MODE_NAMES = ("sync", "partial", "one_step_off", "async", "async_partial")
 DEFAULT_MODES = MODE_NAMES[:4]
-SEED = 1  # run.seed of grpo.yaml
+SEED = 1  # run.seed of both examples' grpo.yaml
+
+
+def select_task(name: str) -> None:
+    """Point the example paths (``EXAMPLE``, ``CONFIG``, ``SFT_CONFIG``, ``SFT_MODEL``) at ``name``'s."""
+    global EXAMPLE, CONFIG, SFT_CONFIG, SFT_MODEL
+    folder = TASKS[name][0]
+    EXAMPLE = ROOT / "examples" / folder
+    CONFIG, SFT_CONFIG = EXAMPLE / "grpo.yaml", EXAMPLE / "sft.yaml"
+    SFT_MODEL = ROOT / "runs" / f"{folder}-sft" / "hf"
 
 
 def mode_overrides(mode: str, a: argparse.Namespace) -> list[str]:
@@ -92,12 +113,13 @@ def ensure_data() -> None:
     """The shipped data files; written by examples/longtail/make_data.py when missing."""
     if all((EXAMPLE / "data" / n).is_file() for n in ("sft_train.jsonl", "rl_train.jsonl", "test.jsonl")):
         return
-    print("examples/longtail/data is incomplete: running examples/longtail/make_data.py", flush=True)
+    print(f"{EXAMPLE.relative_to(ROOT)}/data is incomplete: running {EXAMPLE.relative_to(ROOT)}/make_data.py",
+          flush=True)
     subprocess.run([sys.executable, str(EXAMPLE / "make_data.py")], check=True, cwd=ROOT)
 
 
 def ensure_model(model: Path | None, work: Path, env: dict) -> Path:
-    """The SFT model to start from: ``model``, else runs/longtail-sft/hf, else built in ``work``."""
+    """The SFT model to start from: ``model``, else runs/<task>-sft/hf, else built in ``work``."""
     if model is not None:
         if not (model / "config.json").is_file():
             raise SystemExit(f"--model {model}: no Hugging Face model there (config.json missing)")
@@ -117,7 +139,7 @@ def ensure_model(model: Path | None, work: Path, env: dict) -> Path:
         proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode:
         raise SystemExit(f"SFT failed (exit {proc.returncode}); see {log}:\n{log.read_text()[-2000:]}")
-    return out / "longtail-sft" / "hf"
+    return out / SFT_MODEL.parent.name / "hf"
 
 
 # --------------------------------------------------------------------------------- runs
@@ -280,7 +302,9 @@ def describe(res: dict) -> str:
 # --------------------------------------------------------------------------------- main
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=60, help="GRPO steps per run (each trains 16 groups x 4 samples)")
+    ap.add_argument("--task", choices=sorted(TASKS), default="longtail",
+                    help="longtail: examples/longtail; tools: examples/tools (multi-turn episodes)")
+    ap.add_argument("--steps", type=int, default=60, help="GRPO steps per run (each trains 16 groups)")
     ap.add_argument("--warmup", type=int, default=3, help="first steps of a run left out of the throughput")
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, from: {', '.join(MODE_NAMES)}")
     ap.add_argument("--repeat", type=int, default=1, help="runs per mode, taking turns, seeds run.seed + k")
@@ -301,6 +325,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None, help="write the results (every run's too) as JSON here")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown too")
     a = ap.parse_args()
+    select_task(a.task)
     a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     for m in a.modes:
         mode_overrides(m, a)  # an unknown name fails before anything runs
@@ -323,7 +348,7 @@ def main() -> int:
         model = ensure_model(a.model, work, env)
         when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
         print(f"\n{when}, {cpu_name()}; model {model}; {a.steps} steps a run ({a.warmup} warm-up), "
-              f"{a.repeat} run(s) a mode; 16 prompts x 4 samples, <= 256 new tokens; partial budget {a.budget} x "
+              f"{a.repeat} run(s) a mode; {TASKS[a.task][1]}; partial budget {a.budget} x "
               f"{a.max_rounds} rounds; max_staleness {a.max_staleness}; cpu threads per role "
               f"{a.role_threads or 'as configured'}; work dir {work}", flush=True)
         runs: dict[str, list[dict]] = {m: [] for m in a.modes}

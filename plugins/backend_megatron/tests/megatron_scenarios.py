@@ -76,24 +76,28 @@ def policy_scenario(ctx_kw: dict, model_dir: str, work: str, parallel: dict, bud
 
 
 def heads_scenario(ctx_kw: dict, model_dir: str, kinds: list[str], parallel: dict,
-                   options: dict | None = None) -> dict[str, dict[str, Any]]:
-    """For each of ``kinds``, one worker after the other in this spawn (sharing its process
-    group, which the last one shuts down): values (``value``) or scores (``reward``) of the
-    fixed batch, for ``value`` then one train step on a squared-error loss, and the streamed
-    weights after it; by kind. ``options``: more backend options."""
-    out: dict[str, dict[str, Any]] = {}
+                   variants: list[dict] | None = None) -> list[dict[str, dict[str, Any]]]:
+    """For each of ``variants`` (backend options; default: one with none) and each of
+    ``kinds``, one worker after the other in this spawn (sharing its process group, which the
+    last one shuts down): values (``value``) or scores (``reward``) of the fixed batch, for
+    ``value`` then one train step on a squared-error loss, and the streamed weights after it;
+    by variant, then kind."""
+    out: list[dict[str, dict[str, Any]]] = []
     w = None
-    for kind in kinds:
-        w = worker(ctx_kw, {"path": model_dir, "dtype": "float32", "model_type": kind}, parallel, **(options or {}))
-        batch = sc.fixed_batch()
-        res: dict[str, Any] = {}
-        if kind == "value":
-            res["values"] = w.compute_values(batch)
-            res["metrics"] = w.train_step(batch, sc.value_loss)
-        else:
-            res["scores"] = w.compute_scores(batch)
-        res["weights"] = hf_weights(w)
-        out[kind] = res
+    for options in variants or [{}]:
+        by_kind: dict[str, dict[str, Any]] = {}
+        for kind in kinds:
+            w = worker(ctx_kw, {"path": model_dir, "dtype": "float32", "model_type": kind}, parallel, **options)
+            batch = sc.fixed_batch()
+            res: dict[str, Any] = {}
+            if kind == "value":
+                res["values"] = w.compute_values(batch)
+                res["metrics"] = w.train_step(batch, sc.value_loss)
+            else:
+                res["scores"] = w.compute_scores(batch)
+            res["weights"] = hf_weights(w)
+            by_kind[kind] = res
+        out.append(by_kind)
     if w is not None:
         w.shutdown()
     return out

@@ -1,6 +1,6 @@
 """The megatron backend on CPU ranks over gloo, fp32, against transformers and the FSDP backend.
 
-A tiny Qwen2 (4 layers, 4 query heads, 2 key/value heads) at TP=1, DP=2 (the optimizer state
+A tiny Qwen2 (4 layers, 4 query heads, 2 key/value heads) at DP=2 (TP=1; the optimizer state
 sharded over the two replicas, each holding about half), TP=2 x PP=2 (with tied embeddings, whose
 copy on the last stage shares its gradient with the embedding) and PP=2 x DP=2 (four ranks, tied:
 the embedding and its last-stage copy owned by the same data-parallel rank), TP=2 with
@@ -22,7 +22,7 @@ tiny Qwen3 at TP=2 (log-probs, one step against FSDP, export):
 
 TP=2 alone is the backend contract's layout (``test_megatron_contract.py``: log-probs, entropy,
 one train step, HF export against transformers and plain torch), so it is not repeated here.
-The FSDP references run in one spawn, the TP=2 heads in another.
+The FSDP references run in one spawn, the TP=2 heads (with and without SP) in another.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ mt = import_helper(Path(__file__).with_name("megatron_scenarios.py"))
 
 TOL = 1e-5
 #: PP=2 runs in the four-rank cases (with TP=2, with DP=2), the 1F1B schedule test and the pp2-tp2 checkpoint test
-CASES = {"tp1": ({}, False), "dp2": ({"dp": 2}, False), "tp2pp2": ({"tp": 2, "pp": 2}, True),
+CASES = {"dp2": ({"dp": 2}, False), "tp2pp2": ({"tp": 2, "pp": 2}, True),
          "pp2dp2": ({"pp": 2, "dp": 2}, True), "tp2sp": ({"tp": 2}, False)}
 #: backend options of a case beyond the parallel sizes
 CASE_OPTIONS = {"tp2sp": {"sequence_parallel": True}}
@@ -97,12 +97,17 @@ def fsdp(models, heads_model, qwen3_model):
     return run_ranks(mt.fsdp_references, 1, runs)
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["tp2", "tp2sp"])
-def heads(request, heads_model):
-    """The heads model as ``value`` and ``reward`` at TP=2, in one spawn; with and without
-    sequence parallelism (the scalar head gathers the sequence)."""
+@pytest.fixture(scope="module")
+def heads_runs(heads_model):
+    """The heads model as ``value`` and ``reward`` at TP=2, without and with sequence
+    parallelism (the scalar head gathers the sequence), all in one spawn."""
     return run_ranks(mt.heads_scenario, 2, heads_model, list(HEAD_KINDS), {"tp": 2},
-                     {"sequence_parallel": request.param})
+                     [{"sequence_parallel": False}, {"sequence_parallel": True}])
+
+
+@pytest.fixture(params=[0, 1], ids=["tp2", "tp2sp"])
+def heads(request, heads_runs):
+    return heads_runs[request.param]
 
 
 @pytest.fixture(scope="module", params=list(CASES))

@@ -120,9 +120,10 @@ class EpisodePipeline:
     # ------------------------------------------------------------------ weights
     def sync_weights(self, steps_done: int) -> dict[str, float]:
         """Ask for the policy (now version ``steps_done``) in the engine: applied before the
-        next run starts (its cost shows in the ``sync_*`` of the step that applies it)."""
+        next run starts. Returns the ``sync_*`` of the sync applied during this step (the one
+        the step before asked for), which :meth:`step_metrics` has too."""
         self.pending_version = int(steps_done)
-        return {"sync_bytes": 0.0, "sync_seconds": 0.0}
+        return {k: self._metrics.get(k, 0.0) for k in ("sync_bytes", "sync_seconds")}
 
     def _apply_sync(self) -> None:
         if self.pending_version is None:
