@@ -20,8 +20,7 @@ pytestmark = pytest.mark.slow
 ENV = f"{Path(__file__).with_name('multi_turn_scenarios.py')}:Countdown"
 EPISODES = {"multi_turn": {"env": {"name": ENV}, "max_turns": 3, "max_total_tokens": 40, "end_on_length": False}}
 #: what each algorithm adds to the workspace's GRPO config, and the metric that shows it updated
-ALGORITHMS = {
-    "grpo": ({}, {}, "samples"),
+ALGORITHMS = {  # GRPO with the default estimator: test_one_step_off_runs_the_next_steps_episodes_while_a_step_trains
     "remax": ({"advantage": "remax"}, {}, "reward/greedy_mean"),  # its baseline: a greedy episode per prompt
     "ppo": ({"name": "ppo", "reward_models": [], "kl_coef": 0.0},
             {"critic": {"backend": "fsdp", "devices": 1, "optim": {"lr": 2.0e-2}}},
@@ -70,15 +69,17 @@ def test_multi_turn_config_errors_come_before_any_worker(grpo_workspace):
     assert rc != 0 and "algorithm.multi_turn.env" in out and "tools" in out, out[-2000:]
     for algo in ("grpo", "ppo"):  # episodes run one step ahead, not asynchronously or in rounds
         cfg = ws.config("mt-mode", 1, run={"mode": "async"}, rollout={"partial": {"token_budget_per_step": 4}},
-                        algorithm={"multi_turn": {"env": {"name": ENV}}, **ALGORITHMS[algo][0]})
+                        algorithm={"multi_turn": {"env": {"name": ENV}}, "name": algo,
+                                   **ALGORITHMS.get(algo, ({},))[0]})
         rc, out, _ = run_cli(["validate", str(cfg)], cli_env())
         assert rc != 0 and "'async'" in out and "rollout.partial" in out and algo in out, out[-2000:]
 
 
 def test_one_step_off_runs_the_next_steps_episodes_while_a_step_trains(grpo_workspace):
     """GRPO in ``one_step_off`` with episodes: the first step trains episodes of the current
-    weights, every later one episodes of the weights one update old; the final checkpoint holds
-    the records drawn ahead and not trained, which the data position already counts."""
+    weights, every later one episodes of the weights one update old; the episode metrics are
+    written and the held-out evaluation runs episodes; the final checkpoint holds the records
+    drawn ahead and not trained, which the data position already counts."""
     ws = grpo_workspace
     cfg = ws.config("mt-off", 3, run={"scheduler": "in_process", "mode": "one_step_off", "save_every": 3},
                     algorithm=EPISODES)
@@ -88,7 +89,10 @@ def test_one_step_off_runs_the_next_steps_episodes_while_a_step_trains(grpo_work
     steps = [r for r in metrics_rows(run_dir) if r["step"] >= 1]
     assert [r["staleness/max"] for r in steps] == [0.0, 1.0, 1.0], steps
     for r in steps:
-        assert r["samples"] == 16.0 and r["episode/turns_mean"] > 1.5, r
+        assert r["samples"] == 16.0 and r["episode/turns_mean"] > 1.5 and r["episode/tool_calls_mean"] > 0.5, r
+        assert 0 <= r["episode/limit_frac"] <= 1 and r["response_len/mean"] > r["episode/turns_mean"], r
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["eval_after"]["eval/tool_used_frac"] > 0, summary
     # a sync asked for by a step is applied when the next episodes start (the last one's: before the checkpoint)
     assert [r["sync_seconds"] > 0 for r in steps] == [True, True, False], steps
     state = json.loads((run_dir / "checkpoints" / "step_000003" / "state.json").read_text())
