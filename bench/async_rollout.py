@@ -110,7 +110,7 @@ def rlweave_cmd() -> list[str]:
 
 
 def ensure_data() -> None:
-    """The shipped data files; written by examples/longtail/make_data.py when missing."""
+    """The shipped data files; written by the example's make_data.py when missing."""
     if all((EXAMPLE / "data" / n).is_file() for n in ("sft_train.jsonl", "rl_train.jsonl", "test.jsonl")):
         return
     print(f"{EXAMPLE.relative_to(ROOT)}/data is incomplete: running {EXAMPLE.relative_to(ROOT)}/make_data.py",
