@@ -56,10 +56,6 @@ class EpisodePipeline:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlweave-episodes")
         self._metrics: dict[str, float] = {}
 
-    @property
-    def overlapped(self) -> bool:
-        return self.lookahead > 0
-
     # ------------------------------------------------------------------ steps
     def next_batch(self, records: list[dict[str, Any]], steps_done: int,
                    params: Callable[[int], SamplingParams]) -> Any:
