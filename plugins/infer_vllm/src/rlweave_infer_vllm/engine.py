@@ -35,10 +35,11 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
   unfinished requests are aborted in vLLM and come back ``"aborted"`` with their tokens and
   log-probs so far (none for requests not yet scheduled).
 * **Concurrent calls share the batch.** Calls from several threads run together: each adds its
-  requests to vLLM's running batch (continuous batching) and steps the engine, one step at a
-  time under the engine's lock, for every call's requests; a call returns when its own have
-  finished. A multi-turn episode whose tool answered joins the batch at the next step instead of
-  waiting for a call to end (``algorithm.multi_turn.engine_calls``).
+  requests to vLLM's running batch (continuous batching), and one of them at a time (the
+  driver) steps the engine for every call's requests and hands each output to its call; the
+  others sleep until their requests finished (then they return) or the driver's call ended
+  (then one of them drives). A multi-turn episode whose tool answered joins the batch at the
+  next step instead of waiting for a call to end (``algorithm.multi_turn.engine_calls``).
 * **Versions and in-flight weights.** Every token carries the ``weight_version`` of the
   weights that produced it (``Generation.versions``). The engine has a control plane
   (``RolloutEngine.control_plane``): with the engine core in this process (``engine_core:
@@ -73,7 +74,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import threading
 import time
 from typing import Any, Iterable
 
@@ -94,6 +94,7 @@ from rlweave.worker_errors import WorkerLost
 from rlweave_infer_vllm import scratch
 from rlweave_infer_vllm.config import VLLMEngineConfig
 from rlweave_infer_vllm.processes import engine_processes, exited, live_pids, reap
+from rlweave_infer_vllm.shared_batch import EngineCall, SharedBatch
 
 log = logging.getLogger(__name__)
 
@@ -111,27 +112,6 @@ def _model_max_len(path: str) -> int:
         return int(json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings") or 0)
     except (OSError, ValueError):
         return 0
-
-
-class _CallRequests:
-    """One ``generate`` call's requests in vLLM's batch: those still ``pending``, each sample's
-    ``latest`` cumulative output and the weight version of each of its tokens (``stamps``)."""
-
-    def __init__(self, stamps: dict[tuple[str, int], list[int]]):
-        self.stamps = stamps
-        self.latest: dict[tuple[str, int], Any] = {}
-        self.pending: set[str] = set()
-
-    def take(self, out: Any, version: int) -> bool:
-        """Record a step's output of one of the call's requests; whether the request finished."""
-        for o in out.outputs:  # one sample of the request (all of them once finished)
-            key = (out.request_id, o.index)
-            self.latest[key] = o
-            got = self.stamps[key]
-            got += [version] * (len(o.token_ids) - len(got))
-        if out.finished:
-            self.pending.discard(out.request_id)
-        return bool(out.finished)
 
 
 class EngineDeadError(WorkerLost):
@@ -153,8 +133,7 @@ class VLLMEngine(RolloutEngine):
         self.in_process = False  # vLLM's engine core runs in this process (set by init_engine)
         self._scratch: str | None = None  # folder of vLLM's sockets and rendezvous files (:mod:`.scratch`)
         self._calls = CallRegistry(exclusive=False)  # generate calls in progress and their stop flags (abort)
-        self._engine_lock = threading.Lock()  # one thread at a time adds requests to vLLM or steps it
-        self._owners: dict[str, _CallRequests] = {}  # request id -> the call it belongs to
+        self._batch = SharedBatch()  # concurrent calls share vLLM's running batch, one thread steps it
         self._request_ids = itertools.count()
         self._lora = None  # the LoRARequest every request carries (weight_sync.lora: adapter)
         self._lora_ids = itertools.count(1)
@@ -385,7 +364,9 @@ class VLLMEngine(RolloutEngine):
     def abort(self) -> int:
         """Stop the ``generate`` call in progress before its next engine step (thread-safe);
         returns the number of calls asked (0 when idle: the next call is unaffected)."""
-        return self._calls.abort_all()
+        asked = self._calls.abort_all()
+        self._batch.wake_all()  # the call stepping the engine aborts the flagged calls' requests
+        return asked
 
     def _run_requests(self, llm, prompt_ids: list[list[int]], sps: list[Any],
                       stop_flag) -> tuple[list[list[Any]], list[list[list[int]]], bool]:
@@ -393,67 +374,31 @@ class VLLMEngine(RolloutEngine):
         sampling, child ``k`` seeded ``seed + k``) and step the engine until every one finished
         or ``stop_flag`` is set. Returns ``(outputs, versions, aborted)``: per request and
         sample, the latest cumulative ``CompletionOutput`` (None when it produced nothing) and
-        the weight version of each of its tokens, and whether the flag stopped the loop (the
-        unfinished requests were then aborted in vLLM). Other calls' requests share the batch:
-        whichever call steps hands every output to the call it belongs to. With the engine core
-        in this process, waiting weight updates land between two steps
-        (``step_gate.boundary()``). On an exception this call's requests still running are
-        aborted before it propagates."""
+        the weight version of each of its tokens, and whether the flag stopped the call (the
+        unfinished requests were then aborted in vLLM). Other calls' requests share the batch
+        (:mod:`rlweave_infer_vllm.shared_batch`). With the engine core in this process, waiting
+        weight updates land between two steps (``step_gate.boundary()``). On an exception this
+        call's requests still running are aborted before it propagates."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        engine = llm.llm_engine
-        call = next(self._request_ids)
-        ids = [f"rlweave-{call}-{k}" for k in range(len(prompt_ids))]
-        mine = _CallRequests({(rid, k): [] for rid, sp in zip(ids, sps) for k in range(sp.n)})
-        aborted = False
-        try:
-            inputs = _render_prompts(llm, [TokensPrompt(prompt_token_ids=p) for p in prompt_ids])
-            with self._engine_lock:
-                if self._stale_prefix and not engine.has_unfinished_requests():
-                    llm.reset_prefix_cache()
-                    self._stale_prefix = False
-                for rid, inp, sp in zip(ids, inputs, sps):
-                    sp.output_kind = RequestOutputKind.CUMULATIVE  # every step: all tokens so far (by reference)
-                    engine.add_request(rid, inp, sp, lora_request=self._lora)
-                    mine.pending.add(rid)
-                    self._owners[rid] = mine
-            while True:
-                with self._engine_lock:
-                    if not mine.pending:
-                        break
-                    if stop_flag.is_set():
-                        self._abort_requests(engine, mine)
-                        aborted = True
-                        break
-                    if not engine.has_unfinished_requests():
-                        raise RuntimeError(f"vLLM has no unfinished requests but {len(mine.pending)} of this call "
-                                           "never finished")
-                    version = self.weight_version  # no update lands during a step
-                    for out in engine.step():
-                        owner = self._owners.get(out.request_id)
-                        if owner is not None and owner.take(out, version):
-                            del self._owners[out.request_id]
-                if self.lands_between_steps:
-                    self.step_gate.boundary()
-        except BaseException:
-            with self._engine_lock:
-                try:
-                    self._abort_requests(engine, mine)
-                except Exception:  # noqa: BLE001 - the engine may be dead; report the first error
-                    pass
-            raise
-        return ([[mine.latest.get((rid, k)) for k in range(sp.n)] for rid, sp in zip(ids, sps)],
-                [[mine.stamps[(rid, k)] for k in range(sp.n)] for rid, sp in zip(ids, sps)], aborted)
+        call_no = next(self._request_ids)
+        ids = [f"rlweave-{call_no}-{k}" for k in range(len(prompt_ids))]
+        inputs = _render_prompts(llm, [TokensPrompt(prompt_token_ids=p) for p in prompt_ids])
+        for sp in sps:
+            sp.output_kind = RequestOutputKind.CUMULATIVE  # every step: all tokens so far (by reference)
+        call = EngineCall(list(zip(ids, inputs, sps)), stop_flag)
+        self._batch.run(call, llm.llm_engine, version=lambda: self.weight_version, before_add=self._before_add,
+                        boundary=self.step_gate.boundary if self.lands_between_steps else None, lora=self._lora)
+        return ([[call.latest.get((rid, k)) for k in range(sp.n)] for rid, sp in zip(ids, sps)],
+                [[call.stamps[(rid, k)] for k in range(sp.n)] for rid, sp in zip(ids, sps)], call.aborted)
 
-    def _abort_requests(self, engine, mine: _CallRequests) -> None:
-        """Abort a call's unfinished requests in vLLM (under the engine lock)."""
-        rids = sorted(mine.pending)
-        mine.pending.clear()
-        for rid in rids:
-            self._owners.pop(rid, None)
-        if rids:
-            engine.abort_request(rids)
+    def _before_add(self, engine) -> None:
+        """Before requests join: reset the prefix cache if weights changed while requests ran
+        and none runs now (no later request reuses KV of the old weights)."""
+        if self._stale_prefix and not engine.has_unfinished_requests():
+            self.llm.reset_prefix_cache()
+            self._stale_prefix = False
 
     # --------------------------------------------------------------- weights
     def load_adapter(self, folder: str, sha256: str) -> dict[str, Any]:
