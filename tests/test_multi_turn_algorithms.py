@@ -67,12 +67,16 @@ def test_multi_turn_config_errors_come_before_any_worker(grpo_workspace):
     cfg = ws.config("mt-bad", 1, algorithm={"multi_turn": {"env": {"name": "tools", "args": {"tools": []}}}})
     rc, out, _ = run_cli(["validate", str(cfg)], cli_env())
     assert rc != 0 and "algorithm.multi_turn.env" in out and "tools" in out, out[-2000:]
-    for algo in ("grpo", "ppo"):  # episodes run one step ahead, not asynchronously or in rounds
-        cfg = ws.config("mt-mode", 1, run={"mode": "async"}, rollout={"partial": {"token_budget_per_step": 4}},
-                        algorithm={"multi_turn": {"env": {"name": ENV}}, "name": algo,
-                                   **ALGORITHMS.get(algo, ({},))[0]})
+    for algo in ("grpo", "ppo"):  # episodes run one step ahead or in rounds, not asynchronously
+        cfg = ws.config("mt-mode", 1, run={"mode": "async"}, algorithm={"multi_turn": {"env": {"name": ENV}},
+                                                                        "name": algo, **ALGORITHMS.get(algo, ({},))[0]})
         rc, out, _ = run_cli(["validate", str(cfg)], cli_env())
-        assert rc != 0 and "'async'" in out and "rollout.partial" in out and algo in out, out[-2000:]
+        assert rc != 0 and "'async'" in out and algo in out, out[-2000:]
+    # ReMax's greedy baseline needs sync steps of whole episodes
+    cfg = ws.config("mt-remax", 1, rollout={"partial": {"token_budget_per_step": 4}},
+                    algorithm={"multi_turn": {"env": {"name": ENV}}, "advantage": "remax"})
+    rc, out, _ = run_cli(["validate", str(cfg)], cli_env())
+    assert rc != 0 and "rollout.partial" in out, out[-2000:]
 
 
 def test_one_step_off_runs_the_next_steps_episodes_while_a_step_trains(grpo_workspace):
@@ -99,6 +103,32 @@ def test_one_step_off_runs_the_next_steps_episodes_while_a_step_trains(grpo_work
     ahead = state["algorithm"]["pipeline"]["records"]
     assert [len(b) for b in ahead] == [4], ahead
     assert state["data"]["position"] == 4 * 3 + 4
+    before, after = load_file(ws.model / "model.safetensors"), load_file(run_dir / "hf" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert not leftovers(pids)
+
+
+def test_partial_rollout_cuts_episodes_and_continues_them_in_later_rounds(grpo_workspace):
+    """GRPO in ``one_step_off`` with partial rollout of episodes (2 model tokens per round, the
+    third round unbudgeted, staleness bound 2): every trained episode took several rounds, groups
+    complete beyond a step's need wait for the next one (their tokens two versions old, within
+    the bound), and the checkpoint holds every record drawn and not trained."""
+    ws = grpo_workspace
+    cfg = ws.config("mt-partial", 3, run={"scheduler": "in_process", "mode": "one_step_off", "max_staleness": 2,
+                                          "save_every": 3},
+                    rollout={"partial": {"token_budget_per_step": 2, "max_rounds": 3}}, algorithm=EPISODES)
+    rc, out, pids = run_cli(["train", str(cfg)], cli_env())
+    assert rc == 0, out[-4000:]
+    run_dir = ws.root / "runs" / "mt-partial"
+    steps = [r for r in metrics_rows(run_dir) if r["step"] >= 1]
+    assert len(steps) == 3
+    for r in steps:
+        assert r["samples"] == 16.0 and r["episode/turns_mean"] > 1.5, r
+        assert r["partial/ratio"] > 0.5 and r["partial/rounds"] >= 1 and r["staleness/max"] <= 2.0, r
+    assert max(r["staleness/max"] for r in steps) >= 1.0, steps
+    state = json.loads((run_dir / "checkpoints" / "step_000003" / "state.json").read_text())
+    kept = [rec for b in state["algorithm"]["pipeline"]["records"] for rec in b]
+    assert len(kept) == state["data"]["position"] - 3 * 4, state  # drawn = trained + kept
     before, after = load_file(ws.model / "model.safetensors"), load_file(run_dir / "hf" / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)
     assert not leftovers(pids)

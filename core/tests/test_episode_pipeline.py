@@ -52,7 +52,8 @@ class Sync:
 def make(total_steps: int = 3, fail_on: str | None = None):
     rollout = Recording(fail_on)
     batches = iter([[{"id": f"r{k}"}] for k in range(1, 10)])
-    ctx = SimpleNamespace(config=SimpleNamespace(run=SimpleNamespace(total_steps=total_steps, mode="one_step_off")),
+    ctx = SimpleNamespace(config=SimpleNamespace(run=SimpleNamespace(total_steps=total_steps, mode="one_step_off"),
+                                                 data=SimpleNamespace(batch_size=1), rollout=SimpleNamespace(partial=None)),
                           next_records=lambda: next(batches), roles={"rollout": None}, weight_sync=Sync(rollout))
     return EpisodePipeline(ctx, rollout, n=2), rollout, ctx
 

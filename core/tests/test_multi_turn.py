@@ -248,3 +248,96 @@ def test_engine_calls_overlap_only_when_asked(tok, engine_calls):
     spans.sort()
     overlaps = [b[0] < a[1] for a, b in zip(spans, spans[1:])]
     assert any(overlaps) == (engine_calls > 1), spans
+
+
+class BudgetScript:
+    """A stand-in engine that honours ``token_budget``: the episode whose prompt starts with
+    letter ``c`` says ``turns[c][k]`` (+ EOS) in its turn ``k``, continuing a turn the budget cut
+    (the prompt ends with part of it); a cut sample comes back ``"aborted"``. Tokens carry
+    ``version``."""
+
+    def __init__(self, tok, turns: dict[str, list[str]]):
+        self.tok, self.turns, self.calls, self.version = tok, turns, [], 0
+
+    def __call__(self, prompts, params: SamplingParams):
+        self.calls.append(([list(p) for p in prompts], params))
+        out = []
+        for p in prompts:
+            turns = self.turns[self.tok.decode(p[:1])]
+            k = sum(t == self.tok.eos_token_id for t in p)
+            full = self.tok(turns[min(k, len(turns) - 1)], add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+            done = max([j for j in range(len(full)) if j == 0 or p[-j:] == full[:j]])  # part of the turn so far
+            rest = full[done:]
+            budget = params.token_budget
+            if budget is not None and budget < params.max_new_tokens and len(rest) > budget:
+                ids, reason = rest[:budget], "aborted"
+            elif len(rest) > params.max_new_tokens:
+                ids, reason = rest[: params.max_new_tokens], "length"
+            else:
+                ids, reason = rest, "stop"
+            out.append([Generation(ids, [-0.5] * len(ids), reason, versions=[self.version] * len(ids))])
+        return out
+
+
+def test_rounds_cut_a_turn_at_the_budget_and_continue_it_token_exact(tok):
+    """A round gives each episode at most ``budget`` model tokens: a turn cut by it continues
+    in the next round as the same turn (its ids, log-probs and versions appended), an episode
+    whose budget is used up between turns waits for the next round, and the last round has no
+    budget."""
+    engine = BudgetScript(tok, {"g": ["abcdef", "ghij", "done"]})
+    r = _rollout(tok, max_turns=5)
+    sampling = SamplingParams(max_new_tokens=8, seed=1)
+    try:
+        groups = r.episodes([{"prompt": "go"}], 1, sampling, engine, budget=4, max_rounds=3)
+        t = groups[0][0]
+        assert t.paused and t.cut_turn and t.ended_by is None and tok.decode(t.ids) == "abcd"
+        assert t.stats["turns"] == 1 and engine.calls[-1][1].token_budget == 4
+        engine.version = 1
+        r.episodes([{"prompt": "go"}], 1, sampling, engine, carry=groups, budget=4, max_rounds=3)
+        # the cut turn ended (3 tokens), its observation came, and the next turn was cut after 1 token
+        assert t.paused and t.cut_turn and tok.decode(t.ids) == "abcdef<eos>ok1g" and t.stats["turns"] == 2
+        engine.version = 2
+        r.episodes([{"prompt": "go"}], 1, sampling, engine, carry=groups, budget=4, max_rounds=3)
+    finally:
+        r.close()
+    assert t.ended_by == "done" and t.rounds == 3 and t.stats["turns"] == 3 and not t.paused
+    assert tok.decode(t.prompt_ids + t.ids) == "go" + "abcdef<eos>ok1" + "ghij<eos>ok2" + "done<eos>"
+    assert engine.calls[-1][1].token_budget is None  # the third round is the last: no budget
+    for prompts, _ in engine.calls:  # every call continued exactly the ids the trajectory holds
+        assert all(p == (t.prompt_ids + t.ids)[: len(p)] for p in prompts)
+    model = [v for v, m in zip(t.versions, t.mask) if m]
+    text = [tok.decode([i]) for i, m in zip(t.ids, t.mask) if m]
+    assert "".join(text) == "abcdef<eos>ghij<eos>done<eos>" and len(model) == len(text)
+    assert model == [0] * 4 + [1] * 3 + [1] + [2] * 4 + [2] * 5  # each token: the weights that made it
+    assert tok.decode(t.final_ids) == "done<eos>"
+
+
+def test_episode_rounds_hand_out_complete_groups_and_keep_the_stragglers(tok):
+    """EpisodeRounds: a step gets the groups complete first; a straggler stays held, is part of
+    the checkpoint's records until it is trained, and is dropped and started again when its
+    oldest token passes the staleness bound."""
+    from rlweave.algo_helpers.episode_rounds import EpisodeRounds
+
+    engine = BudgetScript(tok, {"l": ["abcdefghijklmnop", "done"], "g": ["ab", "done"]})
+    r = _rollout(tok, max_turns=5)
+    rounds = EpisodeRounds(r, 1, 1, token_budget=3, max_rounds=10, max_staleness=1)
+    sampling = SamplingParams(max_new_tokens=20, seed=1)
+    try:
+        rounds.admit([{"prompt": "long", "id": "L"}, {"prompt": "go", "id": "G"}])
+        batch, metrics = rounds.take(sampling, engine, version=0, policy_version=0)
+        assert batch.ids == ["G/0"]  # complete first, though admitted second
+        assert metrics["partial/ratio"] == 1.0 and metrics["partial/rounds"] >= 2 and metrics["queue/groups"] == 1
+        assert metrics["staleness/max"] == 0.0
+        assert [rec["id"] for rec in rounds.records()] == ["G", "L"]  # G handed out, not yet trained
+        rounds.trained()
+        assert [rec["id"] for rec in rounds.records()] == ["L"]
+        straggler = rounds.held[0].slots[0]
+        assert straggler.paused and 0 in straggler.versions
+        engine.version = 2
+        batch, metrics = rounds.take(sampling, engine, version=2, policy_version=2)
+    finally:
+        rounds.close()
+        r.close()
+    assert batch.ids == ["L/0"] and metrics["staleness/regenerated"] == 1.0
+    assert straggler.ended_by == "error"  # dropped: its environment closed
+    assert batch.meta[0]["episode"]["ended_by"] == "done" and metrics["staleness/max"] == 0.0  # all of version 2

@@ -10,10 +10,15 @@ version for a whole run, so every trajectory is trained exactly one version old 
 first step: current), and no weight load meets a running engine call, also with every role in
 the controller's process (``run.scheduler: in_process``).
 
-State: the records drawn and not yet trained (a run's under way included) are the pipeline's
-checkpoint; a resumed run samples them again from their prompts, and the data position already
-counts them, so no record is lost or trained twice. ``async`` and partial rollout are not
-implemented for these rollouts (the algorithms' ``run_modes`` and ``partial_rollout`` say so).
+With partial rollout (``rollout.partial``, multi-turn episodes only) a run is a series of rounds
+(:class:`~rlweave.algo_helpers.episode_rounds.EpisodeRounds`): episodes cut by a round's token
+budget continue in the next round, and groups not complete when a step has enough wait for a
+later step; in ``one_step_off`` those are bounded by ``run.max_staleness`` per token.
+
+State: the records drawn and not yet trained (a run's under way included, and with partial
+rollout the groups held) are the pipeline's checkpoint; a resumed run samples them again from
+their prompts, and the data position already counts them, so no record is lost or trained twice.
+``async`` is not implemented for these rollouts (the algorithms' ``run_modes`` say so).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from rlweave.algo_helpers.episode_rounds import EpisodeRounds
+from rlweave.algo_helpers.multi_turn import MultiTurnRollout
 from rlweave.algo_helpers.rollout import generations_to_batch
 from rlweave.interfaces.engine import SamplingParams
 from rlweave.interfaces.rollout import Rollout
@@ -48,6 +55,8 @@ class EpisodePipeline:
         self.ctx, self.rollout, self.n = ctx, rollout, int(n)
         self.total_steps = int(cfg.run.total_steps)
         self.lookahead = 0 if cfg.run.mode == "sync" else 1
+        self._ahead = self.lookahead  # steps looked ahead now (none near the end of the run)
+        self.batch_groups = int(cfg.data.batch_size)
         self.queue: deque[list[dict[str, Any]]] = deque()  # record batches not trained, oldest first
         self.running: Future | None = None  # the run of ``queue[0]``
         self.running_version = 0  # the engine's weights during that run
@@ -55,6 +64,14 @@ class EpisodePipeline:
         self.pending_version: int | None = None  # a sync asked for and not applied yet
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rlweave-episodes")
         self._metrics: dict[str, float] = {}
+        self.rounds: EpisodeRounds | None = None  # partial rollout: the groups held between steps
+        partial = cfg.rollout.partial
+        if partial is not None:
+            if not isinstance(rollout, MultiTurnRollout):
+                raise TypeError(f"rollout.partial: {type(rollout).__name__} trajectories cannot be cut and continued; "
+                                "partial rollout needs the single-turn rollout or multi-turn episodes")
+            self.rounds = EpisodeRounds(rollout, self.n, self.batch_groups, partial.token_budget_per_step,
+                                        partial.max_rounds, None if cfg.run.mode == "sync" else int(cfg.run.max_staleness))
 
     # ------------------------------------------------------------------ steps
     def next_batch(self, records: list[dict[str, Any]], steps_done: int,
@@ -68,42 +85,70 @@ class EpisodePipeline:
             self.queue.append(list(records))
         ahead = min(self.lookahead, max(0, self.total_steps - steps_done - 1))
         more = self.ctx.next_records
-        while more is not None and len(self.queue) < 1 + ahead:
+        self._ahead = ahead
+        while self.rounds is None and more is not None and len(self.queue) < 1 + ahead:  # rounds: in _start
             extra = more()
             if not extra:
                 break
             self.queue.append(list(extra))
         self._metrics = {"sync_bytes": 0.0, "sync_seconds": 0.0}
-        if not self.queue:
+        if not self._has_work():
             return generations_to_batch([], [], [], [])
         if self.running is None:
-            self._start(params)
+            self._start(params, steps_done)
         version = self.running_version
-        batch = self.running.result()
+        result = self.running.result()
         self.running = None
-        self.queue.popleft()
+        if self.rounds is None:
+            self.queue.popleft()
+            batch = result
+            self._metrics.update({"staleness/mean": float(steps_done - version),
+                                  "staleness/max": float(steps_done - version),
+                                  "queue/groups": float(sum(len(b) for b in self.queue))})
+        else:
+            self.rounds.trained()  # handed to the step now (a checkpoint after it no longer needs them)
+            batch, metrics = result
+            self._metrics.update(metrics)
         idle = time.perf_counter() - t0
-        if ahead and self.queue:
-            self._start(params)
-        self._metrics.update({"staleness/mean": float(steps_done - version), "staleness/max": float(steps_done - version),
-                              "queue/groups": float(sum(len(b) for b in self.queue)), "time/idle/policy": idle})
+        if ahead and self._has_work():
+            self._start(params, steps_done + 1)
+        self._metrics["time/idle/policy"] = idle
         return batch
 
-    def _start(self, params: Callable[[int], SamplingParams]) -> None:
-        """Apply the sync asked for (the engine is idle), then run ``queue[0]`` in the thread."""
+    def _has_work(self) -> bool:
+        return bool(self.queue) or (self.rounds is not None and bool(self.rounds.held))
+
+    def _start(self, params: Callable[[int], SamplingParams], policy: int) -> None:
+        """Apply the sync asked for (the engine is idle), then run ``queue[0]`` in the thread
+        (with partial rollout: rounds on the groups held); ``policy``: the version that will
+        train what the run returns."""
         self._apply_sync()
-        engine, records = self.ctx.roles["rollout"], self.queue[0]
+        engine, records = self.ctx.roles["rollout"], self.queue[0] if self.queue else []
 
         def generate(prompt_ids: list[list[int]], sampling: SamplingParams) -> list:
             return engine.generate(prompt_ids, sampling).result()
 
         self.running_version = self.engine_version
-        self.running = self._pool.submit(self.rollout.run, records, self.n, params(0), generate, self.engine_version)
+        if self.rounds is None:
+            self.running = self._pool.submit(self.rollout.run, records, self.n, params(0), generate, self.engine_version)
+            return
+        # groups to work on: this step's and those looked ahead (stragglers left for a later step among them)
+        more, want = self.ctx.next_records, (1 + self._ahead) * self.batch_groups
+        while more is not None and len(self.rounds.held) + sum(len(b) for b in self.queue) < want:
+            extra = more()
+            if not extra:
+                break
+            self.queue.append(list(extra))
+        while self.queue:
+            self.rounds.admit(self.queue.popleft())
+        self.running = self._pool.submit(self.rounds.take, params(0), generate, self.engine_version, policy)
 
     def step_metrics(self, steps_done: int) -> dict[str, float]:
         """``staleness/*`` (the policy's version ``steps_done`` minus the engine's during the
-        trained run), ``queue/groups`` (records drawn and not trained), ``time/idle/policy``
-        (waiting for the run) and the ``sync_*`` of the weight sync applied in this step."""
+        trained run; with partial rollout per model token), ``queue/groups`` (records drawn and
+        not trained), ``time/idle/policy`` (waiting for the run), the ``sync_*`` of the weight
+        sync applied in this step, and with partial rollout ``partial/*`` and
+        ``staleness/regenerated`` (:meth:`EpisodeRounds.take`)."""
         return dict(self._metrics)
 
     def wait(self, future: Any, steps_done: int, params: Callable[[int], SamplingParams]) -> Any:
@@ -151,14 +196,21 @@ class EpisodePipeline:
         self._apply_sync()
 
     def close(self) -> None:
-        """Stop the background thread (after the run under way, if any)."""
+        """Stop the background thread (after the run under way, if any) and close the
+        environments of the episodes held."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.rounds is not None:
+            self.rounds.close()
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """JSON-able: the record batches drawn and not trained, oldest first."""
-        return {"records": [list(b) for b in self.queue]}
+        """JSON-able: the record batches drawn and not trained, oldest first (with partial
+        rollout the records of the groups held come first, as one batch)."""
+        held = [self.rounds.records()] if self.rounds is not None and self.rounds.records() else []
+        return {"records": held + [list(b) for b in self.queue]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.rounds is not None:
+            self.rounds.close()
         self.queue = deque(list(b) for b in state.get("records", []))
         self.running = None

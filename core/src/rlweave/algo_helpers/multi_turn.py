@@ -25,6 +25,14 @@ that become ready go to the engine while an earlier call runs (those that become
 are running go together in the next), and an engine that batches concurrent calls (vLLM) takes
 them into its running batch.
 
+**Rounds** (partial rollout, ``rollout.partial``): :meth:`MultiTurnRollout.episodes` with a
+``budget`` gives each episode at most that many model tokens in the call (a round); an episode
+that reaches it stops (``paused``), inside a model turn (the engine's ``token_budget`` cut it,
+``finish_reason`` ``aborted``) or before its next turn, and a later call given it back in
+``carry`` continues it where it stopped: a cut turn goes on from prompt + everything so far and
+stays one turn (its tokens and log-probs appended, versions per token). In its ``max_rounds``-th
+round an episode has no budget.
+
 :func:`episodes_to_batch` packs the trajectories like :func:`~rlweave.algo_helpers.rollout.
 generations_to_batch` does single-turn generations, with the loss mask zero on observation
 tokens; ``response_ids`` in a sample's meta is its last model turn (what rule rewards score).
@@ -72,19 +80,33 @@ class Trajectory:
     ended_by: str | None = None
     stats: dict[str, float] = field(default_factory=lambda: {k: 0.0 for k in COUNTERS})
     order: int = 0  # start order within one ``episodes`` call: engine calls list episodes in this order
+    rounds: int = 0  # ``episodes`` calls (rounds) it has run in
+    budget: int | None = None  # model tokens it may still make in this round (None: no limit)
+    paused: bool = False  # stopped by the round's budget; a later round continues it
+    cut_turn: bool = False  # the pause is inside a model turn (the next round continues that turn)
+    turn_len: int = 0  # model tokens of the current turn so far
 
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.ids)
 
     def add_turn(self, gen: Generation, version: int) -> None:
+        """Append a model turn, or more of a turn cut by the round's budget (``cut_turn``)."""
         self.ids += gen.token_ids
         self.mask += [1] * len(gen.token_ids)
         self.logprobs += list(gen.logprobs)
         self.versions += list(gen.versions) if len(gen.versions) == len(gen.token_ids) else [version] * len(gen.token_ids)
-        self.final_ids = list(gen.token_ids)
+        if self.cut_turn:
+            self.final_ids += list(gen.token_ids)
+            self.turn_len += len(gen.token_ids)
+        else:
+            self.final_ids = list(gen.token_ids)
+            self.turn_len = len(gen.token_ids)
+            self.stats["turns"] += 1
         self.finish_reason = gen.finish_reason
-        self.stats["turns"] += 1
+        if self.budget is not None:
+            self.budget -= len(gen.token_ids)
+        self.cut_turn = False
 
     def add_observation(self, ids: Sequence[int]) -> None:
         self.ids += list(ids)
@@ -130,26 +152,38 @@ class MultiTurnRollout(Rollout):
                                  [reward_fields(r) for r in records])
 
     def episodes(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,
-                 version: int = 0) -> list[list[Trajectory]]:
+                 version: int = 0, carry: list[list[Trajectory | None]] | None = None, budget: int | None = None,
+                 max_rounds: int = 1) -> list[list[Trajectory]]:
         """``n`` episodes per record, grouped by record. At most ``max_in_flight`` episodes run at
-        once (the next one starts, its environment built and reset, when one ends)."""
-        groups: list[list[Trajectory | None]] = [[None] * n for _ in records]
-        waiting = [(g, k) for g in range(len(records)) for k in range(n)][::-1]
+        once (the next one starts, its environment built and reset, when one ends). ``carry``:
+        the groups an earlier call returned for the same ``records`` (None where an episode is to
+        start afresh): its paused episodes continue, its ended ones are left as they are. With
+        ``budget`` the call is a round (module docstring): it returns when every episode ended or
+        paused."""
+        groups: list[list[Trajectory | None]] = carry if carry is not None else [[None] * n for _ in records]
+        waiting = [(g, k) for g in range(len(groups)) for k in range(len(groups[g])) if groups[g][k] is None][::-1]
         started: list[Trajectory] = []
         ready: list[Trajectory] = []
+        for t in (t for grp in groups for t in grp if t is not None and t.ended_by is None):  # paused: go on
+            t.order = len(started)
+            started.append(t)
+            self._enter_round(t, budget, max_rounds)
+            if self._fits(t):
+                ready.append(t)
         stepping: dict[Future, Trajectory] = {}
         generating: dict[Future, list[Trajectory]] = {}
-        limit = self.cfg.max_in_flight or len(waiting)
+        limit = self.cfg.max_in_flight or len(waiting) + len(started)
         turn = 0
         try:
             while True:
-                live = sum(t.ended_by is None for t in started)
+                live = sum(t.ended_by is None and not t.paused for t in started)
                 while waiting and live < limit:  # start episodes while there is room
                     g, k = waiting.pop()
                     env = self.env_cls(self.env_args)
                     t = Trajectory(*chat.prompt_ids(self.tok, env.reset(records[g])), env, order=len(started))
                     groups[g][k] = t
                     started.append(t)
+                    self._enter_round(t, budget, max_rounds)
                     if self._fits(t):
                         ready.append(t)
                         live += 1
@@ -170,14 +204,23 @@ class MultiTurnRollout(Rollout):
                         if f in generating:
                             self._apply_turn(generating.pop(f), f.result(), version, stepping)
                         elif self._observe(t := stepping.pop(f), f):
-                            ready.append(t)
+                            if t.budget is not None and t.budget <= 0:
+                                t.paused = True  # its next turn waits for the next round
+                            else:
+                                ready.append(t)
         finally:
             for f in [*stepping, *generating]:
                 f.cancel()
             for t in started:
-                if t.ended_by is None:
+                if t.ended_by is None and not t.paused:
                     t.end("error")
         return groups  # type: ignore[return-value]  # every slot was started
+
+    @staticmethod
+    def _enter_round(t: Trajectory, budget: int | None, max_rounds: int) -> None:
+        t.rounds += 1
+        t.paused = False
+        t.budget = budget if budget is not None and t.rounds < max_rounds else None
 
     def _fits(self, t: Trajectory) -> bool:
         if t.length >= self.cfg.max_total_tokens:
@@ -188,22 +231,26 @@ class MultiTurnRollout(Rollout):
     def _turn_requests(self, ready: list[Trajectory], sampling: SamplingParams,
                        turn: int) -> list[tuple[list[Trajectory], list[list[int]], SamplingParams]]:
         """The engine calls of one model turn of every ready episode: one per distinct token
-        budget (a turn may fill what the episode has left of ``max_total_tokens``), as
-        ``(episodes, prompts, sampling)``."""
+        limit (a turn may fill what the episode has left of ``max_total_tokens``, a cut turn what
+        it has left of ``max_new_tokens``) and round budget, as ``(episodes, prompts, sampling)``."""
         params = dataclasses.replace(sampling, n=1, seed=None if sampling.seed is None else int(sampling.seed) + 7919 * turn)
-        by_budget: dict[int, list[Trajectory]] = {}
+        by_budget: dict[tuple[int, int | None], list[Trajectory]] = {}
         for t in sorted(ready, key=lambda t: t.order):  # not the order their steps ended in: reproducible calls
-            room = max(1, min(sampling.max_new_tokens, self.cfg.max_total_tokens - t.length))
-            by_budget.setdefault(room, []).append(t)
-        return [(ts, [t.prompt_ids + t.ids for t in ts], dataclasses.replace(params, max_new_tokens=room))
-                for room, ts in by_budget.items()]
+            turn_left = sampling.max_new_tokens - (t.turn_len if t.cut_turn else 0)
+            room = max(1, min(turn_left, self.cfg.max_total_tokens - t.length))
+            by_budget.setdefault((room, t.budget), []).append(t)
+        return [(ts, [t.prompt_ids + t.ids for t in ts], dataclasses.replace(params, max_new_tokens=room,
+                                                                              token_budget=budget))
+                for (room, budget), ts in by_budget.items()]
 
     def _apply_turn(self, ts: list[Trajectory], gens: list[list[Generation]], version: int,
                     stepping: dict[Future, Trajectory]) -> None:
         """Append an engine call's turns to their episodes and start their environment steps."""
         for t, g in zip(ts, gens):
             t.add_turn(g[0], version)
-            if g[0].finish_reason == "error":
+            if g[0].finish_reason == "aborted" and t.budget is not None and t.budget <= 0:
+                t.paused = t.cut_turn = True  # the round's budget cut the turn: the next round continues it
+            elif g[0].finish_reason == "error":
                 t.end("error")
             elif g[0].finish_reason != "stop" and (self.cfg.end_on_length or t.length >= self.cfg.max_total_tokens):
                 t.end("length")

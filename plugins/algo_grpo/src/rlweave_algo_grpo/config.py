@@ -128,7 +128,6 @@ def grpo_run_modes(cfg: GRPOConfig) -> tuple[str, ...]:
 
 
 def grpo_partial_rollout(cfg: GRPOConfig) -> bool:
-    """Whether ``rollout.partial`` works with this GRPO config (not with dynamic sampling, ReMax
-    or multi-turn episodes)."""
-    cfg = _validated(cfg)
-    return len(grpo_run_modes(cfg)) > 1 and cfg.multi_turn is None
+    """Whether ``rollout.partial`` works with this GRPO config (not with dynamic sampling or
+    ReMax; multi-turn episodes run in rounds, :mod:`rlweave.algo_helpers.episode_rounds`)."""
+    return len(grpo_run_modes(_validated(cfg))) > 1

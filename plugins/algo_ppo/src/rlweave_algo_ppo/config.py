@@ -130,10 +130,6 @@ def ppo_run_modes(cfg: PPOConfig) -> tuple[str, ...]:
     return ("sync", "one_step_off") if _validated(cfg).multi_turn is not None else ("sync", "one_step_off", "async")
 
 
-def ppo_partial_rollout(cfg: PPOConfig) -> bool:
-    """Whether ``rollout.partial`` works with this PPO config (not with multi-turn episodes)."""
-    return _validated(cfg).multi_turn is None
-
 
 def ppo_roles(cfg: PPOConfig) -> tuple[str, ...]:
     """Roles PPO needs: policy, rollout, critic, the reward-model roles, and the reference

@@ -1,7 +1,7 @@
 """Entry point of rlweave-algo-ppo (light: no torch)."""
 
 from rlweave.plugins import AlgorithmRecord, hookimpl
-from rlweave_algo_ppo.config import PPOConfig, ppo_partial_rollout, ppo_roles, ppo_run_modes
+from rlweave_algo_ppo.config import PPOConfig, ppo_roles, ppo_run_modes
 
 
 @hookimpl
@@ -14,6 +14,6 @@ def rlweave_algorithms():
             config_model=PPOConfig,
             roles=ppo_roles,
             run_modes=ppo_run_modes,
-            partial_rollout=ppo_partial_rollout,
+            partial_rollout=True,  # multi-turn episodes too, in rounds
         )
     ]
