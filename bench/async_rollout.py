@@ -37,9 +37,10 @@ run, a few minutes). Run on a quiet machine, from anywhere:
 ``--task tools`` runs ``examples/tools/grpo.yaml`` instead: multi-turn episodes with a calculator
 tool (16 prompts x 8 episodes a step, at most 3 model turns of 96 tokens), from
 ``runs/tools-sft/hf`` (or an SFT run of ``examples/tools/sft.yaml`` in the work directory); its
-episodes take ``sync`` and ``one_step_off`` only:
+episodes take ``sync``, ``one_step_off`` and ``partial`` (episodes in rounds), not ``async``:
 
     python bench/async_rollout.py --task tools --steps 15 --modes sync,one_step_off --repeat 2
+    python bench/async_rollout.py --task tools --steps 15 --modes sync,partial --budget 32
 """
 
 from __future__ import annotations
