@@ -43,32 +43,15 @@ class TestVLLMEngineContract(EngineContractSuite):
         """A call made while a long one runs joins vLLM's running batch: it returns before the
         long call ends (it does not wait its turn), and each call's seeded samples equal those
         it gets alone."""
-        import threading
-        import time
-
         from rlweave.interfaces.engine import SamplingParams
 
-        long_p, short_p = [[5, 6, 7]], [[9, 10]]
-        long_sp = SamplingParams(temperature=1.0, max_new_tokens=40, seed=11, ignore_eos=True)
-        short_sp = SamplingParams(temperature=1.0, max_new_tokens=3, seed=12, ignore_eos=True)
-        t0 = time.perf_counter()
-        alone_long = engine.generate(long_p, long_sp)
-        took = time.perf_counter() - t0
-        alone_short = engine.generate(short_p, short_sp)
-        ended: dict[str, tuple[float, list]] = {}
-
-        def run(name, prompts, sp):
-            out = engine.generate(prompts, sp)
-            ended[name] = (time.perf_counter(), out)
-
-        first = threading.Thread(target=run, args=("long", long_p, long_sp))
-        first.start()
-        time.sleep(took / 4)
-        run("short", short_p, short_sp)
-        first.join(timeout=120)
-        assert ended["short"][0] < ended["long"][0], "the short call waited for the long one"
-        assert ended["long"][1][0][0].token_ids == alone_long[0][0].token_ids
-        assert ended["short"][1][0][0].token_ids == alone_short[0][0].token_ids
+        alone, ended = _overlapping(engine, ([[5, 6, 7]], SamplingParams(temperature=1.0, max_new_tokens=40, seed=11,
+                                                                            ignore_eos=True)),
+                                       ([[9, 10]], SamplingParams(temperature=1.0, max_new_tokens=3, seed=12,
+                                                                 ignore_eos=True)))
+        assert ended[1][0] < ended[0][0], "the short call waited for the long one"
+        for k in (0, 1):
+            assert ended[k][1][0][0].token_ids == alone[k][0][0].token_ids
 
     def test_the_stepping_passes_to_a_waiting_call_and_abort_reaches_it(self, engine):
         """One call's thread steps the engine for every call (the driver). When the driver's
@@ -79,34 +62,23 @@ class TestVLLMEngineContract(EngineContractSuite):
 
         from rlweave.interfaces.engine import SamplingParams
 
-        short_p, long_p = [[5, 6, 7]], [[9, 10]]
-        short_sp = SamplingParams(temperature=1.0, max_new_tokens=12, seed=21, ignore_eos=True)
-        long_sp = SamplingParams(temperature=1.0, max_new_tokens=40, seed=22, ignore_eos=True)
-        t0 = time.perf_counter()
-        alone_short = engine.generate(short_p, short_sp)
-        took = time.perf_counter() - t0
-        alone_long = engine.generate(long_p, long_sp)
-        ended: dict[str, tuple[float, list]] = {}
+        alone, ended = _overlapping(engine, ([[5, 6, 7]], SamplingParams(temperature=1.0, max_new_tokens=12,
+                                                                                seed=21, ignore_eos=True)),
+                                          ([[9, 10]], SamplingParams(temperature=1.0, max_new_tokens=40, seed=22,
+                                                                    ignore_eos=True)))
+        assert ended[0][0] < ended[1][0]  # the short call drove first; the long one joined, waited, then drove
+        assert ended[0][1][0][0].token_ids == alone[0][0][0].token_ids
+        assert ended[1][1][0][0].token_ids == alone[1][0][0].token_ids, "the call left waiting went wrong"
 
         def run(name, prompts, sp):
-            out = engine.generate(prompts, sp)
-            ended[name] = (time.perf_counter(), out)
-
-        first = threading.Thread(target=run, args=("short", short_p, short_sp))
-        first.start()
-        time.sleep(took / 4)  # the short call drives; the long one joins and waits
-        run("long", long_p, long_sp)
-        first.join(timeout=120)
-        assert ended["short"][0] < ended["long"][0]
-        assert ended["short"][1][0][0].token_ids == alone_short[0][0].token_ids
-        assert ended["long"][1][0][0].token_ids == alone_long[0][0].token_ids, "the call left waiting went wrong"
+            ended[name] = (time.perf_counter(), engine.generate(prompts, sp))
 
         endless = SamplingParams(temperature=1.0, max_new_tokens=self.max_model_len - 4, seed=23, ignore_eos=True)
         many = [[(3 * i + j) % 100 + 2 for j in range(4)] for i in range(4)]
         calls = [threading.Thread(target=run, args=(f"abort{i}", many[i:i + 1], endless)) for i in range(2)]
-        for c in calls:
+        for k, c in enumerate(calls):
             c.start()
-            time.sleep(took / 4)
+            _wait_in_batch(engine, k + 1)
         asked = engine.abort()
         for c in calls:
             c.join(timeout=60)
@@ -115,3 +87,36 @@ class TestVLLMEngineContract(EngineContractSuite):
         for i in range(2):
             g = ended[f"abort{i}"][1][0][0]
             assert g.finish_reason == "aborted" and len(g.token_ids) < self.max_model_len - 4
+
+
+def _overlapping(engine, first, second):
+    """Two ``(prompts, sampling)`` calls, each alone, then ``second`` made from this thread once
+    ``first``, started in another, has its requests in vLLM's batch. Returns (each call's output
+    alone, ``{0: (end time, output), 1: ...}`` of the overlapping pair)."""
+    import threading
+    import time
+
+    alone = [engine.generate(*first), engine.generate(*second)]
+    ended: dict = {}
+
+    def run(k, call):
+        out = engine.generate(*call)
+        ended[k] = (time.perf_counter(), out)
+
+    thread = threading.Thread(target=run, args=(0, first))
+    thread.start()
+    _wait_in_batch(engine, 1)
+    run(1, second)
+    thread.join(timeout=120)
+    return alone, ended
+
+
+def _wait_in_batch(engine, calls: int) -> None:
+    """Until ``calls`` generate calls have their requests in the engine's running batch."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while sum(c.added and bool(c.pending) for c in list(engine._batch._live)) < calls:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{calls} call(s) never reached the engine's batch")
+        time.sleep(0.001)
