@@ -378,7 +378,8 @@ class VLLMEngine(RolloutEngine):
         unfinished requests were then aborted in vLLM). Other calls' requests share the batch
         (:mod:`rlweave_infer_vllm.shared_batch`). With the engine core in this process, waiting
         weight updates land between two steps (``step_gate.boundary()``). On an exception this
-        call's requests still running are aborted before it propagates."""
+        call's requests still running are aborted (by the next call to step the engine when this
+        one was waiting for another's steps)."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
