@@ -84,13 +84,9 @@ class EpisodePipeline:
         if records:
             self.queue.append(list(records))
         ahead = min(self.lookahead, max(0, self.total_steps - steps_done - 1))
-        more = self.ctx.next_records
         self._ahead = ahead
-        while self.rounds is None and more is not None and len(self.queue) < 1 + ahead:  # rounds: in _start
-            extra = more()
-            if not extra:
-                break
-            self.queue.append(list(extra))
+        if self.rounds is None:  # with rounds, _start draws
+            self._draw_while(lambda: len(self.queue) < 1 + ahead)
         self._metrics = {"sync_bytes": 0.0, "sync_seconds": 0.0}
         if not self._has_work():
             return generations_to_batch([], [], [], [])
@@ -115,6 +111,16 @@ class EpisodePipeline:
         self._metrics["time/idle/policy"] = idle
         return batch
 
+    def _draw_while(self, short: Callable[[], bool]) -> None:
+        """Append record batches from ``ctx.next_records`` to the queue while ``short()`` (and the
+        data lasts)."""
+        more = self.ctx.next_records
+        while more is not None and short():
+            extra = more()
+            if not extra:
+                break
+            self.queue.append(list(extra))
+
     def _has_work(self) -> bool:
         return bool(self.queue) or (self.rounds is not None and bool(self.rounds.held))
 
@@ -123,22 +129,19 @@ class EpisodePipeline:
         (with partial rollout: rounds on the groups held); ``policy``: the version that will
         train what the run returns."""
         self._apply_sync()
-        engine, records = self.ctx.roles["rollout"], self.queue[0] if self.queue else []
+        engine = self.ctx.roles["rollout"]
 
         def generate(prompt_ids: list[list[int]], sampling: SamplingParams) -> list:
             return engine.generate(prompt_ids, sampling).result()
 
         self.running_version = self.engine_version
         if self.rounds is None:
-            self.running = self._pool.submit(self.rollout.run, records, self.n, params(0), generate, self.engine_version)
+            self.running = self._pool.submit(self.rollout.run, self.queue[0], self.n, params(0), generate,
+                                             self.engine_version)
             return
         # groups to work on: this step's and those looked ahead (stragglers left for a later step among them)
-        more, want = self.ctx.next_records, (1 + self._ahead) * self.batch_groups
-        while more is not None and len(self.rounds.held) + sum(len(b) for b in self.queue) < want:
-            extra = more()
-            if not extra:
-                break
-            self.queue.append(list(extra))
+        want = (1 + self._ahead) * self.batch_groups
+        self._draw_while(lambda: len(self.rounds.held) + sum(len(b) for b in self.queue) < want)
         while self.queue:
             self.rounds.admit(self.queue.popleft())
         self.running = self._pool.submit(self.rounds.take, params(0), generate, self.engine_version, policy)
@@ -206,8 +209,8 @@ class EpisodePipeline:
     def state_dict(self) -> dict[str, Any]:
         """JSON-able: the record batches drawn and not trained, oldest first (with partial
         rollout the records of the groups held come first, as one batch)."""
-        held = [self.rounds.records()] if self.rounds is not None and self.rounds.records() else []
-        return {"records": held + [list(b) for b in self.queue]}
+        held = self.rounds.records() if self.rounds is not None else []
+        return {"records": ([held] if held else []) + [list(b) for b in self.queue]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.rounds is not None:

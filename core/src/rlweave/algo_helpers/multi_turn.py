@@ -84,7 +84,6 @@ class Trajectory:
     budget: int | None = None  # model tokens it may still make in this round (None: no limit)
     paused: bool = False  # stopped by the round's budget; a later round continues it
     cut_turn: bool = False  # the pause is inside a model turn (the next round continues that turn)
-    turn_len: int = 0  # model tokens of the current turn so far
 
     @property
     def length(self) -> int:
@@ -98,10 +97,8 @@ class Trajectory:
         self.versions += list(gen.versions) if len(gen.versions) == len(gen.token_ids) else [version] * len(gen.token_ids)
         if self.cut_turn:
             self.final_ids += list(gen.token_ids)
-            self.turn_len += len(gen.token_ids)
         else:
             self.final_ids = list(gen.token_ids)
-            self.turn_len = len(gen.token_ids)
             self.stats["turns"] += 1
         self.finish_reason = gen.finish_reason
         if self.budget is not None:
@@ -236,7 +233,7 @@ class MultiTurnRollout(Rollout):
         params = dataclasses.replace(sampling, n=1, seed=None if sampling.seed is None else int(sampling.seed) + 7919 * turn)
         by_budget: dict[tuple[int, int | None], list[Trajectory]] = {}
         for t in sorted(ready, key=lambda t: t.order):  # not the order their steps ended in: reproducible calls
-            turn_left = sampling.max_new_tokens - (t.turn_len if t.cut_turn else 0)
+            turn_left = sampling.max_new_tokens - (len(t.final_ids) if t.cut_turn else 0)  # final_ids: the cut turn
             room = max(1, min(turn_left, self.cfg.max_total_tokens - t.length))
             by_budget.setdefault((room, t.budget), []).append(t)
         return [(ts, [t.prompt_ids + t.ids for t in ts], dataclasses.replace(params, max_new_tokens=room,
