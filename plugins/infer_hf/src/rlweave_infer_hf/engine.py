@@ -126,13 +126,14 @@ class HFEngine(RolloutEngine):
             gens[j] = error_generation(reqs[j])
         # similar lengths together: less padding, fewer wasted steps
         todo.sort(key=lambda j: len(reqs[j].prompt_ids))
-        bs = self.cfg.max_batch_size
+        chunks = micro_batches([len(reqs[j].prompt_ids) + reqs[j].max_new_tokens for j in todo],
+                               self.cfg.max_batch_size, self.cfg.max_batch_tokens)
         seed = params.seed if params.seed is not None else self.cfg.seed
         if seed is None:
             seed = self.ctx.seed
         with self._calls.call() as stop_flag, self.step_gate.running():
-            for b, start in enumerate(range(0, len(todo), bs)):
-                chunk = todo[start : start + bs]
+            for b, (start, stop) in enumerate(chunks):
+                chunk = todo[start:stop]
                 self.step_gate.boundary()
                 if stop_flag.is_set():  # aborted before this micro-batch started
                     outs = [finish_generation(reqs[j], [], [], stops, self.weight_version, aborted=True) for j in chunk]
@@ -296,6 +297,24 @@ class HFEngine(RolloutEngine):
     def shutdown(self) -> None:
         self.model = None
         super().shutdown()
+
+
+def micro_batches(lengths: list[int], max_rows: int, max_tokens: int) -> list[tuple[int, int]]:
+    """Cut samples, in order, into forward batches ``[start, stop)``: consecutive samples while
+    the batch has at most ``max_rows`` rows and ``rows x longest length <= max_tokens`` (the
+    padded batch a ``generate`` call holds); a sample longer than ``max_tokens`` alone gets a
+    batch of its own."""
+    out: list[tuple[int, int]] = []
+    start, longest = 0, 0
+    for i, n in enumerate(lengths):
+        wider = max(longest, n)
+        if i > start and (i - start >= max_rows or (i - start + 1) * wider > max_tokens):
+            out.append((start, i))
+            start, wider = i, n
+        longest = wider
+    if lengths:
+        out.append((start, len(lengths)))
+    return out
 
 
 def _after_step(flag: Any, hook: Any):
