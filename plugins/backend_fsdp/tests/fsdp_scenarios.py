@@ -187,7 +187,7 @@ def compile_scenario(ctx_kw: dict, model_dir: str, work: str, scope: str = "auto
 def compiled_cpu_scenario(ctx_kw: dict, model_dir: str, work: str, scopes: list[str], bf16_ratio: str) -> dict:
     """Every compiled run of the CPU tests in one process, so the spawn, inductor's start-up
     and the compiled log-prob kernels of the fp32 runs are paid once: the model eager
-    (``"eager"``), then with ``compile: true`` at each of ``scopes`` (``"layer"``, ``"auto"``),
+    (``"eager"``), then with ``compile: true`` at each of ``scopes`` (``"auto"``, ``"layer"``...),
     each a :func:`_compiled_run` in fp32; then bf16 compute with ``compile: true`` on a CPU whose
     bf16 speed is ``bf16_ratio`` (``RLWEAVE_CPU_BF16_RATIO``, set for these two workers only)
     and the attention backward chosen by ``cpu.attention_backward`` (``"bf16_fp32"``: ``fp32``;

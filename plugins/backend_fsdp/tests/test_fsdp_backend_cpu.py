@@ -185,23 +185,39 @@ def compiled(tiny, tmp_path_factory):
     cache. The bf16 pair runs on a CPU with fast bf16 (``RLWEAVE_CPU_BF16_RATIO`` 0.15, injected
     by the scenario for those two workers only, so the test runs on any CPU)."""
     work = str(tmp_path_factory.mktemp("fsdp_compiled"))
-    return run_ranks(sc.compiled_cpu_scenario, 1, tiny, work, ["layer", "auto"], "0.15", timeout_s=840)
+    return run_ranks(sc.compiled_cpu_scenario, 1, tiny, work, ["auto"], "0.15", timeout_s=840)
 
 
-@pytest.mark.parametrize("scope, units", [("layer", ["Qwen2DecoderLayer"] * 2),
-                                          ("auto", ["Qwen2MLP", "Qwen2RMSNorm", "Qwen2RMSNorm"] * 2)])
-def test_compiled_layers_equal_eager(compiled, scope, units):
-    """compile: true (torch.compile per decoder layer, or on CPU by default its norms and MLP;
-    attention eager) gives the eager log-probs and training losses, for packed and
-    shared-prompt rows of several shapes."""
-    eager, comp = compiled["eager"], compiled[scope]
+def test_compiled_layers_equal_eager(compiled):
+    """compile: true (on CPU by default each decoder layer's norms and MLP; attention eager)
+    gives the eager log-probs and training losses, for packed and shared-prompt rows of
+    several shapes. Whole compiled layers (``compile_scope: layer``, the CUDA default) are
+    checked the same way by the GPU test, and chosen by :func:`test_compile_units_of_each_scope`."""
+    eager, comp = compiled["eager"], compiled["auto"]
     assert eager["compiled"] == [] and eager["graphs"] == 0
     # the tiny model's two layers, really compiled (graphs made by this worker, not by the runs before it)
-    assert comp["compiled"] == sorted(units) and comp["graphs"] > 0
+    assert comp["compiled"] == sorted(["Qwen2MLP", "Qwen2RMSNorm", "Qwen2RMSNorm"] * 2) and comp["graphs"] > 0
     for k in ("lp_packed", "lp_shared"):
         assert eager[k].shape == comp[k].shape and float((eager[k] - comp[k]).abs().max()) < 1e-4, k
     assert comp["losses"] == pytest.approx(eager["losses"], abs=1e-4)
     assert eager["losses"][2] < eager["losses"][0]  # it trained: the same batch scores better afterwards
+
+
+def test_compile_units_of_each_scope(tiny):
+    """``layer`` compiles the decoder layer itself, ``mlp_norms`` its children but attention;
+    an unknown scope and ``mlp_norms`` on a layer without ``self_attn`` are refused by name."""
+    from transformers import AutoModelForCausalLM
+
+    from rlweave_backend_fsdp.modeling import compile_units, decoder_layers
+
+    layer = decoder_layers(AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32))[0]
+    assert compile_units(layer, "layer") == [layer]
+    assert compile_units(layer, "mlp_norms") == [m for m in layer.children() if m is not layer.self_attn]
+    assert layer.mlp in compile_units(layer, "mlp_norms") and len(compile_units(layer, "mlp_norms")) == 3
+    with pytest.raises(ValueError, match="compile_scope 'whole'"):
+        compile_units(layer, "whole")
+    with pytest.raises(ValueError, match="has no self_attn; use layer"):
+        compile_units(layer.mlp, "mlp_norms")
 
 
 def test_bf16_compiled_attention_backward_trains_like_fp32_backward(compiled):
