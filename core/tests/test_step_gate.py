@@ -80,3 +80,30 @@ def test_a_call_that_never_offers_a_boundary_makes_the_update_wait_for_its_end()
         assert not gate.busy
     t.join(5)
     assert gate.landed_in_call == 0
+
+
+def test_update_waiting_is_true_from_a_waiting_update_until_it_is_done():
+    gate = StepGate()
+    assert not gate.update_waiting
+    entered, release = threading.Event(), threading.Event()
+
+    def update() -> None:
+        with gate.update():
+            entered.set()
+            release.wait(10)
+
+    with gate.running():
+        t = threading.Thread(target=update)
+        t.start()
+        for _ in range(1000):  # the update waits for the running call's boundary
+            if gate.update_waiting:
+                break
+            time.sleep(0.001)
+        assert gate.update_waiting and not entered.is_set()
+        parked = threading.Thread(target=gate.boundary)
+        parked.start()
+        assert entered.wait(10) and gate.update_waiting  # it runs while the call is parked
+        release.set()
+        parked.join(10)
+        t.join(10)
+    assert not gate.update_waiting and gate.updates == 1

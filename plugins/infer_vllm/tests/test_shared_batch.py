@@ -107,3 +107,30 @@ def test_a_failed_step_fails_every_call_in_the_batch():
     assert not any(t.is_alive() for t in threads)
     assert sorted(errors) == [0, 1] and all("engine step failed" in str(e) for e in errors.values())
     assert sorted(engine.aborted) == ["a", "b"]
+
+
+def test_drain_hands_out_outputs_before_a_pause_without_adding_requests():
+    """What the driver does at a paused boundary (engine core in a subprocess): ``drain``
+    steps only while outputs are ready, stamps them with the version before the update, and
+    adds no request of a call that joined meanwhile; the steps after it carry the new one."""
+    engine, batch = ScriptedEngine(step_s=0.002), SharedBatch()
+    first, joined = _call("first", 8), _call("joined", 3)
+    state = {"version": 0, "drained": False}
+
+    later = threading.Thread(target=batch.run, args=(joined, engine),
+                             kwargs={"version": lambda: state["version"], "before_add": lambda e: None, "boundary": None})
+
+    def boundary() -> None:
+        if state["drained"] or engine.steps < 2 or not batch.drives(first):
+            return
+        later.start()  # a call joins while the engine is paused: registered, not added by the drain
+        while joined not in batch._live:
+            time.sleep(0.001)
+        batch.drain(engine, lambda: state["version"], ready=lambda: engine.steps < 4)
+        state.update(drained=True, version=1, added_in_drain=joined.added)
+
+    batch.run(first, engine, version=lambda: state["version"], before_add=lambda e: None, boundary=boundary)
+    later.join(timeout=30)
+    assert state["drained"] and state["added_in_drain"] is False and not later.is_alive()
+    assert first.stamps[("first", 0)] == [0, 0, 0, 0, 1, 1, 1, 1]  # steps 1-2, then 3-4 drained, then the update
+    assert joined.stamps[("joined", 0)] == [1, 1, 1]  # added at the next real step, after the update

@@ -2,8 +2,9 @@
 GPU default; the contract suite runs the CPU default, in process, through the same tests).
 
 In subprocess mode the engine core keeps stepping while the front end reads its outputs, so
-an abort must also leave no stale outputs for the next call, and a weight load waits for the
-running call's end.
+an abort must also leave no stale outputs for the next call, and a weight load pauses the
+engine core between two of its steps, lands, and resumes it (tokens made before the pause
+carry the old version).
 """
 
 from __future__ import annotations

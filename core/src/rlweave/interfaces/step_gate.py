@@ -95,6 +95,13 @@ class StepGate:
                     self._cond.notify_all()
 
     @property
+    def update_waiting(self) -> bool:
+        """True while an update waits for the steps to stop or runs (a :meth:`boundary` now
+        would park)."""
+        with self._cond:
+            return bool(self._waiting or self._owner is not None)
+
+    @property
     def busy(self) -> bool:
         """True while a call runs (stepping or parked)."""
         with self._cond:

@@ -46,8 +46,10 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
   in_process``, the CPU default) a weight sync that arrives while a call runs lands between
   two engine steps, and the running requests go on with the new weights and the KV cache
   they have (computed with the old ones; the prefix cache is reset once no request runs,
-  so no later request reuses it). With the engine core in a subprocess, which steps on its
-  own, a sync waits for the running call to end.
+  so no later request reuses it). With the engine core in a subprocess (the GPU default),
+  which steps on its own, the thread stepping the engine first pauses it between two of its
+  steps, keeping the running requests (vLLM's ``pause_scheduler`` ``keep``), hands out the
+  outputs made before the pause, lets the sync land and resumes it.
 * **Weights.** :meth:`load_weights` packs tensors into in-memory safetensors chunks, sends
   them to vLLM's workers with ``collective_rpc`` (methods of
   :class:`rlweave_infer_vllm.worker_ext.RlweaveWorkerExtension`), and commits them with one
@@ -70,6 +72,8 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import itertools
 import logging
@@ -208,12 +212,6 @@ class VLLMEngine(RolloutEngine):
         if self.ctx.lora is not None:  # it will serve the policy's adapter (weight_sync.lora: adapter)
             kw.update(enable_lora=True, max_loras=1, max_lora_rank=lora_rank_limit(self.ctx.lora.r, self.where))
         return kw
-
-    @property
-    def lands_between_steps(self) -> bool:
-        """With the engine core in this process only: a subprocess engine core steps on its
-        own, so a load waits for the running call's end there."""
-        return self.in_process
 
     @property
     def local_worker(self) -> bool:
@@ -389,10 +387,31 @@ class VLLMEngine(RolloutEngine):
         for sp in sps:
             sp.output_kind = RequestOutputKind.CUMULATIVE  # every step: all tokens so far (by reference)
         call = EngineCall(list(zip(ids, inputs, sps)), stop_flag)
+        boundary = self.step_gate.boundary if self.in_process else (lambda: self._paused_boundary(llm, call))
         self._batch.run(call, llm.llm_engine, version=lambda: self.weight_version, before_add=self._before_add,
-                        boundary=self.step_gate.boundary if self.lands_between_steps else None, lora=self._lora)
+                        boundary=boundary, lora=self._lora)
         return ([[call.latest.get((rid, k)) for k in range(sp.n)] for rid, sp in zip(ids, sps)],
                 [[call.stamps[(rid, k)] for k in range(sp.n)] for rid, sp in zip(ids, sps)], call.aborted)
+
+    def _paused_boundary(self, llm, call: EngineCall) -> bool:
+        """The step boundary with vLLM's engine core in a subprocess, which steps on its own:
+        when an update waits, the thread stepping the engine pauses the engine core between two
+        of its steps (``pause_scheduler`` ``keep``: running requests and their KV stay), hands
+        out the outputs made before the pause (the old version), lets the update land, then
+        resumes the engine core. Other calls' threads only park (``step_gate.boundary()``)."""
+        if not self.step_gate.update_waiting or not self._batch.drives(call):
+            return self.step_gate.boundary()
+        core = llm.llm_engine.engine_core
+        core.call_utility("pause_scheduler", "keep", False)  # returns once every earlier output is queued here
+        try:
+            self._batch.drain(llm.llm_engine, lambda: self.weight_version, lambda: not core.outputs_queue.empty())
+            landed = self.step_gate.boundary()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the engine may be dead: report the first error
+                core.call_utility("resume_scheduler")
+            raise
+        core.call_utility("resume_scheduler")
+        return landed
 
     def _before_add(self, engine) -> None:
         """Before requests join: reset the prefix cache if weights changed while requests ran

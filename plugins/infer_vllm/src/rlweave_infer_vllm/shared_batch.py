@@ -108,15 +108,29 @@ class SharedBatch:
             for c in self._live:
                 c.wake.set()
 
-    def _drive(self, engine: Any, version: Callable[[], int], before_add: Callable[[Any], None], lora: Any) -> None:
-        """Add the joined calls' requests, abort the stopped calls' ones, step once."""
+    def drives(self, call: EngineCall) -> bool:
+        """Whether ``call``'s thread is the one stepping the engine now."""
+        with self._mu:
+            return self._driver is call
+
+    def drain(self, engine: Any, version: Callable[[], int], ready: Callable[[], bool]) -> None:
+        """Hand out the outputs the engine already holds, one ``engine.step()`` each while
+        ``ready()``, without adding or aborting requests: on the driver's thread, with the
+        engine paused (outputs made before the pause, stamped ``version()``)."""
+        while ready():
+            self._drive(engine, version, lambda _: None, None, steps_only=True)
+
+    def _drive(self, engine: Any, version: Callable[[], int], before_add: Callable[[Any], None], lora: Any,
+               steps_only: bool = False) -> None:
+        """Add the joined calls' requests, abort the stopped calls' ones (not with
+        ``steps_only``), step once."""
         with self._mu:
             live = list(self._live)
         try:
-            for c in live:
+            for c in [] if steps_only else live:
                 if c.stop_flag.is_set() and c.pending:
                     self._abort(engine, c)
-            joining = [c for c in live if c.pending and not c.added]
+            joining = [] if steps_only else [c for c in live if c.pending and not c.added]
             if joining:
                 before_add(engine)
                 for c in joining:
