@@ -74,7 +74,6 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
 from __future__ import annotations
 
 import contextlib
-
 import itertools
 import logging
 import os
