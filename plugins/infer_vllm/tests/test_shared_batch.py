@@ -134,3 +134,12 @@ def test_drain_hands_out_outputs_before_a_pause_without_adding_requests():
     assert state["drained"] and state["added_in_drain"] is False and not later.is_alive()
     assert first.stamps[("first", 0)] == [0, 0, 0, 0, 1, 1, 1, 1]  # steps 1-2, then 3-4 drained, then the update
     assert joined.stamps[("joined", 0)] == [1, 1, 1]  # added at the next real step, after the update
+
+
+def test_drain_takes_queued_outputs_of_no_running_call():
+    """Outputs still queued for requests no call waits for (an aborted call's last step) are
+    taken by a drain and dropped, so a drain always ends once the queue is empty."""
+    engine, batch = ScriptedEngine(step_s=0.0), SharedBatch()
+    engine.add_request("orphan", None, SimpleNamespace(max_tokens=5))
+    batch.drain(engine, lambda: 0, ready=lambda: engine.steps < 2)
+    assert engine.steps == 2 and engine.running["orphan"] == [0, 1]
