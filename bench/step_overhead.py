@@ -253,7 +253,7 @@ def main() -> None:
     ap.add_argument("--schedulers", default="ray", help="comma-separated schedulers (ray, in_process): one rlweave "
                     "side per engine and scheduler, named .../<scheduler> when not ray alone")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="config override for the rlweave sides (repeatable), e.g. roles.rollout.engine=hf")
+                    help="config override for the rlweave sides (repeatable), e.g. roles.rollout.cpu_threads=1")
     ap.add_argument("--tree", type=Path, action="append", default=[],
                     help="also run rlweave from another checkout (its core/src and plugins/*/src) as the side "
                     "'rlweave@<directory name>', taking turns with the others (before/after comparisons); repeatable")

@@ -307,11 +307,10 @@ def micro_batches(lengths: list[int], max_rows: int, max_tokens: int) -> list[tu
     out: list[tuple[int, int]] = []
     start, longest = 0, 0
     for i, n in enumerate(lengths):
-        wider = max(longest, n)
-        if i > start and (i - start >= max_rows or (i - start + 1) * wider > max_tokens):
+        longest = max(longest, n)
+        if i > start and (i - start >= max_rows or (i - start + 1) * longest > max_tokens):
             out.append((start, i))
-            start, wider = i, n
-        longest = wider
+            start, longest = i, n
     if lengths:
         out.append((start, len(lengths)))
     return out

@@ -373,10 +373,10 @@ class VLLMEngine(RolloutEngine):
         sample, the latest cumulative ``CompletionOutput`` (None when it produced nothing) and
         the weight version of each of its tokens, and whether the flag stopped the call (the
         unfinished requests were then aborted in vLLM). Other calls' requests share the batch
-        (:mod:`rlweave_infer_vllm.shared_batch`). With the engine core in this process, waiting
-        weight updates land between two steps (``step_gate.boundary()``). On an exception this
-        call's requests still running are aborted (by the next call to step the engine when this
-        one was waiting for another's steps)."""
+        (:mod:`rlweave_infer_vllm.shared_batch`). Waiting weight updates land between two steps
+        (``step_gate.boundary()``; with the engine core in a subprocess, :meth:`_paused_boundary`).
+        On an exception this call's requests still running are aborted (by the next call to step
+        the engine when this one was waiting for another's steps)."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
