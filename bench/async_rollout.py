@@ -310,8 +310,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, from: {', '.join(MODE_NAMES)}")
     ap.add_argument("--repeat", type=int, default=1, help="runs per mode, taking turns, seeds run.seed + k")
     ap.add_argument("--budget", type=int, default=48, help="partial: rollout.partial.token_budget_per_step")
-    ap.add_argument("--max-rounds", type=int, default=4, help="partial: rollout.partial.max_rounds")
-    ap.add_argument("--max-staleness", type=int, default=1, help="one_step_off and async: run.max_staleness")
+    ap.add_argument("--max-rounds", type=int, default=6,
+                    help="partial: rollout.partial.max_rounds (6 x 48 tokens cover the task's 256)")
+    ap.add_argument("--max-staleness", type=int, default=2,
+                    help="one_step_off and async: run.max_staleness (async: a long response spans steps)")
     ap.add_argument("--request-groups", type=int, default=None,
                     help="async: rollout.request_groups (default: the config's)")
     ap.add_argument("--role-threads", type=int, default=max(1, (os.cpu_count() or 2) // 2),

@@ -27,7 +27,7 @@ def _load(name, path=None):
 def bench_modes() -> dict[str, list[str]]:
     """The overrides bench/async_rollout.py runs grpo.yaml with, per mode (its defaults)."""
     bench = _load("bench", BENCH)
-    args = argparse.Namespace(budget=48, max_rounds=4, max_staleness=1, request_groups=4)
+    args = argparse.Namespace(budget=48, max_rounds=6, max_staleness=2, request_groups=4)
     return {m: bench.mode_overrides(m, args) for m in bench.MODE_NAMES}
 
 
@@ -84,6 +84,13 @@ def test_response_lengths_are_heavy_tailed():
         batch = rng.sample(lengths, 16)
         ratios.append(max(batch) / statistics.mean(batch))
     assert statistics.median(ratios) > 3
+
+
+def test_sft_set_draws_every_count_equally_often():
+    """So the SFT model learns long counts too, and its answers keep the prompts' lengths."""
+    counts = [len(r["response"].split(",")) for r in _rows("sft_train.jsonl")]
+    assert set(counts) == set(range(1, 81))
+    assert 0.45 < sum(c > 40 for c in counts) / len(counts) < 0.55
 
 
 def test_count_law_is_clipped_power_law():

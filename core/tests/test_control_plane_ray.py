@@ -1,8 +1,9 @@
 """The rollout ranks' control channel on Ray: a weight sync begun while the engine generates
 neither waits for the generate call nor is queued behind it; its weights land between two
 decoding steps (tokens carry both versions); the dtype is asked once per transport; abort()
-reaches a running call. Engine: the probe engine (decoding steps of 30 ms with boundaries),
-source: the probe worker; one Ray cluster for the module."""
+reaches a running call; an engine that serves concurrent calls gets them at once. Engine: the
+probe engine (decoding steps of 30 ms with boundaries), source: the probe worker; one Ray
+cluster for the module."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ torch = pytest.importorskip("torch")
 from rlweave.config.schema import RaySection, RunConfig  # noqa: E402
 from rlweave.interfaces.engine import SamplingParams  # noqa: E402
 from rlweave.scheduler import build_roles, shutdown_ray, start_ray  # noqa: E402
-from rlweave.testing.workers import PROBE, PROBE_ENGINE, engine_busy  # noqa: E402
+from rlweave.testing.workers import CONCURRENT_PROBE_ENGINE, PROBE, PROBE_ENGINE, engine_busy  # noqa: E402
 from rlweave.weight_sync import ObjectStoreTransport  # noqa: E402
 from rlweave.weight_sync.section import WeightSyncSection  # noqa: E402
 from rlweave.weight_sync.service import WeightSync  # noqa: E402
@@ -27,7 +28,7 @@ STEP_S, STEPS = 0.03, 150  # a generate call of ~4.5 s
 @pytest.fixture(scope="module")
 def roles():
     shutdown_ray()
-    start_ray(RaySection(num_cpus=2, virtual_gpus=2))
+    start_ray(RaySection(num_cpus=2, virtual_gpus=3))  # the third: test_concurrent_calls_share_the_rank
     cfg = RunConfig.model_validate({
         "resources": {"pools": {"main": {"devices_per_node": 2}}},
         "roles": {
@@ -112,3 +113,24 @@ def test_weight_sync_start_does_not_block_and_abort_reaches_the_call(roles, tran
     assert gen.finish_reason == "aborted" and 0 < len(gen.versions) < STEPS and gen.versions[-1] == 11
     assert ws.transport("policy", "rollout").name == ("object_store" if transport == "auto" else transport)
     ws.close()
+
+
+def test_concurrent_calls_share_the_rank(roles):  # roles: the module's cluster, with a device to spare
+    """An engine class with ``concurrent_calls`` 2: a short call sent after a long one runs
+    beside it and returns first (the probe engine above, with 1, makes it wait its turn)."""
+    cfg = RunConfig.model_validate({
+        "resources": {"pools": {"spare": {"devices_per_node": 1}}},
+        "roles": {"rollout": {"pool": "spare", "devices": 1, "options": {"step_s": STEP_S}}},
+    })
+    rollout = build_roles(cfg, {"rollout": CONCURRENT_PROBE_ENGINE}, ["rollout"])["rollout"]
+    try:
+        assert rollout.concurrent_calls == 2
+        long = rollout.generate([[1]], SamplingParams(n=1, max_new_tokens=STEPS))
+        _wait_running(rollout, long)
+        short = rollout.generate([[2]], SamplingParams(n=1, max_new_tokens=5))
+        assert len(short.result(timeout=60)[0][0].versions) == 5
+        assert not long.done(), "the short call waited for the long one"
+        assert rollout.abort().result(timeout=30) >= 1
+        assert long.result(timeout=30)[0][0].finish_reason == "aborted"
+    finally:
+        rollout.shutdown()

@@ -190,6 +190,56 @@ def test_partial_rollout_continues_long_samples_across_steps():
     assert any(r > 0 for r in ratios)
 
 
+class _Counting(SimEngine):
+    def __init__(self, rng):
+        super().__init__(rng, speed=0.0)
+        self.calls = 0
+
+    def generate(self, prompts, params):
+        self.calls += 1
+        return super().generate(prompts, params)
+
+
+def test_a_sync_step_with_partial_rollout_does_not_wait_for_its_longest_group():
+    """sync + partial: once a round leaves groups missing, the next round starts that many fresh
+    groups (an unfinished sample gets one round a step); the step returns a full batch of short
+    groups while the long one is still unfinished, and later steps finish it, a budget's worth
+    of tokens from each version."""
+    targets = iter([40, 3, 3, 3] + [3] * 200)
+
+    class Records(Data):
+        def next_batch(self):
+            out = [{"id": self.position + i, "target": next(targets)} for i in range(self.batch)]
+            self.position += self.batch
+            return out
+
+    engine = _Counting(random.Random(0))
+    data = Records(random.Random(0), 4)
+    pipe = make("sync", 1, True, None, engine, data, 20)
+    pipe.queue.max_rounds = 10  # the long group needs 7 rounds of 6 tokens
+    groups = pipe.next_groups(data.next_batch(), 0, params)
+    assert [g.record["id"] for g in groups] == [1, 2, 3, 4]  # record 4: the fresh group of the second round
+    assert engine.calls == 2
+    long, *rest = pipe.queue.groups.values()  # and the rest of the batch drawn for the fresh group
+    # one round a step: the second round went to the fresh group alone
+    assert long.record["id"] == 0 and all(len(s.tokens) == 6 and s.finish_reason is None for s in long.samples)
+    assert [g.record["id"] for g in rest] == [5, 6, 7]
+    # 3 of 4 fresh groups completed their first round: the second round started ceil(1 / (4 / 5))
+    # fresh groups for the one missing; the one beyond the batch is trained first in the next step
+    assert pipe.queue.started() == 2 and rest[0].complete and not rest[1].samples[0].tokens
+    pipe.sync_weights(1)
+    assert pipe.next_groups(data.next_batch(), 1, params)[0].record["id"] == 5
+    trained = {}
+    for step in range(2, 9):
+        pipe.sync_weights(step)
+        trained.update({g.record["id"]: g for g in pipe.next_groups(data.next_batch(), step, params)})
+        if 0 in trained:
+            break
+    assert [len(s.tokens) for s in trained[0].samples] == [40] * 3
+    for s in trained[0].samples:  # at most token_budget_per_step tokens of each version
+        assert [s.versions.count(v) for v in sorted(set(s.versions))] == [6] * 6 + [4]
+
+
 def test_overlapping_modes_keep_the_engine_generating_while_training():
     """one_step_off: the next batch is requested before the caller trains."""
     rng = random.Random(1)

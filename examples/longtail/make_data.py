@@ -9,7 +9,8 @@ token each), one in a hundred is 200 or longer and ~3% are the longest (~240). S
 Run: ``python make_data.py [--out data] [--seed 0]``.
 
 Files (jsonl, one object a line):
-  sft_train.jsonl   {"query", "response"}   SFT examples, drawn from the train prompts
+  sft_train.jsonl   {"query", "response"}   SFT examples, drawn from the train prompts, every
+                                            count equally likely
   rl_train.jsonl    {"prompt", "answer"}    RL prompts (drawn with replacement from the train prompts)
   test.jsonl        {"prompt", "answer"}    held-out prompts (in no train file), drawn by the same law
 """
@@ -63,14 +64,20 @@ def draw(rng: random.Random, pools: dict[int, list], size: int, alpha: float, ma
     return [rng.choice(pools[draw_count(rng, alpha, max_count, scale)]) for _ in range(size)]
 
 
-def make(out: Path, seed: int = 0, n_sft: int = 2000, n_rl: int = 4000, n_test: int = 256,
+def draw_even(rng: random.Random, pools: dict[int, list], size: int, max_count: int) -> list[tuple[int, int]]:
+    """``size`` pairs with every count from 1 to ``max_count`` equally likely (the SFT set: the
+    model learns to count every length, so its answers keep the prompts' lengths)."""
+    return [rng.choice(pools[rng.randint(1, max_count)]) for _ in range(size)]
+
+
+def make(out: Path, seed: int = 0, n_sft: int = 4000, n_rl: int = 4000, n_test: int = 256,
          alpha: float = ALPHA, max_count: int = MAX_COUNT, scale: float = SCALE) -> dict[str, int]:
     """Write the three files into ``out``; returns records per file. Same arguments -> same bytes."""
     if not 1 <= max_count <= MAX_NUMBER + 1:
         raise ValueError(f"max_count must be in 1..{MAX_NUMBER + 1}, got {max_count}")
     rng = random.Random(seed)
     train_pool, test_pool = split_pairs(rng, max_count)
-    sft = draw(rng, train_pool, n_sft, alpha, max_count, scale)
+    sft = draw_even(rng, train_pool, n_sft, max_count)
     rl = draw(rng, train_pool, n_rl, alpha, max_count, scale)
     test = draw(rng, test_pool, n_test, alpha, max_count, scale)
     files = {
@@ -89,7 +96,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "data")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--n-sft", type=int, default=2000, help="SFT examples")
+    ap.add_argument("--n-sft", type=int, default=4000, help="SFT examples (every count equally likely)")
     ap.add_argument("--n-rl", type=int, default=4000, help="RL prompts")
     ap.add_argument("--n-test", type=int, default=256, help="held-out prompts")
     ap.add_argument("--alpha", type=float, default=ALPHA, help="tail exponent: P(count >= k) = (k / scale) ** -alpha")

@@ -62,9 +62,8 @@ class MultiTurnConfig(BaseModel):
     concurrency: int = Field(8, ge=1, description="Environment steps running at once (threads).")
     engine_calls: int = Field(
         1, ge=1, description="Engine calls in flight at once, made from threads: above 1, episodes that become ready "
-        "go to the engine while an earlier call runs, and an engine that batches concurrent calls (vLLM in the "
-        "controller's process: run.scheduler in_process) takes them into its running batch; a Ray rank runs its "
-        "calls one at a time.")
+        "go to the engine while an earlier call runs, and an engine that batches concurrent calls (vLLM) takes them "
+        "into its running batch.")
     max_in_flight: Optional[int] = Field(
         None, ge=1, description="Episodes running at once (the next starts when one ends); null: every episode of "
         "the step starts at once.")

@@ -3,15 +3,17 @@
 :class:`RolloutPipeline` wraps a :class:`~rlweave.algo_helpers.rollout_queue.RolloutQueue`
 with the run's ``run.mode``, ``run.max_staleness`` and ``rollout`` section:
 
-* ``sync``: each step's records are generated (in rounds of ``token_budget_per_step`` with
-  partial rollout, until ``data.batch_size`` groups are complete; the unfinished rest waits for
-  the next step's weights), trained, then the weights are synced. The engine is idle while the
-  policy trains.
+* ``sync``: each step's records are generated, trained, then the weights are synced. The
+  engine is idle while the policy trains. With partial rollout, in rounds of
+  ``token_budget_per_step`` until ``data.batch_size`` groups are complete: an unfinished sample
+  gets one round a step, and rounds after the first start fresh groups for those missing
+  (:meth:`RolloutPipeline._widen`), so the step does not wait for its longest samples.
 * ``one_step_off``: the queue holds the next step's records too; they are sent to the engine,
   as one request, before this step trains, so generation of step n+1 overlaps training of
   step n and every sample is one version old when trained.
 * ``async``: the queue holds up to ``max_staleness`` steps of records beyond this one, sent as
-  requests of ``rollout.request_groups`` groups; while the policy trains, finished requests
+  requests of ``rollout.request_groups`` groups (as many at once as the engine serves, its
+  ``concurrent_calls``, at least two); while the policy trains, finished requests
   are merged and new ones sent (partial samples continued), so the engine never waits for
   the trainer, and weight updates reach it between requests.
 
@@ -31,6 +33,7 @@ Rollouts the controller drives (multi-turn episodes) have a pipeline of their ow
 from __future__ import annotations
 
 import functools
+import math
 import time
 from typing import Any, Callable
 
@@ -41,6 +44,8 @@ from rlweave.interfaces.engine import SamplingParams
 
 #: seconds between checks of the engine's requests while the controller waits for the trainer
 POLL_S = 0.005
+#: sync + partial rollout: a round starts at most 1 / this fresh groups per group missing
+MIN_FIRST_ROUND_RATE = 0.25
 
 
 def groups_to_batch(groups: list[GroupState]) -> Any:
@@ -94,13 +99,16 @@ class RolloutPipeline:
             request_groups, in_flight, self.lookahead = self.batch_groups, 1, min(1, staleness)
         elif self.mode == "async":
             request_groups = cfg.rollout.request_groups or max(1, self.batch_groups // 4)
-            in_flight, self.lookahead = 2, staleness
+            # an engine that batches concurrent calls gets as many as it serves at once
+            in_flight = max(2, int(getattr(ctx.roles["rollout"], "concurrent_calls", 1)))
+            self.lookahead = staleness
         else:
             request_groups, in_flight, self.lookahead = None, None, 0
         self.queue = RolloutQueue(n, max_new_tokens,
                                   token_budget=partial.token_budget_per_step if partial else None,
                                   max_rounds=partial.max_rounds if partial else 1,
-                                  max_staleness=staleness, request_groups=request_groups, max_in_flight=in_flight)
+                                  max_staleness=staleness, request_groups=request_groups, max_in_flight=in_flight,
+                                  round_per_version=self.mode == "sync" and partial is not None)
         self.pending_sync = None
         self.horizon: int | None = None  # groups at the head of the queue worth generating now
         self.idle_policy_s = 0.0
@@ -131,12 +139,16 @@ class RolloutPipeline:
                 break
             q.admit(extra, *self.encode(extra))
         want = min(len(records) or self.batch_groups, len(q))
-        self.horizon = (1 + ahead) * self.batch_groups  # groups worth generating now
+        # sync with partial rollout: a round goes to the unfinished groups and as many fresh ones
+        # as groups are missing, so a step does not wait for its longest samples (they go on in
+        # the next step's rounds); otherwise the groups worth generating now
+        widen = self._widen if not self.overlapped and q.token_budget is not None else None
+        self.horizon = widen(want - q.ready()) if widen else (1 + ahead) * self.batch_groups
         generate = self.ctx.roles["rollout"].generate
         q.dispatch(generate, params, version, self.horizon)
         groups: list[GroupState] = []
         while True:
-            q.wait_ready(want - len(groups), generate, params, version, self.overlapped, self.horizon)
+            q.wait_ready(want - len(groups), generate, params, version, self.overlapped, self.horizon, widen)
             groups += q.take(want - len(groups), version)
             if len(groups) >= want or not (q.in_flight or q.pending()):  # stale samples reset: go on
                 break
@@ -145,6 +157,25 @@ class RolloutPipeline:
             q.dispatch(generate, params, version, self.horizon)
         self.idle_policy_s = time.perf_counter() - t0
         return groups
+
+    def _widen(self, missing: int) -> int:
+        """The groups the next round of a sync step with partial rollout goes to, ``missing``
+        groups short of a batch: every group started so far (the unfinished ones continue unless
+        they had this step's round) and enough fresh ones that ``missing`` of them complete in
+        the round if they do as the groups before them did (``first_round_rate``), drawn from
+        ``ctx.next_records`` when the queue holds too few; returns that count (the horizon).
+        Groups completed beyond the batch are trained first in the next step."""
+        q = self.queue
+        # as many as are expected to complete in this round, at the rate fresh groups have so far
+        fresh = math.ceil(max(0, missing) / max(MIN_FIRST_ROUND_RATE, q.first_round_rate()))
+        started, more = q.started(), self.ctx.next_records
+        while more is not None and len(q) - started < fresh:
+            extra = more()
+            if not extra:
+                break
+            q.admit(extra, *self.encode(extra))
+        self.horizon = started + min(len(q) - started, fresh)
+        return self.horizon
 
     def next_batch(self, records: list[dict[str, Any]], steps_done: int,
                    params: Callable[[int], SamplingParams]) -> Any:

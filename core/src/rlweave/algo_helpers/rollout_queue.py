@@ -5,8 +5,8 @@ Used by algorithms that sample groups (GRPO) for partial rollout and the ``one_s
 ``async`` run modes. Single-threaded: the algorithm drives it from its step on the controller.
 
 * **Admission.** :meth:`RolloutQueue.admit` adds one group per data record (``n`` samples of
-  one prompt), in order. Groups leave in admission order among those complete
-  (:meth:`RolloutQueue.take`).
+  one prompt), in order. Complete groups leave with the oldest token first, then in admission
+  order (:meth:`RolloutQueue.take`).
 * **Rounds.** :meth:`RolloutQueue.dispatch` asks the engine to generate every unfinished sample
   that has no request in flight, continuing it from prompt + its tokens so far. With a
   ``token_budget`` (partial rollout) a round gives each sample at most that many tokens and a
@@ -34,6 +34,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from rlweave.interfaces.engine import Generation, SamplingParams
+
+#: seconds between looks at the requests in flight while waiting for any of them to finish
+POLL_S = 0.002
 
 
 @dataclass
@@ -92,21 +95,25 @@ class RolloutQueue:
     ``token_budget`` / ``max_rounds``: partial rollout (None: every round runs to the end);
     ``max_staleness``: the bound (None: none); ``request_groups``: groups per generate request
     (None: one request per :meth:`dispatch`); ``max_in_flight``: requests on the engine at once
-    (None: no limit), so that a weight sync queued behind them reaches the engine soon."""
+    (None: no limit), so that a weight sync queued behind them reaches the engine soon;
+    ``round_per_version``: a sample gets one round per weight version (:attr:`version`) while
+    other samples are waiting for theirs (``token_budget`` tokens a step, in a sync step)."""
 
     def __init__(self, n: int, max_new_tokens: int, token_budget: int | None = None, max_rounds: int = 1,
                  max_staleness: int | None = None, request_groups: int | None = None,
-                 max_in_flight: int | None = None):
+                 max_in_flight: int | None = None, round_per_version: bool = False):
         self.n, self.max_new_tokens = int(n), int(max_new_tokens)
         self.token_budget, self.max_rounds = token_budget, max(1, int(max_rounds))
         self.max_staleness, self.request_groups = max_staleness, request_groups
         self.max_in_flight = max_in_flight
+        self.round_per_version = round_per_version
         self.groups: dict[int, GroupState] = {}
         self.in_flight: list[_Request] = []
         self._busy: set[tuple[int, int]] = set()
         self.next_serial = 0
         self.version = 0
         self.regenerated = 0
+        self.first_rounds = [0, 0]  # groups whose first round ended, of them complete
         self.idle_s = 0.0  # seconds with no request in flight (see :meth:`poll`)
         self._idle_since: float | None = time.perf_counter()
 
@@ -131,6 +138,14 @@ class RolloutQueue:
 
     def unfinished_samples(self) -> int:
         return sum(1 for g in self.groups.values() for s in g.samples if s.finish_reason is None)
+
+    def started(self) -> int:
+        """Groups with a sample sent to the engine at least once (merged, finished or in
+        flight). Rounds go to the first ``groups`` groups in admission order, so these are
+        always a prefix of the queue."""
+        return sum(1 for g in self.groups.values()
+                   if any(s.rounds or s.finish_reason is not None or (g.serial, k) in self._busy
+                          for k, s in enumerate(g.samples)))
 
     # ------------------------------------------------------------- staleness
     def _too_old(self, s: SampleState, policy_version: int) -> bool:
@@ -166,6 +181,10 @@ class RolloutQueue:
         given. Returns the number of requests sent."""
         self._expire(policy_version)
         todo = self.pending(groups)
+        if self.round_per_version:
+            # a sample that had a round with the weights of this version waits for the next
+            # version, unless nothing else is left to generate
+            todo = [e for e in todo if not self._had_round(e)] or todo
         if not todo or (self.max_in_flight is not None and len(self.in_flight) >= self.max_in_flight):
             return 0
         chunks: list[list[tuple[int, int]]] = []
@@ -191,6 +210,10 @@ class RolloutQueue:
                     sent += 1
         return sent
 
+    def _had_round(self, entry: tuple[int, int]) -> bool:
+        versions = self._sample(entry).versions
+        return bool(versions) and versions[-1] >= self.version
+
     def _sample(self, entry: tuple[int, int]) -> SampleState:
         return self.groups[entry[0]].samples[entry[1]]
 
@@ -209,20 +232,37 @@ class RolloutQueue:
             self._idle_since = None
 
     def poll(self, block: bool = False) -> int:
-        """Merge the results of finished requests (with ``block``, wait for the oldest first);
-        returns how many were merged. Requests finish in the order they were sent (one engine
-        replica serves calls in order), so waiting for the oldest never waits behind a newer one."""
+        """Merge the results of finished requests, in the order they finished (with ``block``,
+        wait until one has finished); returns how many were merged. An engine that runs several
+        calls at once finishes them in any order."""
         merged = 0
-        while self.in_flight and (block and merged == 0 or self.in_flight[0].future.done()):
-            req = self.in_flight.pop(0)
-            gens = req.future.result()
-            self._merge(req, gens)
-            merged += 1
+        while self.in_flight:
+            done = [req for req in self.in_flight if req.future.done()]
+            if not done and block and merged == 0:
+                if len(self.in_flight) == 1:
+                    done = self.in_flight[:1]  # its result() waits
+                else:
+                    time.sleep(POLL_S)
+                    continue
+            if not done:
+                break
+            for req in done:
+                self.in_flight.remove(req)
+                self._merge(req, req.future.result())
+                merged += 1
         if not self.in_flight and self._idle_since is None:
             self._idle_since = time.perf_counter()
         return merged
 
+    def first_round_rate(self) -> float:
+        """Share of the groups whose first round (all ``n`` samples in one request) left them
+        complete, counting one group that did so before any was seen."""
+        rounds, complete = self.first_rounds
+        return (complete + 1) / (rounds + 1)
+
     def _merge(self, req: _Request, gens: list[list[Generation]]) -> None:
+        firsts = {serial for serial, _ in req.entries if self._sample((serial, 0)).rounds == 0} \
+            if all(serial in self.groups for serial, _ in req.entries) else set()
         for (serial, k), room, glist in zip(req.entries, req.room, gens):
             self._busy.discard((serial, k))
             group = self.groups.get(serial)
@@ -243,6 +283,11 @@ class RolloutQueue:
                 s.finish_reason = "length"
             elif gen.finish_reason != "aborted":
                 s.finish_reason = gen.finish_reason
+        for serial in firsts:
+            group = self.groups[serial]
+            if all(s.rounds == 1 for s in group.samples):
+                self.first_rounds[0] += 1
+                self.first_rounds[1] += int(group.complete)
 
     def take_idle(self) -> float:
         """Seconds the engine had no request in flight since the last call."""
@@ -254,30 +299,36 @@ class RolloutQueue:
         return idle
 
     def wait_ready(self, count: int, generate, params, policy_version: int, keep_busy: bool,
-                   groups: int | None = None) -> None:
+                   groups: int | None = None, widen: Callable[[int], int] | None = None) -> None:
         """Block until ``count`` groups are complete (or nothing more can complete): merge
         finished requests and send the pending samples (of the first ``groups`` groups) again
-        as the next round; with ``keep_busy`` after every merge, else when nothing is in flight."""
+        as the next round; with ``keep_busy`` after every merge, else once every request of the
+        round has been merged and groups are still missing. ``widen(missing)``, when given, is
+        asked before each such round for the new ``groups`` (it may admit groups first), so a
+        round can start fresh groups beside the unfinished ones instead of waiting for those."""
         while self.ready() < count:
             if not self.in_flight:
+                if widen is not None:
+                    groups = widen(count - self.ready())
                 if self.dispatch(generate, params, policy_version, groups) == 0:
                     return
             self.poll(block=True)
-            if keep_busy or not self.in_flight:
+            if keep_busy:
                 self.dispatch(generate, params, policy_version, groups)
+            else:  # a round ends with the last of its requests (its final-round samples have their own)
+                while self.in_flight:
+                    self.poll(block=True)
 
     # ------------------------------------------------------------------ take
     def take(self, count: int, policy_version: int) -> list[GroupState]:
-        """Up to ``count`` complete groups, oldest admitted first, none staler than the bound
-        at ``policy_version`` (stale samples are reset instead and their groups stay)."""
+        """Up to ``count`` complete groups, the one with the oldest token first (then the oldest
+        admitted), none staler than the bound at ``policy_version`` (stale samples are reset
+        instead and their groups stay)."""
         self._expire(policy_version)
-        out = []
-        for serial in list(self.groups):
-            if len(out) >= count:
-                break
-            if self.groups[serial].complete:
-                out.append(self.groups.pop(serial))
-        return out
+        done = [g for g in self.groups.values() if g.complete]
+        done.sort(key=lambda g: (min((min(s.versions) for s in g.samples if s.versions), default=policy_version),
+                                 g.serial))
+        return [self.groups.pop(g.serial) for g in done[:count]]
 
     # ------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, Any]:
@@ -285,6 +336,7 @@ class RolloutQueue:
         return {
             "next_serial": self.next_serial,
             "regenerated": self.regenerated,
+            "first_rounds": list(self.first_rounds),
             "groups": [{"serial": g.serial, "record": g.record, "prompt_ids": g.prompt_ids, "meta": g.meta,
                         "samples": [asdict(s) for s in g.samples]} for g in self.groups.values()],
         }
@@ -294,6 +346,7 @@ class RolloutQueue:
         self.in_flight, self._busy = [], set()
         self.next_serial = int(state.get("next_serial", 0))
         self.regenerated = int(state.get("regenerated", 0))
+        self.first_rounds = [int(x) for x in state.get("first_rounds", [0, 0])]
         self.groups = {}
         for g in state.get("groups", []):
             samples = [SampleState(**s) for s in g["samples"]]

@@ -108,10 +108,17 @@ class RolloutEngine(Worker):
     of a running call and the tokens after them carry the new version. The scheduler then
     gives each rank a control channel that is never queued behind ``generate`` (a Ray
     concurrency group), and weight syncs and aborts use it. Without it (default) those calls
-    wait for the calls queued before them."""
+    wait for the calls queued before them.
+
+    **Concurrent calls.** An engine whose class sets ``concurrent_calls`` above 1 promises
+    that that many ``generate`` calls may run at once, from threads of their own, and batches
+    them together (continuous batching: a call that starts joins the running batch). The
+    scheduler then runs up to that many of a rank's ``generate`` calls at once; the default,
+    1, runs them one after the other."""
 
     weight_version: int = 0
     control_plane: bool = False
+    concurrent_calls: int = 1
 
     @property
     def lands_between_steps(self) -> bool:

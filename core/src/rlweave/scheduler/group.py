@@ -23,6 +23,11 @@ class sets ``control_plane = True``: a concurrency group of its own); elsewhere 
 any call. The worker decides what is safe to run beside its other calls (see
 ``RolloutEngine.control_plane``).
 
+Concurrent generate calls: :attr:`WorkerGroup.concurrent_calls` ``generate`` calls of a rank
+run at once where the group says more than 1 (a Ray rank whose engine class sets
+``RolloutEngine.concurrent_calls``: a concurrency group of its own), so calls sent one after
+the other share the engine's running batch; calls on one rank then finish in any order.
+
 Generic calls: with ``fn`` given, each rank runs ``fn(worker, rank, *args, **kwargs)`` in its
 own process instead of a worker method, and ``method`` only names the call (in errors, fault
 injection and timeouts). This is how components that own both ends of an exchange (weight-sync
@@ -42,6 +47,8 @@ RankArgs = tuple[tuple[Any, ...], dict[str, Any]]
 class WorkerGroup(ABC):
     name: str
     world_size: int
+    #: ``generate`` calls a rank runs at once (see the module contract)
+    concurrent_calls: int = 1
 
     @abstractmethod
     def submit(

@@ -58,6 +58,8 @@ class RoleHandle:
         self.name = name
         self.group = group
         self.world_size = group.world_size
+        #: ``generate`` calls a replica runs at once (:attr:`WorkerGroup.concurrent_calls`)
+        self.concurrent_calls = int(getattr(group, "concurrent_calls", 1))
         self.timeouts = dict(timeouts or {})
         self.parallel = dict(parallel or {})
         self.dp = dsp.dp_size(self.world_size, self.parallel)

@@ -4,9 +4,10 @@
   functions of the input, so order, placement and collectives can be checked exactly;
   it also holds a seeded state dict for weight-sync round trips.
 * :class:`ProbeEngine` - an engine-shaped worker whose generations encode the prompt.
+* :class:`ConcurrentProbeEngine` - a ProbeEngine that runs two ``generate`` calls at once.
 * :class:`StuckReceiver` - a ProbeWorker whose ``load_weights`` never returns in time.
-* :data:`PROBE`, :data:`STUCK`, :data:`PROBE_ENGINE` - plugin records of the three, for
-  ``build_roles`` in tests and benches.
+* :data:`PROBE`, :data:`STUCK`, :data:`PROBE_ENGINE`, :data:`CONCURRENT_PROBE_ENGINE` - plugin
+  records of them, for ``build_roles`` in tests and benches.
 
 ``ctx.options`` keys (a plain dict: these workers have no options model): ``weights_mb`` (size of
 the state dict, default 0), ``weights_seed``.
@@ -27,6 +28,8 @@ from rlweave.plugins.types import BackendRecord, EngineRecord
 PROBE = BackendRecord(name="probe", summary="test worker", target="rlweave.testing.workers:ProbeWorker")
 STUCK = BackendRecord(name="stuck", summary="never loads", target="rlweave.testing.workers:StuckReceiver")
 PROBE_ENGINE = EngineRecord(name="probe-engine", summary="test engine", target="rlweave.testing.workers:ProbeEngine")
+CONCURRENT_PROBE_ENGINE = EngineRecord(name="concurrent-probe-engine", summary="test engine, two calls at once",
+                                       target="rlweave.testing.workers:ConcurrentProbeEngine")
 
 
 def make_state_dict(megabytes: float, seed: int) -> dict[str, Any]:
@@ -186,3 +189,10 @@ class ProbeEngine(RolloutEngine):
 
     def get_state(self) -> dict[str, Any]:
         return self.state
+
+
+class ConcurrentProbeEngine(ProbeEngine):
+    """A :class:`ProbeEngine` whose ``generate`` calls run two at a time (``concurrent_calls``),
+    each on its own thread, stepping side by side."""
+
+    concurrent_calls = 2

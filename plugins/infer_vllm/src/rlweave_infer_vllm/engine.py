@@ -125,6 +125,7 @@ class EngineDeadError(WorkerLost):
 class VLLMEngine(RolloutEngine):
     engine_name = "vllm"
     control_plane = True
+    concurrent_calls = 8  # calls share the running batch (SharedBatch)
 
     def __init__(self, ctx):
         super().__init__(ctx)

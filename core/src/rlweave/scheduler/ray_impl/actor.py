@@ -13,8 +13,10 @@ transports run their rank-side ends (the actor knows nothing of weight sync).
 Control channel: for a worker class with ``control_plane = True`` the actor is made with a
 Ray concurrency group :data:`CONTROL_GROUP` of its own (:func:`remote_actor_class`), and
 :meth:`WorkerActor.control_apply` runs there, on another thread, never queued behind the
-calls of the default group (which still run one at a time). Other actors have no such group
-and stay single-threaded (calls in submission order).
+calls of the default group (which still run one at a time). An engine class whose
+``concurrent_calls`` is above 1 also gets the group :data:`GENERATE_GROUP`, where that many of
+its ``generate`` calls run at once, each on a thread of its own. Other actors have no such
+groups and stay single-threaded (calls in submission order).
 """
 
 from __future__ import annotations
@@ -135,16 +137,22 @@ class WorkerActor:
 #: the Ray concurrency group of the control channel, and how many control calls run at once
 CONTROL_GROUP = "control"
 CONTROL_CONCURRENCY = 2
+#: the Ray concurrency group of ``generate`` calls of an engine that serves several at once
+GENERATE_GROUP = "generate"
 
-_REMOTE: dict[bool, Any] = {}
+_REMOTE: dict[tuple[bool, int], Any] = {}
 
 
-def remote_actor_class(control: bool = False) -> Any:
-    """``ray.remote(WorkerActor)`` (with ``control``: with the :data:`CONTROL_GROUP`
-    concurrency group), built once per process."""
-    if control not in _REMOTE:
+def remote_actor_class(control: bool = False, generate_calls: int = 1) -> Any:
+    """``ray.remote(WorkerActor)``: with ``control``, with the :data:`CONTROL_GROUP`
+    concurrency group; with ``generate_calls`` > 1, with the :data:`GENERATE_GROUP` group
+    running that many calls at once. Built once per process and kind."""
+    key = (bool(control), max(1, int(generate_calls)))
+    if key not in _REMOTE:
         import ray
 
-        _REMOTE[control] = ray.remote(concurrency_groups={CONTROL_GROUP: CONTROL_CONCURRENCY})(WorkerActor) \
-            if control else ray.remote(WorkerActor)
-    return _REMOTE[control]
+        groups = {CONTROL_GROUP: CONTROL_CONCURRENCY} if key[0] else {}
+        if key[1] > 1:
+            groups[GENERATE_GROUP] = key[1]
+        _REMOTE[key] = ray.remote(concurrency_groups=groups)(WorkerActor) if groups else ray.remote(WorkerActor)
+    return _REMOTE[key]

@@ -104,11 +104,12 @@ class RoleBuilder(BuilderInputs):
             for rank_env, ids in zip(envs, placement.rank_devices(slot, ranks, span, role)):
                 rank_env.update(visible_devices_env(ids))
         control = bool(getattr(self.classes[role], "control_plane", False))
-        actor_cls = remote_actor_class(control)
+        calls = max(1, int(getattr(self.classes[role], "concurrent_calls", 1)))
+        actor_cls = remote_actor_class(control, calls)
         options = [placement.actor_options(slot, rank, envs[rank], span) for rank in range(ranks)]
         actors = [actor_cls.options(**opts).remote(self.classes[role], role, rank) for rank, opts in enumerate(options)]
         timeouts = section.timeouts.model_dump()
-        return RoleHandle(role, RayWorkerGroup(role, actors, control=control), rank_parallel(section.parallel, spans),
+        return RoleHandle(role, RayWorkerGroup(role, actors, control=control, concurrent_calls=calls), rank_parallel(section.parallel, spans),
                           on_close=placement.release, timeouts=timeouts)
 
     def _setup(self, handles: Mapping[str, RoleHandle], init: bool, init_timeout_s: float | None) -> None:

@@ -6,7 +6,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from rlweave.scheduler.group import RankArgs, WorkerGroup
-from rlweave.scheduler.ray_impl.actor import CONTROL_GROUP
+from rlweave.scheduler.ray_impl.actor import CONTROL_GROUP, GENERATE_GROUP
 from rlweave.scheduler.ray_impl.liveness import LIVENESS, DeadRank
 from rlweave.worker_errors import RemoteFailure, WorkerError, WorkerTimeout
 
@@ -49,11 +49,13 @@ class RayWorkerGroup(WorkerGroup):
     :data:`~rlweave.scheduler.ray_impl.liveness.LIVENESS` until :meth:`kill`: a wait on any
     group raises :class:`WorkerError` (``lost``) as soon as a rank of any group is found dead."""
 
-    def __init__(self, name: str, actors: list[Any], control: bool = False):
+    def __init__(self, name: str, actors: list[Any], control: bool = False, concurrent_calls: int = 1):
         self.name = name
         self.actors = actors
         #: the actors have a control channel (``WorkerActor.control_apply`` in the ``control`` group)
         self.control = control
+        #: ``generate`` calls a rank runs at once (above 1: in the ``generate`` group)
+        self.concurrent_calls = max(1, int(concurrent_calls))
         self.world_size = len(actors)
         self._killed = False
         for rank, actor in enumerate(actors):
@@ -75,6 +77,8 @@ class RayWorkerGroup(WorkerGroup):
                 ref = actor.apply.remote(method, fn, tuple(args), dict(kwargs))
             elif on_actor:
                 ref = getattr(actor, method).remote(*args, **kwargs)
+            elif method == "generate" and self.concurrent_calls > 1:
+                ref = actor.call.options(concurrency_group=GENERATE_GROUP).remote(method, tuple(args), dict(kwargs))
             else:
                 ref = actor.call.remote(method, tuple(args), dict(kwargs))
             out.append((rank, method, ref))
