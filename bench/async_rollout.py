@@ -29,7 +29,7 @@ pooled over the repeats and the reward averaged.
 
 The SFT model is ``runs/longtail-sft/hf`` when it exists (``rlweave train
 examples/longtail/sft.yaml``), else it is built in the work directory (base model, then that SFT
-run, a few minutes). Run on a quiet machine, from anywhere:
+run, up to ~15 minutes on a 2-core CPU). Run on a quiet machine, from anywhere:
 
     python bench/async_rollout.py                                 # the four modes, 60 steps each
     python bench/async_rollout.py --steps 20 --modes sync,async --out /tmp/async.json
@@ -132,7 +132,7 @@ def ensure_model(model: Path | None, work: Path, env: dict) -> Path:
         print(f"building the base model: python {EXAMPLE.relative_to(ROOT)}/build_model.py --out "
               f"{base.relative_to(ROOT)}", flush=True)
         subprocess.run([sys.executable, str(EXAMPLE / "build_model.py"), "--out", str(base)], check=True, cwd=ROOT)
-    print(f"no SFT model at {SFT_MODEL.relative_to(ROOT)}: training one in {work} (a few minutes; "
+    print(f"no SFT model at {SFT_MODEL.relative_to(ROOT)}: training one in {work} (several minutes; "
           f"`rlweave train {SFT_CONFIG.relative_to(ROOT)}` once keeps one for later runs)", flush=True)
     out, log = work / "sft", work / "sft.log"
     cmd = rlweave_cmd() + ["train", str(SFT_CONFIG), f"run.output_dir={out}", f"model.path={base}"]

@@ -109,8 +109,9 @@ class RoleBuilder(BuilderInputs):
         options = [placement.actor_options(slot, rank, envs[rank], span) for rank in range(ranks)]
         actors = [actor_cls.options(**opts).remote(self.classes[role], role, rank) for rank, opts in enumerate(options)]
         timeouts = section.timeouts.model_dump()
-        return RoleHandle(role, RayWorkerGroup(role, actors, control=control, concurrent_calls=calls), rank_parallel(section.parallel, spans),
-                          on_close=placement.release, timeouts=timeouts)
+        group = RayWorkerGroup(role, actors, control=control, concurrent_calls=calls)
+        return RoleHandle(role, group, rank_parallel(section.parallel, spans), on_close=placement.release,
+                          timeouts=timeouts)
 
     def _setup(self, handles: Mapping[str, RoleHandle], init: bool, init_timeout_s: float | None) -> None:
         """Rendezvous, worker objects and (with ``init``) model/engine initialisation."""
