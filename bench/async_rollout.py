@@ -28,8 +28,8 @@ policy waits while the engine generates, ``time/generate``, and the engine for t
 pooled over the repeats and the reward averaged.
 
 The SFT model is ``runs/longtail-sft/hf`` when it exists (``rlweave train
-examples/longtail/sft.yaml``), else it is built in the work directory (base model, then that SFT
-run: its steps take most of the time). Run on a quiet machine, from anywhere:
+examples/longtail/sft.yaml``), else it is built in the work directory first (the base model, then
+that SFT run). Run on a quiet machine, from anywhere:
 
     python bench/async_rollout.py                                 # the four modes, 60 steps each
     python bench/async_rollout.py --steps 20 --modes sync,async --out /tmp/async.json
