@@ -253,6 +253,9 @@ class VLLMEngine(RolloutEngine):
         finally:  # the workers read it when they start, inside LLM()
             if binding is not None and os.environ.get(THREADS_BIND) == binding:
                 del os.environ[THREADS_BIND]
+        import torch
+
+        self._threads = torch.get_num_threads()  # what calls on threads of their own take (_same_threads)
         self._max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self._weight_dtype = str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
         slow = slow_bf16_warning(self.where, self._weight_dtype, "cuda" if self._on_gpu() else "cpu")
@@ -322,8 +325,20 @@ class VLLMEngine(RolloutEngine):
             skip_clone=True,  # one object per request, never reused: vLLM need not deep-copy it
         )
 
+    def _same_threads(self) -> None:
+        """Give the calling thread the engine's torch (OpenMP) thread count. vLLM's CPU attention
+        checks that the thread stepping the engine runs the count the engine was built with, and a
+        call on a thread of its own (``concurrent_calls``, a Ray concurrency group) starts with the
+        process default instead."""
+        import torch
+
+        threads = getattr(self, "_threads", None)
+        if threads and torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
         llm = self._require()
+        self._same_threads()
         reqs = plan_requests(prompts, params, self.max_model_len, self.cfg.long_prompt, where=self.where)
         stops = stop_token_ids(params, self.eos_ids)
         todo = [j for j, r in enumerate(reqs) if r.error is None]
