@@ -25,7 +25,8 @@ that took more than one round, and each role's idle seconds per step (``time/idl
 ``time/idle/policy``; plain sync steps report none, so they are derived and marked ``~``: the
 policy waits while the engine generates, ``time/generate``, and the engine for the rest).
 ``--repeat N`` runs all modes N times, taking turns, with seeds ``run.seed + k``; throughput is
-pooled over the repeats and the reward averaged.
+pooled over the repeats and the reward averaged. Below the table: the most overlap can gain, from
+sync's split of a step into generation and the rest (:func:`overlap_ceiling`).
 
 The SFT model is ``runs/longtail-sft/hf`` when it exists (``rlweave train
 examples/longtail/sft.yaml``), else it is built in the work directory first (the base model, then
@@ -292,6 +293,20 @@ def table(results: list[dict], md: bool = False) -> str:
     return "\n".join(lines)
 
 
+def overlap_ceiling(results: list[dict]) -> str | None:
+    """The most that overlapping generation with training can gain, from the sync row's split:
+    a sync step is generation G plus the rest R (reward, training, weight sync); a step that
+    overlaps them fully takes max(G, R), so ``one_step_off`` gains at most (G + R) / max(G, R)
+    over sync. None without a sync row that reports ``time/generate``."""
+    base = next((r for r in results if r["mode"] == "sync" and "error" not in r), None)
+    if base is None or not base.get("generate_s") or not base.get("timed_steps"):
+        return None
+    step = base["timed_s"] / base["timed_steps"]
+    gen, rest = base["generate_s"], max(0.0, step - base["generate_s"])
+    return (f"sync's step: generation {gen:.2f} s + the rest {rest:.2f} s; overlapping them gains at most "
+            f"{step / max(gen, rest):.2f}x ({step:.2f} / {max(gen, rest):.2f})")
+
+
 def describe(res: dict) -> str:
     if "error" in res:
         return f"FAILED ({res['error']}), last lines of {res['log']}:\n  " + "\n  ".join(res["log_tail"])
@@ -366,6 +381,9 @@ def main() -> int:
         if a.markdown:
             print()
             print(table(results, md=True))
+        ceiling = overlap_ceiling(results)
+        if ceiling:
+            print(f"\n{ceiling}")
         if a.out:
             a.out.parent.mkdir(parents=True, exist_ok=True)
             args = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()}

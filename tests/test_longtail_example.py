@@ -148,3 +148,15 @@ def test_sft_config_validates_with_the_cli(monkeypatch):
         result = CliRunner().invoke(cli.app, ["validate", "--schema-only", f"examples/longtail/{name}"])
         assert result.exit_code == 0, result.output
         assert "count_exact" in result.output
+
+
+def test_the_bench_states_what_overlap_can_gain_at_most():
+    """From sync's split: a step of generation G and the rest R overlapped takes max(G, R)."""
+    bench = _load("bench", BENCH)
+    sync = {"mode": "sync", "timed_s": 24.6, "timed_steps": 10, "generate_s": 1.79}
+    line = bench.overlap_ceiling([sync, {"mode": "one_step_off", "timed_s": 17.7, "timed_steps": 10}])
+    assert "generation 1.79 s + the rest 0.67 s" in line and "at most 1.37x (2.46 / 1.79)" in line
+    train_bound = {**sync, "generate_s": 0.9}  # the rest (1.56 s) is longer than generation
+    assert "at most 1.58x (2.46 / 1.56)" in bench.overlap_ceiling([train_bound])
+    assert bench.overlap_ceiling([{**sync, "generate_s": None}]) is None
+    assert bench.overlap_ceiling([{"mode": "sync", "error": "boom", "log": "x"}]) is None
