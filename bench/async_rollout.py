@@ -197,6 +197,7 @@ def summarize(run_dir: Path, warmup: int) -> dict:
         "staleness_max": max(max_stale) if max_stale else None,
         "regenerated": sum(float(r.get("staleness/regenerated", 0.0)) for r in steps),
         "partial_ratio": _mean(timed, "partial/ratio"),
+        "partial_rounds": _mean(timed, "partial/rounds"),
         "idle_rollout_s": _mean(timed, "time/idle/rollout"),
         "idle_policy_s": _mean(timed, "time/idle/policy"),
         **{f"{k}_s": _mean(timed, f"time/{k}") for k in ("generate", "train", "train_compute", "sync")},
@@ -312,7 +313,9 @@ def describe(res: dict) -> str:
         return f"FAILED ({res['error']}), last lines of {res['log']}:\n  " + "\n  ".join(res["log_tail"])
     return (f"{res['timed_samples'] / res['timed_s']:.1f} samples/s, held-out reward {_f(res['eval_before'], '.3f')} "
             f"-> {_f(res['eval_after'], '.3f')}, response length mean {_f(res['response_len_mean'], '.1f')} "
-            f"(batch max {_f(res['response_len_max'], '.0f')}), wall {res['wall_s']:.0f} s")
+            f"(batch max {_f(res['response_len_max'], '.0f')}), "
+            + (f"{res['partial_rounds']:.1f} rounds a step, " if res.get("partial_rounds") else "")
+            + f"wall {res['wall_s']:.0f} s")
 
 
 # --------------------------------------------------------------------------------- main

@@ -10,13 +10,14 @@ and its queue are the real ones.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from types import SimpleNamespace
 
 import pytest
 
-from rlweave.algo_helpers.pipeline import RolloutPipeline
+from rlweave.algo_helpers.pipeline import RolloutPipeline, groups_to_fill
 from rlweave.config.schema import RunConfig
 from rlweave.interfaces.engine import Generation, SamplingParams
 
@@ -219,7 +220,7 @@ def test_a_sync_step_with_partial_rollout_does_not_wait_for_its_longest_group():
     pipe.queue.max_rounds = 10  # the long group needs 7 rounds of 6 tokens
     groups = pipe.next_groups(data.next_batch(), 0, params)
     assert [g.record["id"] for g in groups] == [1, 2, 3, 4]  # record 4: the fresh group of the second round
-    assert engine.calls == 2
+    assert engine.calls == 2 and pipe.metrics(groups, 0)["partial/rounds"] == 2
     long, *rest = pipe.queue.groups.values()  # and the rest of the batch drawn for the fresh group
     # one round a step: the second round went to the fresh group alone
     assert long.record["id"] == 0 and all(len(s.tokens) == 6 and s.finish_reason is None for s in long.samples)
@@ -291,3 +292,23 @@ def test_drain_raises_the_last_syncs_error_and_aborts_when_asked():
     q.next_groups(q.ctx.next_records(), 0, params)
     q.drain(abort=True)
     assert handle.aborts == 1 and not q.queue.in_flight
+
+
+def test_fresh_groups_fill_the_batch_with_the_configured_probability():
+    """groups_to_fill: the fewest fresh groups of which at least ``missing`` complete with the
+    given probability (Binomial upper tail), never fewer than the count that does so on average."""
+    def at_least(m, n, r):
+        return sum(math.comb(n, k) * r ** k * (1 - r) ** (n - k) for k in range(m, n + 1))
+
+    for missing, rate, conf in [(16, 0.3, 0.9), (16, 0.3, 0.5), (4, 0.5, 0.9), (1, 0.8, 0.99), (7, 0.6, 0.75)]:
+        n = groups_to_fill(missing, rate, conf)
+        assert n >= math.ceil(missing / rate)
+        assert at_least(missing, n, rate) >= conf
+        assert n == math.ceil(missing / rate) or at_least(missing, n - 1, rate) < conf, (missing, rate, conf, n)
+    assert groups_to_fill(16, 0.3, 0.9) > groups_to_fill(16, 0.3, 0.5) == 54
+    assert groups_to_fill(0, 0.3, 0.9) == 0 and groups_to_fill(-2, 0.3, 0.9) == 0
+    assert groups_to_fill(5, 1.0, 0.9) == 5  # every group completes
+    assert groups_to_fill(1, 0.01, 0.5) == 4  # counted at MIN_FIRST_ROUND_RATE at least
+    # a large batch: 1024 groups missing at rate 0.3 (mean count 3414, sd ~27 complete groups)
+    big = groups_to_fill(1024, 0.3, 0.9)
+    assert math.ceil(1024 / 0.3) + 60 < big < math.ceil(1024 / 0.3) + 150

@@ -44,8 +44,30 @@ from rlweave.interfaces.engine import SamplingParams
 
 #: seconds between checks of the engine's requests while the controller waits for the trainer
 POLL_S = 0.005
-#: sync + partial rollout: a round starts at most 1 / this fresh groups per group missing
+#: sync + partial rollout: the completion rate a round's fresh groups are counted at, at least
 MIN_FIRST_ROUND_RATE = 0.25
+
+
+def groups_to_fill(missing: int, rate: float, confidence: float) -> int:
+    """The fewest fresh groups ``n`` such that at least ``missing`` of them complete with
+    probability ``confidence`` when each completes independently with probability ``rate``
+    (the upper tail of Binomial(n, rate)); at least ``ceil(missing / rate)``, the count that
+    completes ``missing`` on average. 0 when nothing is missing."""
+    if missing <= 0:
+        return 0
+    rate = min(1.0, max(MIN_FIRST_ROUND_RATE, rate))
+    n = math.ceil(missing / rate)
+    if rate >= 1.0:
+        return n
+    log_r, log_q = math.log(rate), math.log1p(-rate)
+    while True:
+        # P(X < missing) for X ~ Binomial(n, rate), its terms in log space (large batches underflow)
+        head = math.lgamma(n + 1)
+        below = sum(math.exp(head - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_r + (n - k) * log_q)
+                    for k in range(missing))
+        if 1.0 - below >= confidence:
+            return n
+        n += 1
 
 
 def groups_to_batch(groups: list[GroupState]) -> Any:
@@ -104,6 +126,8 @@ class RolloutPipeline:
             self.lookahead = staleness
         else:
             request_groups, in_flight, self.lookahead = None, None, 0
+        self.fill_confidence = float(partial.fill_confidence) if partial else 0.0
+        self.rounds = 0  # rounds of the last sync step with partial rollout (partial/rounds)
         self.queue = RolloutQueue(n, max_new_tokens,
                                   token_budget=partial.token_budget_per_step if partial else None,
                                   max_rounds=partial.max_rounds if partial else 1,
@@ -143,6 +167,7 @@ class RolloutPipeline:
         # as groups are missing, so a step does not wait for its longest samples (they go on in
         # the next step's rounds); otherwise the groups worth generating now
         widen = self._widen if not self.overlapped and q.token_budget is not None else None
+        self.rounds = 0
         self.horizon = widen(want - q.ready()) if widen else (1 + ahead) * self.batch_groups
         generate = self.ctx.roles["rollout"].generate
         q.dispatch(generate, params, version, self.horizon)
@@ -162,12 +187,13 @@ class RolloutPipeline:
         """The groups the next round of a sync step with partial rollout goes to, ``missing``
         groups short of a batch: every group started so far (the unfinished ones continue unless
         they had this step's round) and enough fresh ones that ``missing`` of them complete in
-        the round if they do as the groups before them did (``first_round_rate``), drawn from
+        the round with probability ``rollout.partial.fill_confidence`` if they do as the groups
+        before them did (``first_round_rate``, :func:`groups_to_fill`), drawn from
         ``ctx.next_records`` when the queue holds too few; returns that count (the horizon).
         Groups completed beyond the batch are trained first in the next step."""
         q = self.queue
-        # as many as are expected to complete in this round, at the rate fresh groups have so far
-        fresh = math.ceil(max(0, missing) / max(MIN_FIRST_ROUND_RATE, q.first_round_rate()))
+        self.rounds += 1
+        fresh = groups_to_fill(missing, q.first_round_rate(), self.fill_confidence)
         started, more = q.started(), self.ctx.next_records
         while more is not None and len(q) - started < fresh:
             extra = more()
@@ -242,7 +268,8 @@ class RolloutPipeline:
     def metrics(self, groups: list[GroupState], steps_done: int) -> dict[str, float]:
         """``staleness/*`` over the trained tokens (``steps_done``, the policy version the
         update started from, minus the token's), ``partial/ratio`` (trained samples that took
-        more than one round), the queue's size, samples generated again for the bound in this
+        more than one round), ``partial/rounds`` (generation rounds of a sync step with
+        partial rollout), the queue's size, samples generated again for the bound in this
         step, and idle seconds of both roles in this step."""
         lags = [steps_done - v for g in groups for s in g.samples for v in s.versions]
         samples = [s for g in groups for s in g.samples]
@@ -252,6 +279,7 @@ class RolloutPipeline:
             "staleness/max": float(max(lags)) if lags else 0.0,
             "staleness/regenerated": float(q.regenerated - self._regenerated_logged),
             "partial/ratio": sum(1 for s in samples if s.rounds > 1) / len(samples) if samples else 0.0,
+            **({"partial/rounds": float(self.rounds)} if self.rounds else {}),
             "queue/groups": float(len(q)),
             "queue/unfinished": float(q.unfinished_samples()),
             "time/idle/policy": self.idle_policy_s,

@@ -161,6 +161,11 @@ class PartialRolloutSection(Strict):
     max_rounds: int = Field(
         4, ge=1, description="Rounds a sample may take: in its last it is generated to the end (max_new_tokens).",
     )
+    fill_confidence: float = Field(
+        0.9, gt=0.0, lt=1.0, description="sync steps of single-turn rollouts: a round starts enough fresh groups "
+        "that the step's batch is complete after it with this probability, at the rate fresh groups have completed in "
+        "one round so far (higher: fewer rounds a step, more groups carried to the next step).",
+    )
 
 
 class RolloutSection(Strict):
