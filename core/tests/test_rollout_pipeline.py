@@ -312,3 +312,40 @@ def test_fresh_groups_fill_the_batch_with_the_configured_probability():
     # a large batch: 1024 groups missing at rate 0.3 (mean count 3414, sd ~27 complete groups)
     big = groups_to_fill(1024, 0.3, 0.9)
     assert math.ceil(1024 / 0.3) + 60 < big < math.ceil(1024 / 0.3) + 150
+
+
+class _LateLoads(SimEngine):
+    """Weights land ``delay`` seconds after the load is sent; a generate call started before
+    stamps its tokens with the weights the engine held then."""
+
+    def __init__(self, rng, delay: float):
+        super().__init__(rng, speed=0.0001)
+        self.delay, self.landing = delay, []
+
+    def load(self, version: int):
+        at = time.monotonic() + self.delay
+        self.landing.append((at, version))
+        return SimFuture(at, {"bytes": 1, "seconds": self.delay})
+
+    def generate(self, prompts, params):
+        now = time.monotonic()
+        for at, v in [x for x in self.landing if x[0] <= now]:
+            self.version = max(self.version, v)
+            self.landing.remove((at, v))
+        return super().generate(prompts, params)
+
+
+def test_one_step_off_starts_the_next_batch_on_the_landed_weights():
+    """one_step_off with a weight load slower than the engine's generation: the next batch's
+    request waits for the last update's weights, so no trained token is two versions old."""
+    rng = random.Random(3)
+    engine = _LateLoads(rng, delay=0.03)
+    data = Data(rng, 3)
+    pipe = make("one_step_off", 2, False, None, engine, data, 8)
+    worst = []
+    for steps_done in range(6):
+        groups = pipe.next_groups(data.next_batch(), steps_done, params)
+        worst.append(pipe.metrics(groups, steps_done)["staleness/max"])
+        pipe.wait(SimFuture(time.monotonic() + 0.002, {}), steps_done, params)
+        pipe.sync_weights(steps_done + 1)
+    assert worst[1:] == [1.0] * 5, worst

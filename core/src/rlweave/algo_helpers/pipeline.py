@@ -149,10 +149,14 @@ class RolloutPipeline:
         """Admit ``records`` (and, ahead of them, what the mode looks ahead), wait until a
         batch's worth of groups is complete, and return it (``len(records)`` groups or fewer
         when the data ran out). Before returning, an overlapping mode sends the engine the
-        next work, so it generates while the caller trains."""
+        next work, so it generates while the caller trains; ``one_step_off`` first waits for
+        the weight sync in flight to land, so that work starts on the last update's weights."""
         t0 = time.perf_counter()
         version = steps_done
         q = self.queue
+        if self.mode == "one_step_off":
+            # the next request starts on the last update's weights, landed (a token is at most one version old)
+            self._finish_sync()
         if records:
             q.admit(records, *self.encode(records))
         ahead = min(self.lookahead, max(0, self.total_steps - steps_done - 1))
