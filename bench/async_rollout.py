@@ -256,10 +256,15 @@ def idle(r: dict) -> tuple[str, str]:
     return f"~{r['timed_s'] / r['timed_steps'] - r['generate_s']:.2f}", f"~{r['generate_s']:.2f}"
 
 
+def sync_row(results: list[dict]) -> dict | None:
+    """The sync mode's pooled row, None when it was not run or failed."""
+    return next((r for r in results if r["mode"] == "sync" and "error" not in r), None)
+
+
 def rows(results: list[dict]) -> list[tuple[str, ...]]:
     """One row per mode (a failed mode: its name and the error); ratios and reward differences
     against the sync row when there is one."""
-    base = next((r for r in results if r["mode"] == "sync" and "error" not in r), None)
+    base = sync_row(results)
     out = []
     for r in results:
         if "error" in r:
@@ -299,7 +304,7 @@ def overlap_ceiling(results: list[dict]) -> str | None:
     a sync step is generation G plus the rest R (reward, training, weight sync); a step that
     overlaps them fully takes max(G, R), so ``one_step_off`` gains at most (G + R) / max(G, R)
     over sync. None without a sync row that reports ``time/generate``."""
-    base = next((r for r in results if r["mode"] == "sync" and "error" not in r), None)
+    base = sync_row(results)
     if base is None or not base.get("generate_s") or not base.get("timed_steps"):
         return None
     step = base["timed_s"] / base["timed_steps"]
