@@ -16,7 +16,8 @@ number of trained samples. On a CPU the two roles' devices are virtual and share
 role gets ``--role-threads`` of them (default: half), as if each had devices of its own; without
 that, overlapping generation and training oversubscribes the cores.
 
-Per mode, from each run's ``metrics.jsonl`` (the steps after the first ``--warmup``): steps per
+Per mode, from each run's ``metrics.jsonl`` (the steps after the first ``--warmup``, without the
+last steps of an overlapping mode, which train batches generated before them: :func:`drain_steps`): steps per
 hour and trained samples per second (over the sum of ``time/step``), the ratio to sync, the
 held-out reward after the last step (``eval/reward_mean`` on ``data/test.jsonl``, in points; in
 brackets the difference to sync), the trained response lengths (each step's p50/p90/p99 averaged
@@ -100,15 +101,30 @@ def mode_overrides(mode: str, a: argparse.Namespace) -> list[str]:
     return table[mode]
 
 
+def drain_steps(mode: str, a: argparse.Namespace) -> int:
+    """The last steps of a ``mode`` run left out of its throughput: an overlapping mode generates
+    up to its lookahead ahead (one_step_off one step, async ``run.max_staleness``) and nothing
+    past the run's end, so its last steps train batches generated earlier and generate less
+    themselves. Left in, they would credit it with batches it trained but did not generate in
+    the timed steps."""
+    return {"one_step_off": 1, "async": a.max_staleness, "async_partial": a.max_staleness}.get(mode, 0)
+
+
 # ------------------------------------------------------------------------------ inputs
 def rlweave_cmd() -> list[str]:
+    """The ``rlweave`` command beside this interpreter or on ``PATH``; else ``python -m rlweave.cli``
+    (rlweave importable from ``PYTHONPATH``, as ``scripts/gpu_check.sh`` sets it up)."""
     exe = Path(sys.executable).with_name("rlweave")
-    if not exe.exists():
-        found = shutil.which("rlweave")
-        if not found:
-            raise SystemExit("the rlweave command is not installed in this environment (make setup)")
-        exe = Path(found)
-    return [str(exe)]
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("rlweave")
+    if found:
+        return [found]
+    try:
+        import rlweave.cli  # noqa: F401 - only whether it imports
+    except ImportError:
+        raise SystemExit("rlweave is not installed in this environment (make setup) nor on PYTHONPATH") from None
+    return [sys.executable, "-m", "rlweave.cli"]
 
 
 def ensure_data() -> None:
@@ -169,7 +185,7 @@ def run_mode(mode: str, turn: int, model: Path, work: Path, a: argparse.Namespac
         tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-12:]
         return {"mode": mode, "turn": turn, "error": f"exit {code}", "log": str(log), "log_tail": tail, "wall_s": wall}
     return {"mode": mode, "turn": turn, "overrides": overrides, "wall_s": wall, "log": str(log),
-            **summarize(work / "grpo" / name, a.warmup)}
+            **summarize(work / "grpo" / name, a.warmup, drain_steps(mode, a))}
 
 
 def _mean(rows: list[dict], key: str) -> float | None:
@@ -177,11 +193,13 @@ def _mean(rows: list[dict], key: str) -> float | None:
     return statistics.mean(vals) if vals else None
 
 
-def summarize(run_dir: Path, warmup: int) -> dict:
-    """Throughput, staleness and idle time over the steps after ``warmup``; the evaluations."""
+def summarize(run_dir: Path, warmup: int, drain: int = 0) -> dict:
+    """Throughput, staleness and idle time over the steps after ``warmup`` and before the last
+    ``drain`` (:func:`drain_steps`); the evaluations."""
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     steps = [r for r in rows if "time/step" in r]
-    timed = [r for r in steps if r["step"] > warmup] or steps
+    last = max((r["step"] for r in steps), default=0)
+    timed = [r for r in steps if warmup < r["step"] <= last - drain] or steps
     summary = json.loads((run_dir / "summary.json").read_text())
     before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
     max_stale = [float(r["staleness/max"]) for r in timed if isinstance(r.get("staleness/max"), (int, float))]
@@ -355,15 +373,17 @@ def parse_args() -> argparse.Namespace:
     a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     for m in a.modes:
         mode_overrides(m, a)  # an unknown name fails before anything runs
-    if a.steps <= a.warmup:
-        raise SystemExit(f"--steps ({a.steps}) must be larger than --warmup ({a.warmup})")
+    drain = max((drain_steps(m, a) for m in a.modes), default=0)
+    if a.steps <= a.warmup + drain:
+        raise SystemExit(f"--steps ({a.steps}) must be larger than --warmup ({a.warmup}) plus the {drain} last "
+                         "step(s) an overlapping mode leaves out of its throughput")
     return a
 
 
 def main() -> int:
     a = parse_args()
     sys.path.insert(0, str(HERE))
-    from machine import cpu_name
+    from machine import cpu_name, gpu_name
 
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
     tmp = None if a.work else tempfile.mkdtemp(prefix="rlweave_bench_async_")
@@ -373,7 +393,8 @@ def main() -> int:
         ensure_data()
         model = ensure_model(a.model, work, env)
         when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-        print(f"\n{when}, {cpu_name()}; model {model}; {a.steps} steps a run ({a.warmup} warm-up), "
+        gpu = gpu_name()
+        print(f"\n{when}, {cpu_name()}{f', {gpu}' if gpu else ''}; model {model}; {a.steps} steps a run ({a.warmup} warm-up), "
               f"{a.repeat} run(s) a mode; {TASKS[a.task][1]}; partial budget {a.budget} x "
               f"{a.max_rounds} rounds; max_staleness {a.max_staleness}; cpu threads per role "
               f"{a.role_threads or 'as configured'}; work dir {work}", flush=True)

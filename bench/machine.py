@@ -22,3 +22,22 @@ def cpu_name() -> str:
     ext = [f for f in ("amx_bf16", "avx512_bf16", "avx512f") if f in flags]
     ext_text = ", ".join(ext) if ext else ("AVX2 only" if "avx2" in flags else "no AVX2")
     return f"{model} ({ext_text}), {os.cpu_count()} cores"
+
+
+def gpu_name() -> str | None:
+    """The GPUs ``nvidia-smi`` lists, e.g. 'NVIDIA H200'; ``None`` where there is none (or no
+    ``nvidia-smi``)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = [n.strip() for n in out.splitlines() if n.strip()]
+    if not names:
+        return None
+    return names[0] if len(names) == 1 else f"{len(names)} x {names[0]}"

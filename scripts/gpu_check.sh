@@ -2,9 +2,9 @@
 # The GPU check: every `gpu` test of the repository and the short GPU benches in one call of at
 # most 9.5 minutes, ending in one table (group, passed/failed/skipped, key figure) headed by the GPU
 # and the date, printed and written to $OUT/gpu_check.md (without $OUT: runs/gpu_check/gpu_check.md).
-# It runs from a plain copy of the repository on a machine without network, Ray or vLLM: nothing
-# is installed; the sources go on PYTHONPATH, with a folder that holds the carried wheels the
-# machine lacks and the metadata plugin discovery reads (scripts/gpu_check/offline_env.py).
+# It runs from a plain copy of the repository on a machine without network, Ray or vLLM, through
+# scripts/gpu_run.sh: nothing is installed; the sources go on PYTHONPATH, with a folder that holds
+# the carried wheels the machine lacks and the metadata plugin discovery reads.
 #
 #   python3 scripts/gpu_check/offline_env.py download .whl   # beforehand, where a package index is reachable
 #   bash scripts/gpu_check.sh                                # on the GPU machine, with .whl/ carried along
@@ -15,13 +15,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-WHEELS=${RLWEAVE_WHEELS:-.whl}
-SITE=$(mktemp -d "${TMPDIR:-/tmp}/rlweave_gpu_site.XXXXXX")
-trap 'rm -rf "$SITE"' EXIT
-
-echo "[gpu_check] Python environment ($PY; wheels from $WHEELS):" >&2
-"$PY" scripts/gpu_check/offline_env.py site "$SITE" --wheels "$WHEELS" >&2
-SRC=$(ls -d "$PWD/core/src" "$PWD"/plugins/*/src | paste -sd:)
-export PYTHONPATH="$SITE:$SRC${PYTHONPATH:+:$PYTHONPATH}"
-export RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
-timeout --kill-after=10 "${GPU_CHECK_TIMEOUT_S:-570}" "$PY" scripts/gpu_check/driver.py --python "$PY" "$@"
+exec bash scripts/gpu_run.sh timeout --kill-after=10 "${GPU_CHECK_TIMEOUT_S:-570}" "$PY" scripts/gpu_check/driver.py \
+    --python "$PY" "$@"

@@ -156,5 +156,23 @@ def _alive(pid: int, wait_s: float) -> bool:
     return True
 
 
-def test_the_script_parses():
-    assert subprocess.run(["bash", "-n", str(REPO / "scripts" / "gpu_check.sh")]).returncode == 0
+def test_the_scripts_parse():
+    for name in ("gpu_check.sh", "gpu_run.sh"):
+        assert subprocess.run(["bash", "-n", str(REPO / "scripts" / name)]).returncode == 0, name
+
+
+def test_gpu_run_makes_rlweave_and_its_plugins_importable_then_removes_its_site(tmp_path):
+    """scripts/gpu_run.sh runs its command with the sources on PYTHONPATH behind a temporary site
+    folder that carries the plugins' entry points, and removes that folder afterwards."""
+    probe = ("import os, rlweave.cli; from importlib.metadata import entry_points; "
+             "print(os.environ['PYTHONPATH'].split(os.pathsep)[0]); "
+             "print(sorted(e.name for e in entry_points(group='rlweave.plugins')))")
+    env = {**os.environ, "PYTHON": sys.executable, "RLWEAVE_WHEELS": str(tmp_path / "no_wheels"),
+           "TMPDIR": str(tmp_path)}
+    (tmp_path / "no_wheels").mkdir()
+    out = subprocess.run(["bash", str(REPO / "scripts" / "gpu_run.sh"), sys.executable, "-c", probe], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    site, plugins = out.stdout.strip().splitlines()[-2:]
+    assert site.startswith(str(tmp_path / "rlweave_gpu_site.")) and not Path(site).exists()
+    assert "hf" in plugins and "fsdp" in plugins

@@ -160,3 +160,36 @@ def test_the_bench_states_what_overlap_can_gain_at_most():
     assert "at most 1.58x (2.46 / 1.56)" in bench.overlap_ceiling([train_bound])
     assert bench.overlap_ceiling([{**sync, "generate_s": None}]) is None
     assert bench.overlap_ceiling([{"mode": "sync", "error": "boom", "log": "x"}]) is None
+
+
+def test_the_bench_times_an_overlapping_mode_without_its_draining_steps(tmp_path):
+    """one_step_off's last step trains the batch generated in the step before and generates
+    none; async's last max_staleness steps generate less. Left in, they would inflate its
+    samples/s, so the bench leaves them out; sync and partial keep every step after warm-up."""
+    bench = _load("bench", BENCH)
+    args = argparse.Namespace(max_staleness=2)
+    assert [bench.drain_steps(m, args) for m in ("sync", "partial", "one_step_off", "async", "async_partial")] \
+        == [0, 0, 1, 2, 2]
+    run = tmp_path / "run"
+    run.mkdir()
+    times = [9.0, 2.0, 2.0, 2.0, 2.0, 0.5]  # step 1 generates two batches, step 6 none
+    rows = [{"step": i + 1, "time/step": t, "samples": 64} for i, t in enumerate(times)] + [{"step": 6, "eval": 1}]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (run / "summary.json").write_text("{}")
+    every = bench.summarize(run, 1)
+    assert every["timed_steps"] == 5 and every["timed_s"] == pytest.approx(8.5)
+    drained = bench.summarize(run, 1, bench.drain_steps("one_step_off", args))
+    assert drained["timed_steps"] == 4 and drained["timed_s"] == pytest.approx(8.0)
+    assert drained["timed_samples"] / drained["timed_s"] == pytest.approx(32.0)  # the steady 64 samples / 2 s
+
+
+def test_the_bench_runs_rlweave_from_the_python_path_without_the_command(monkeypatch, tmp_path):
+    """On a machine where rlweave is importable but not installed (scripts/gpu_run.sh), the bench
+    runs ``python -m rlweave.cli``."""
+    import shutil
+    import sys
+
+    bench = _load("bench", BENCH)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python3"))
+    monkeypatch.setattr(shutil, "which", lambda _name: None)
+    assert bench.rlweave_cmd() == [str(tmp_path / "python3"), "-m", "rlweave.cli"]
