@@ -104,9 +104,9 @@ def mode_overrides(mode: str, a: argparse.Namespace) -> list[str]:
 def drain_steps(mode: str, a: argparse.Namespace) -> int:
     """The last steps of a ``mode`` run left out of its throughput: an overlapping mode generates
     up to its lookahead ahead (one_step_off one step, async ``run.max_staleness``) and nothing
-    past the run's end, so its last steps train batches generated earlier and generate less
-    themselves. Left in, they would credit it with batches it trained but did not generate in
-    the timed steps."""
+    past the run's end, so its last steps are the pipeline draining, not its steady state:
+    one_step_off's last step only trains (a batch generated in the step before), async's wait
+    for the last long samples with nothing left to overlap them with."""
     return {"one_step_off": 1, "async": a.max_staleness, "async_partial": a.max_staleness}.get(mode, 0)
 
 

@@ -327,6 +327,7 @@ def test_ray_section_reaches_ray_init(workspace):
     _, calls = _ray_start(variant("ray_local", workspace), rec)
     init = next(c for c in calls if "num_cpus" in c)
     assert (init["num_cpus"], init["num_gpus"], init["include_dashboard"]) == (3, 5, True)
+    assert init["_system_config"] == {"worker_niceness": 7}
     assert {"cpu_malloc": False} in calls
     _, calls = _ray_start(variant("ray_address", workspace), Recorder())
     # a loopback address is joined over loopback (Ray would use the machine's own IP for it)

@@ -70,6 +70,11 @@ class RaySection(Strict):
     virtual_gpus: Optional[int] = Field(
         None, description="Declare this many GPUs to a local cluster on a GPU-less machine (virtual devices)."
     )
+    worker_niceness: int = Field(
+        0, ge=0, le=19, description="Scheduling niceness (nice) of the worker processes of a local cluster, the "
+        "ranks among them. Ray's own default, 15, puts the ranks below the controller and Ray's agents, which then "
+        "take CPU time from them on a machine whose cores do the work. A joined cluster (address) keeps its own.",
+    )
     cpu_malloc_reuse: bool = Field(
         True,
         description="Processes on CPU keep freed memory for reuse (glibc mmap/trim thresholds raised) instead of "
