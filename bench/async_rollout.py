@@ -17,7 +17,7 @@ role gets ``--role-threads`` of them (default: half), as if each had devices of 
 that, overlapping generation and training oversubscribes the cores.
 
 Per mode, from each run's ``metrics.jsonl`` (the steps after the first ``--warmup``, without the
-last steps of an overlapping mode, which train batches generated before them: :func:`drain_steps`): steps per
+last steps of an overlapping mode, where its pipeline drains: :func:`drain_steps`): steps per
 hour and trained samples per second (over the sum of ``time/step``), the ratio to sync, the
 held-out reward after the last step (``eval/reward_mean`` on ``data/test.jsonl``, in points; in
 brackets the difference to sync), the trained response lengths (each step's p50/p90/p99 averaged
@@ -113,7 +113,7 @@ def drain_steps(mode: str, a: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------ inputs
 def rlweave_cmd() -> list[str]:
     """The ``rlweave`` command beside this interpreter or on ``PATH``; else ``python -m rlweave.cli``
-    (rlweave importable from ``PYTHONPATH``, as ``scripts/gpu_check.sh`` sets it up)."""
+    (rlweave importable from ``PYTHONPATH``, as ``scripts/gpu_run.sh`` sets it up)."""
     exe = Path(sys.executable).with_name("rlweave")
     if exe.exists():
         return [str(exe)]
@@ -394,7 +394,8 @@ def main() -> int:
         model = ensure_model(a.model, work, env)
         when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
         gpu = gpu_name()
-        print(f"\n{when}, {cpu_name()}{f', {gpu}' if gpu else ''}; model {model}; {a.steps} steps a run ({a.warmup} warm-up), "
+        machine = cpu_name() + (f", {gpu}" if gpu else "")
+        print(f"\n{when}, {machine}; model {model}; {a.steps} steps a run ({a.warmup} warm-up), "
               f"{a.repeat} run(s) a mode; {TASKS[a.task][1]}; partial budget {a.budget} x "
               f"{a.max_rounds} rounds; max_staleness {a.max_staleness}; cpu threads per role "
               f"{a.role_threads or 'as configured'}; work dir {work}", flush=True)

@@ -164,8 +164,9 @@ def test_the_bench_states_what_overlap_can_gain_at_most():
 
 def test_the_bench_times_an_overlapping_mode_without_its_draining_steps(tmp_path):
     """one_step_off's last step trains the batch generated in the step before and generates
-    none; async's last max_staleness steps generate less. Left in, they would inflate its
-    samples/s, so the bench leaves them out; sync and partial keep every step after warm-up."""
+    none; async's last max_staleness steps generate less. They are the pipeline draining, not
+    its steady state (one_step_off's would inflate its samples/s), so the bench leaves them out;
+    sync and partial keep every step after warm-up."""
     bench = _load("bench", BENCH)
     args = argparse.Namespace(max_staleness=2)
     assert [bench.drain_steps(m, args) for m in ("sync", "partial", "one_step_off", "async", "async_partial")] \
