@@ -71,9 +71,10 @@ class RaySection(Strict):
         None, description="Declare this many GPUs to a local cluster on a GPU-less machine (virtual devices)."
     )
     worker_niceness: int = Field(
-        0, ge=0, le=19, description="Scheduling niceness (nice) of the worker processes of a local cluster, the "
-        "ranks among them. Ray's own default, 15, puts the ranks below the controller and Ray's agents, which then "
-        "take CPU time from them on a machine whose cores do the work. A joined cluster (address) keeps its own.",
+        15, ge=0, le=19, description="Scheduling niceness (nice) of the worker processes of a local cluster, the "
+        "ranks among them (Ray's own default, 15: below the controller and Ray's agents). 0 gives the ranks the "
+        "controller's priority, faster where they share the CPU cores with it (bench/RESULTS.md), less responsive "
+        "control processes on a loaded machine. A joined cluster (address) keeps its own.",
     )
     cpu_malloc_reuse: bool = Field(
         True,
