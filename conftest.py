@@ -20,6 +20,12 @@ every test using a fixture named in ``SHARED_FIXTURES`` joins that fixture's gro
 expensive run or cluster behind it is built once per test run (``--dist loadgroup``; the group is
 written into each node id here, see :func:`_tag_node_id`).
 
+Ray clusters the tests start run their worker processes (the ranks among them) at niceness 0
+(``RAY_worker_niceness``, unless set; Ray's own 15 elsewhere): with two test workers on two
+cores, ranks at 15 are starved by the other worker's processes at 0 (a rank actor that imports
+torch started in 54 s beside two busy processes, against 5 s on idle cores). A test that checks
+Ray's default removes the variable.
+
 ``RLWEAVE_PROCESS_GUARD=warn`` reports leftovers as warnings instead; ``off`` disables the
 check (default ``error``); ``RLWEAVE_PROCESS_GUARD_GRACE_S`` sets the grace period. Without
 psutil the guard is off.
@@ -42,6 +48,13 @@ GRACE_S = float(os.environ.get("RLWEAVE_PROCESS_GUARD_GRACE_S", "10"))
 #: command-line markers of per-process helpers that live until the pytest process exits
 SINGLETONS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "torch._inductor.compile_worker")
 MODE_ENV = "RLWEAVE_PROCESS_GUARD"
+
+
+RAY_NICENESS_ENV = "RAY_worker_niceness"
+
+
+def pytest_configure(config):
+    os.environ.setdefault(RAY_NICENESS_ENV, "0")  # inherited by the Ray clusters tests start (docstring)
 
 
 def _descendants() -> dict[tuple[int, float], psutil.Process]:

@@ -44,6 +44,7 @@ def test_a_hung_rank_is_reported_within_twice_its_timeout(grpo_workspace, guaran
             seen["ckpt2"] = time.monotonic()
 
     env = cli_env(**{faults.ENV: "policy:0:train_step:hang@3"})
+    env.pop("RAY_worker_niceness", None)  # the guarantee holds at Ray's default niceness (15) for the ranks
     rc, out, pids = run_cli(["train", str(cfg)], env, cwd=REPO, timeout=300, on_poll=watch)
     ended = time.monotonic() - seen["ckpt2"]
     assert rc == 1, out[-3000:]

@@ -70,11 +70,12 @@ class RaySection(Strict):
     virtual_gpus: Optional[int] = Field(
         None, description="Declare this many GPUs to a local cluster on a GPU-less machine (virtual devices)."
     )
-    worker_niceness: int = Field(
-        15, ge=0, le=19, description="Scheduling niceness (nice) of the worker processes of a local cluster, the "
-        "ranks among them (Ray's own default, 15: below the controller and Ray's agents). 0 gives the ranks the "
-        "controller's priority, faster where they share the CPU cores with it (bench/RESULTS.md), less responsive "
-        "control processes on a loaded machine. A joined cluster (address) keeps its own.",
+    worker_niceness: Optional[int] = Field(
+        None, ge=0, le=19, description="Scheduling niceness (nice) of the worker processes of a local cluster, the "
+        "ranks among them; null: Ray's own (15, below the controller and Ray's agents, or the RAY_worker_niceness "
+        "environment variable). 0 gives the ranks the controller's priority, faster where they share the CPU cores "
+        "with it (bench/RESULTS.md), less responsive control processes on a loaded machine. A joined cluster "
+        "(address) keeps its own.",
     )
     cpu_malloc_reuse: bool = Field(
         True,

@@ -123,7 +123,7 @@ def start_ray(ray_cfg: "RaySection | None" = None, needs_gpus: int = 0) -> None:
             include_dashboard=cfg.dashboard,
             dashboard_host="127.0.0.1",
             _node_ip_address="127.0.0.1",
-            _system_config={"worker_niceness": int(cfg.worker_niceness)},
+            _system_config=None if cfg.worker_niceness is None else {"worker_niceness": int(cfg.worker_niceness)},
             log_to_driver=True,
         )
     _started_local = True
