@@ -22,9 +22,8 @@ written into each node id here, see :func:`_tag_node_id`).
 
 Ray clusters the tests start run their worker processes (the ranks among them) at niceness 0
 (``RAY_worker_niceness``, unless set; Ray's own 15 elsewhere): with two test workers on two
-cores, ranks at 15 are starved by the other worker's processes at 0 (a rank actor that imports
-torch started in 54 s beside two busy processes, against 5 s on idle cores). A test that checks
-Ray's default removes the variable.
+cores, ranks at 15 are starved by the other worker's processes at 0 (bench/RESULTS.md, "The
+test suite"). A test that checks Ray's default removes the variable.
 
 ``RLWEAVE_PROCESS_GUARD=warn`` reports leftovers as warnings instead; ``off`` disables the
 check (default ``error``); ``RLWEAVE_PROCESS_GUARD_GRACE_S`` sets the grace period. Without

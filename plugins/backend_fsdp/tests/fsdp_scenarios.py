@@ -184,6 +184,57 @@ def compile_scenario(ctx_kw: dict, model_dir: str, work: str, scope: str = "auto
             for compiled in (False, True)}
 
 
+def shared_prompt_attention(dtype: str, backward: str) -> dict:
+    """Attention over one row carrying each group's prompt once (mixed prompt and response
+    lengths, a group of one, an empty response; ``rlweave_backend_fsdp.prefix.share``) beside
+    causal attention of every sample on its own, with the same leaves and output weights:
+    ``row`` (the shared row), ``got``/``ref`` (outputs per original token, fp32) and
+    ``grads``/``ref_grads`` (q, k, v gradients, fp32). ``backward`` is the CPU attention backward
+    (``fp32``, or ``bf16``: the compiled bf16 one with bf16 inputs)."""
+    import torch.nn.functional as F
+
+    from rlweave_backend_fsdp.attention import planned_sdpa
+    from rlweave_backend_fsdp.cpu.attention import Modes
+    from rlweave_backend_fsdp.prefix import share
+
+    dt = getattr(torch, dtype)
+    torch.manual_seed(0)
+    prompts = {0: [5, 6, 7], 1: [8, 9], 2: [4, 4, 4, 4]}
+    samples = [(0, [1, 2, 3]), (1, [3]), (0, [2, 2, 2]), (0, [9]), (2, [1, 1]), (1, [7, 7, 7, 7]), (1, [])]
+    seqs = [prompts[p] + r for p, r in samples]
+    plens = [len(prompts[p]) for p, _ in samples]
+    cu = torch.tensor([0] + [sum(len(x) for x in seqs[: i + 1]) for i in range(len(seqs))])
+    ids = torch.tensor([t for x in seqs for t in x])
+    row = share(ids, cu, plens)
+    t = row.input_ids.numel()
+    q = torch.randn(1, 4, t, 8, dtype=dt, requires_grad=True)
+    k = torch.randn(1, 2, t, 8, dtype=dt, requires_grad=True)
+    v = torch.randn(1, 2, t, 8, dtype=dt, requires_grad=True)
+    w = torch.randn(1, ids.numel(), 4, 8)
+
+    got = planned_sdpa(q, k, v, row.plan, None, 0.0, True, Modes(backward=backward))[:, row.tok_row]
+    (got.float() * w).sum().backward()
+    grads = [x.grad.float().clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    qu, ku, vu = (x[:, :, row.tok_row] for x in (q, k, v))  # the unshared row, same leaves
+    ref = torch.cat([
+        F.scaled_dot_product_attention(qu[:, :, s:e], ku[:, :, s:e], vu[:, :, s:e], is_causal=True, enable_gqa=True)
+        for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())
+    ], dim=2).transpose(1, 2)
+    (ref.float() * w).sum().backward()
+    return {"row": row, "ids": ids, "got": got.detach().float(), "ref": ref.detach().float(), "grads": grads,
+            "ref_grads": [x.grad.float() for x in (q, k, v)]}
+
+
+def shared_prompt_attention_close(case: dict, dtype: str) -> bool:
+    """Whether :func:`shared_prompt_attention`'s outputs and gradients agree: to fp32 rounding,
+    or in bf16 within the sums of several bf16 gradients."""
+    tol, rtol = (1e-5, 0) if dtype == "float32" else (3e-2, 2e-2)
+    pairs = [(case["got"], case["ref"]), *zip(case["grads"], case["ref_grads"])]
+    return all(torch.allclose(a, b, atol=tol, rtol=rtol) for a, b in pairs)
+
+
 def compiled_cpu_scenario(ctx_kw: dict, model_dir: str, work: str, scopes: list[str], bf16_ratio: str) -> dict:
     """Every compiled run of the CPU tests in one process, so the spawn, inductor's start-up
     and the compiled log-prob kernels of the fp32 runs are paid once: the model eager
@@ -193,7 +244,8 @@ def compiled_cpu_scenario(ctx_kw: dict, model_dir: str, work: str, scopes: list[
     and the attention backward chosen by ``cpu.attention_backward`` (``"bf16_fp32"``: ``fp32``;
     ``"bf16_auto"``: ``auto``, which resolves to the compiled bf16 one): the backward each
     worker set for its attention modules (``marks``) and the losses of three training steps
-    from the same weights (packed and shared-prompt rows)."""
+    from the same weights (packed and shared-prompt rows); then whether that compiled backward gives
+    :func:`shared_prompt_attention`'s reference outputs and gradients (``"bf16_shared_prompt_close"``)."""
     from rlweave.devices.cpu import ENV
     from rlweave_backend_fsdp.cpu.attention import modes_of
     from rlweave_backend_fsdp.modeling import decoder_layers
@@ -216,6 +268,10 @@ def compiled_cpu_scenario(ctx_kw: dict, model_dir: str, work: str, scopes: list[
                 "marks": [modes_of(layer.self_attn).backward for layer in decoder_layers(w.model)],
                 "losses": [w.train_step(b, nll_loss)["nll"] for b in (fixed_batch(), group_batch(), fixed_batch())],
             }
+        # the compiled bf16 backward on masked shared-prompt buckets against per-sample attention, in the process
+        # (and inductor session) that compiled it for training
+        res["bf16_shared_prompt_close"] = shared_prompt_attention_close(shared_prompt_attention("bfloat16", "bf16"),
+                                                                        "bfloat16")
     finally:
         if old is None:
             os.environ.pop(ENV, None)

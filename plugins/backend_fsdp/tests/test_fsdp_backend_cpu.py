@@ -223,9 +223,12 @@ def test_compile_units_of_each_scope(tiny):
 def test_bf16_compiled_attention_backward_trains_like_fp32_backward(compiled):
     """bf16 + compile on a CPU with fast bf16 (injected, so the test runs on any CPU):
     ``cpu.attention_backward: auto`` sets every attention module to the compiled bf16
-    backward, and training follows the fp32 backward's losses within bf16 rounding."""
+    backward, and training follows the fp32 backward's losses within bf16 rounding; compiled, that
+    backward gives per-sample attention's gradients on masked shared-prompt buckets
+    (``fsdp_scenarios.shared_prompt_attention``)."""
     fp32, auto = compiled["bf16_fp32"], compiled["bf16_auto"]
     assert fp32["marks"] == ["fp32", "fp32"] and auto["marks"] == ["bf16", "bf16"]
     assert auto["losses"] == pytest.approx(fp32["losses"], abs=3e-2)
     assert auto["losses"][1:] != fp32["losses"][1:]  # another backward really ran (the first loss precedes it)
     assert auto["losses"][2] < auto["losses"][0]  # it trained
+    assert compiled["bf16_shared_prompt_close"]  # the compiled backward: per-sample attention's gradients

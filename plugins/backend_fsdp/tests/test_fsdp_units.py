@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -60,9 +61,8 @@ def test_schedule_warmup_cosine_constant():
 def test_grouped_varlen_attention_equals_per_sample(dtype, backward, monkeypatch):
     """Equal-length samples are stacked into one SDPA call; outputs and gradients must equal
     causal attention of each sample on its own (mixed lengths, repeats, unsorted order). The
-    bf16 backward's math runs eagerly here: its compiled form is checked against the same
-    reference by :func:`test_shared_prompt_attention_equals_unshared` (masked buckets) and in
-    training by ``test_bf16_compiled_attention_backward_trains_like_fp32_backward``."""
+    bf16 backward's math runs eagerly here; compiled, it is checked in the process that compiles
+    it for training (``test_bf16_compiled_attention_backward_trains_like_fp32_backward``)."""
     import torch
     import torch.nn.functional as F
 
@@ -70,7 +70,7 @@ def test_grouped_varlen_attention_equals_per_sample(dtype, backward, monkeypatch
     from rlweave_backend_fsdp.attention import packed_plan, planned_sdpa
     from rlweave_backend_fsdp.cpu.attention import Modes
 
-    monkeypatch.setattr(inductor, "compiled", lambda fn: fn)  # an inductor compile: ~35 s on a 2-core CPU
+    monkeypatch.setattr(inductor, "compiled", lambda fn: fn)
 
     dt = getattr(torch, dtype)
     torch.manual_seed(0)
@@ -101,52 +101,29 @@ def test_grouped_varlen_attention_equals_per_sample(dtype, backward, monkeypatch
 
 
 @pytest.mark.parametrize("dtype,backward", [("float32", "fp32"), ("bfloat16", "fp32"), ("bfloat16", "bf16")])
-def test_shared_prompt_attention_equals_unshared(dtype, backward):
+def test_shared_prompt_attention_equals_unshared(dtype, backward, monkeypatch):
     """A row carrying each group's prompt once must give every original token the attention
     output it has in its own unshared sample, and the same gradients (a shared prompt token
     gets the sum over its samples). Mixed prompt and response lengths, a group of one, an
-    empty response."""
+    empty response. The bf16 backward's math runs eagerly here; compiled, the same case is
+    checked in the process that compiles it for training
+    (``test_bf16_compiled_attention_backward_trains_like_fp32_backward``)."""
     import torch
-    import torch.nn.functional as F
 
-    from rlweave_backend_fsdp.attention import planned_sdpa
-    from rlweave_backend_fsdp.cpu.attention import Modes
-    from rlweave_backend_fsdp.prefix import share
+    from rlweave.testing.helper_modules import import_helper
+    from rlweave_backend_fsdp import inductor
 
-    dt = getattr(torch, dtype)
-    torch.manual_seed(0)
-    prompts = {0: [5, 6, 7], 1: [8, 9], 2: [4, 4, 4, 4]}
-    samples = [(0, [1, 2, 3]), (1, [3]), (0, [2, 2, 2]), (0, [9]), (2, [1, 1]), (1, [7, 7, 7, 7]), (1, [])]
-    seqs = [prompts[p] + r for p, r in samples]
-    plens = [len(prompts[p]) for p, _ in samples]
-    cu = torch.tensor([0] + [sum(len(x) for x in seqs[: i + 1]) for i in range(len(seqs))])
-    ids = torch.tensor([t for x in seqs for t in x])
-    row = share(ids, cu, plens)
+    monkeypatch.setattr(inductor, "compiled", lambda fn: fn)
+    sc = import_helper(Path(__file__).with_name("fsdp_scenarios.py"))
+    case = sc.shared_prompt_attention(dtype, backward)
+    row, ids = case["row"], case["ids"]
     assert row is not None and row.input_ids.numel() == 3 + 2 + 4 + (3 + 3 + 1) + (1 + 4) + 2
     assert torch.equal(row.input_ids[row.tok_row], ids)  # every token maps to its own id
     # laid out in bucket order: every bucket's queries are one slice of the row, no scatter back
     assert row.plan.inv is None and all(isinstance(b.q_idx, tuple) for b in row.plan.buckets)
-    t = row.input_ids.numel()
-    q = torch.randn(1, 4, t, 8, dtype=dt, requires_grad=True)
-    k = torch.randn(1, 2, t, 8, dtype=dt, requires_grad=True)
-    v = torch.randn(1, 2, t, 8, dtype=dt, requires_grad=True)
-    w = torch.randn(1, ids.numel(), 4, 8)
-
-    got = planned_sdpa(q, k, v, row.plan, None, 0.0, True, Modes(backward=backward))[:, row.tok_row]
-    (got.float() * w).sum().backward()
-    g_got = [x.grad.clone() for x in (q, k, v)]
-    for x in (q, k, v):
-        x.grad = None
-    qu, ku, vu = (x[:, :, row.tok_row] for x in (q, k, v))  # the unshared row, same leaves
-    ref = torch.cat([
-        F.scaled_dot_product_attention(qu[:, :, s:e], ku[:, :, s:e], vu[:, :, s:e], is_causal=True, enable_gqa=True)
-        for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())
-    ], dim=2).transpose(1, 2)
-    (ref.float() * w).sum().backward()
-    tol, rtol = (1e-5, 0) if dtype == "float32" else (3e-2, 2e-2)  # bf16: sums of several bf16 grads
-    assert torch.allclose(got.float(), ref.float(), atol=tol, rtol=rtol)
-    for a, b in zip(g_got, (q.grad, k.grad, v.grad)):
-        assert torch.allclose(a.float(), b.float(), atol=tol, rtol=rtol)
+    assert any(b.mask is not None for b in row.plan.buckets)  # prefix buckets: responses see their prompt only
+    assert case["got"].shape == case["ref"].shape == (1, ids.numel(), 4, 8)
+    assert sc.shared_prompt_attention_close(case, dtype)
 
 
 @pytest.mark.parametrize("prefix", [0, 24])
