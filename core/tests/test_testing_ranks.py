@@ -56,3 +56,36 @@ def test_spawned_ranks_run_a_function_of_a_helper_loaded_from_its_file(helper):
 
     mod = import_helper(helper)  # rank 0's result comes back; a rank that cannot load the file fails the call
     assert run_ranks(mod.report, 2, {"x": 1}, timeout_s=300) == (0, 2, mod.__name__, "loaded from its file", {"x": 1})
+
+
+BIND_HELPER = '''
+def bind(ctx_kw):
+    from rlweave.rendezvous import listen_socket
+
+    listen_socket("127.0.0.1", ctx_kw["master_port"]).close()
+    return ctx_kw["master_port"]
+'''
+
+
+def test_ranks_start_again_on_another_port_when_theirs_was_taken(tmp_path, monkeypatch):
+    """The rendezvous port free when chosen, then taken by another process before rank 0 binds it:
+    the ranks start again on a new port."""
+    pytest.importorskip("torch")
+    from rlweave.rendezvous import listen_socket
+    from rlweave.testing import ranks
+
+    path = tmp_path / "tests" / "bind_scenarios.py"
+    path.parent.mkdir()
+    path.write_text(BIND_HELPER)
+    taken = listen_socket("127.0.0.1", 0)  # another process's listener on the first port handed out
+    first = taken.getsockname()[1]
+    ports = [first]
+    real = ranks.free_port
+    monkeypatch.setattr(ranks, "free_port", lambda: ports.pop(0) if ports else real())
+    try:
+        mod = import_helper(path)
+        got = ranks.run_ranks(mod.bind, 1, timeout_s=300)
+    finally:
+        taken.close()
+        sys.modules.pop(helper_name(path), None)
+    assert not ports and got != first  # the taken port was handed out, and the ranks met on another

@@ -61,13 +61,31 @@ def _entry(rank: int, ref: tuple, world: int, port: int, device: str, threads: i
         raise
 
 
+PORT_TAKEN = "Address already in use"
+PORT_TRIES = 3
+
+
 def run_ranks(fn: Callable, world: int, *args: Any, device: str = "cpu", threads: int | None = None,
               timeout_s: float = 600) -> Any:
     """Rank 0's result of ``fn(ctx_kwargs, *args)`` on ``world`` spawned ranks (see the module
     docstring); ``threads`` intra-op threads per rank (default: the cores shared evenly). A rank
     that raises or dies, or no result within ``timeout_s``, stops the others and raises
     ``RuntimeError`` naming the rank and its traceback. Every rank is joined before this returns;
-    one still running 30 s after the results came (stuck in its interpreter's teardown) is killed."""
+    one still running 30 s after the results came (stuck in its interpreter's teardown) is killed.
+    Where the rendezvous port, free when it was chosen, was taken by another process before
+    rank 0 bound it (``Address already in use``), the ranks start again on another port, up to
+    ``PORT_TRIES`` times."""
+    for attempt in range(PORT_TRIES):
+        try:
+            return _run_ranks_once(fn, world, args, device, threads, timeout_s)
+        except RuntimeError as e:
+            if PORT_TAKEN not in str(e) or attempt == PORT_TRIES - 1:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _run_ranks_once(fn: Callable, world: int, args: tuple, device: str, threads: int | None,
+                    timeout_s: float) -> Any:
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
