@@ -328,9 +328,9 @@ def test_ray_section_reaches_ray_init(workspace):
     init = next(c for c in calls if "num_cpus" in c)
     assert (init["num_cpus"], init["num_gpus"], init["include_dashboard"]) == (3, 5, True)
     assert init["_system_config"] == {"worker_niceness": 7}
-    _, calls = _ray_start(variant("grpo", workspace), Recorder())  # no ray section: Ray's own niceness
-    assert next(c for c in calls if "num_cpus" in c)["_system_config"] is None
     assert {"cpu_malloc": False} in calls
+    _, calls = _ray_start(variant("grpo", workspace), Recorder())  # no worker_niceness: Ray's own
+    assert next(c for c in calls if "num_cpus" in c)["_system_config"] is None
     _, calls = _ray_start(variant("ray_address", workspace), Recorder())
     # a loopback address is joined over loopback (Ray would use the machine's own IP for it)
     assert calls == [{"address": "127.0.0.1:6390", "_node_ip_address": "127.0.0.1", "log_to_driver": True}]
