@@ -1,7 +1,8 @@
 """The rollout ranks' control channel on Ray: a weight sync begun while the engine generates
 neither waits for the generate call nor is queued behind it; its weights land between two
 decoding steps (tokens carry both versions); the dtype is asked once per transport; abort()
-reaches a running call; an engine that serves concurrent calls gets them at once. Engine: the
+reaches a running call; an engine that serves concurrent calls gets them at once; a call on the
+control channel that computed leaves no OpenMP worker threads behind. Engine: the
 probe engine (decoding steps of 30 ms with boundaries), source: the probe worker; one Ray
 cluster for the module."""
 
@@ -17,7 +18,14 @@ torch = pytest.importorskip("torch")
 from rlweave.config.schema import RaySection, RunConfig  # noqa: E402
 from rlweave.interfaces.engine import SamplingParams  # noqa: E402
 from rlweave.scheduler import build_roles, shutdown_ray, start_ray  # noqa: E402
-from rlweave.testing.workers import CONCURRENT_PROBE_ENGINE, PROBE, PROBE_ENGINE, engine_busy  # noqa: E402
+from rlweave.testing.workers import (  # noqa: E402
+    CONCURRENT_PROBE_ENGINE,
+    PROBE,
+    PROBE_ENGINE,
+    engine_busy,
+    process_threads,
+    process_threads_around_compute,
+)
 from rlweave.weight_sync import ObjectStoreTransport  # noqa: E402
 from rlweave.weight_sync.section import WeightSyncSection  # noqa: E402
 from rlweave.weight_sync.service import WeightSync  # noqa: E402
@@ -134,3 +142,18 @@ def test_concurrent_calls_share_the_rank(roles):  # roles: the module's cluster,
         assert long.result(timeout=30)[0][0].finish_reason == "aborted"
     finally:
         rollout.shutdown()
+
+
+def test_control_calls_leave_no_openmp_workers_behind(roles):
+    """The control channel's threads live as long as the rank; a pool of OpenMP workers kept by
+    each would slow every parallel region of the process (rlweave.devices.openmp)."""
+    rollout = roles["rollout"]
+
+    def on_control(fn):
+        return rollout.submit_ranks(fn.__name__, [0], [((), {})], lambda v: v[0], fn=fn, control=True).result(30)
+
+    before, during, threads = on_control(process_threads_around_compute)
+    if threads < 2:
+        pytest.skip("the rank runs one intra-op thread here: no OpenMP pool to leave")
+    assert during == before + threads - 1, "the call's parallel op started a pool of workers"
+    assert on_control(process_threads) == before, "the pool outlived the call"

@@ -33,6 +33,7 @@ from typing import Any
 from rlweave.algo_helpers.episode_rounds import EpisodeRounds
 from rlweave.algo_helpers.multi_turn import MultiTurnRollout
 from rlweave.algo_helpers.rollout import generations_to_batch
+from rlweave.devices.openmp import releasing
 from rlweave.interfaces.engine import SamplingParams
 from rlweave.interfaces.rollout import Rollout
 
@@ -136,7 +137,7 @@ class EpisodePipeline:
 
         self.running_version = self.engine_version
         if self.rounds is None:
-            self.running = self._pool.submit(self.rollout.run, self.queue[0], self.n, params(0), generate,
+            self.running = self._pool.submit(releasing(self.rollout.run), self.queue[0], self.n, params(0), generate,
                                              self.engine_version)
             return
         # groups to work on: this step's and those looked ahead (stragglers left for a later step among them)
@@ -144,7 +145,7 @@ class EpisodePipeline:
         self._draw_while(lambda: len(self.rounds.held) + sum(len(b) for b in self.queue) < want)
         while self.queue:
             self.rounds.admit(self.queue.popleft())
-        self.running = self._pool.submit(self.rounds.take, params(0), generate, self.engine_version, policy)
+        self.running = self._pool.submit(releasing(self.rounds.take), params(0), generate, self.engine_version, policy)
 
     def step_metrics(self, steps_done: int) -> dict[str, float]:
         """``staleness/*`` (the policy's version ``steps_done`` minus the engine's during the

@@ -50,6 +50,7 @@ import torch
 
 from rlweave.algo_helpers import chat
 from rlweave.data.batch import Batch
+from rlweave.devices.openmp import releasing
 from rlweave.interfaces.engine import Generation, SamplingParams
 from rlweave.interfaces.environment import Environment, EnvStep
 from rlweave.interfaces.rollout import GenerateFn, Rollout
@@ -191,7 +192,7 @@ class MultiTurnRollout(Rollout):
                         if self.engine_pool is None:
                             self._apply_turn(ts, generate(prompts, params), version, stepping)
                         else:
-                            generating[self.engine_pool.submit(generate, prompts, params)] = ts
+                            generating[self.engine_pool.submit(releasing(generate), prompts, params)] = ts
                     turn += 1
                     ready = []
                 if stepping or generating:
@@ -255,7 +256,7 @@ class MultiTurnRollout(Rollout):
                 t.end("max_turns")
             else:
                 text = self.tok.decode(t.final_ids, skip_special_tokens=True)
-                stepping[self.pool.submit(t.env.step, text)] = t
+                stepping[self.pool.submit(releasing(t.env.step), text)] = t
 
     def _observe(self, t: Trajectory, f: Future) -> bool:
         """Apply a finished environment step to ``t``; whether it goes on to another model turn."""

@@ -144,6 +144,22 @@ def engine_busy(worker: Any, rank: int) -> bool:  # noqa: ARG001
     return bool(worker.step_gate.busy)
 
 
+def process_threads_around_compute(worker: Any, rank: int) -> tuple[int, int, int]:  # noqa: ARG001
+    """Generic call: this process's thread count before and after a parallel torch op on the
+    calling thread, and its intra-op thread count (tests of the OpenMP pools of calls run on
+    threads of their own, :mod:`rlweave.devices.openmp`)."""
+    import torch
+
+    before = len(os.listdir("/proc/self/task"))
+    torch.ones(1 << 20).add_(1)  # a million elements: a parallel region when threads > 1
+    return before, len(os.listdir("/proc/self/task")), torch.get_num_threads()
+
+
+def process_threads(worker: Any, rank: int) -> int:  # noqa: ARG001
+    """Generic call: this process's thread count."""
+    return len(os.listdir("/proc/self/task"))
+
+
 class ProbeEngine(RolloutEngine):
     """Generation ``k`` of a prompt is ``reversed(prompt) + [k, rank]``, every token stamped
     with the weight version. With option ``step_s`` > 0 a call instead takes

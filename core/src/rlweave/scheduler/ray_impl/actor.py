@@ -17,6 +17,11 @@ calls of the default group (which still run one at a time). An engine class whos
 ``concurrent_calls`` is above 1 also gets the group :data:`GENERATE_GROUP`, where that many of
 its ``generate`` calls run at once, each on a thread of its own. Other actors have no such
 groups and stay single-threaded (calls in submission order).
+
+A call that ran on a thread other than the main one (a concurrency group's) frees the OpenMP
+worker threads it started when it ends (:mod:`rlweave.devices.openmp`), so the process never
+keeps a pool for each thread that once computed: with more pool threads than CPUs every
+parallel region of the process slows down, the engine's generate call included.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import sys
 import traceback
 from typing import Any, Callable
 
+from rlweave.devices.openmp import release_off_main
 from rlweave.scheduler.faults import FaultPlan
 from rlweave.scheduler.ray_impl import process
 from rlweave.scheduler.ray_impl.process import ProcessSettings
@@ -105,6 +111,8 @@ class WorkerActor:
             self.worker = self._cls(ctx)
         except BaseException as exc:  # noqa: BLE001
             raise self._fail("__init__", exc) from None
+        finally:
+            release_off_main()  # see the module docstring
 
     def call(self, method: str, args: tuple, kwargs: dict) -> Any:
         try:
@@ -117,6 +125,8 @@ class WorkerActor:
             return fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001
             raise self._fail(method, exc) from None
+        finally:
+            release_off_main()  # see the module docstring
 
     def control_apply(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """:meth:`apply` on the control channel (see the module docstring)."""
@@ -132,6 +142,8 @@ class WorkerActor:
             return fn(self.worker, self._rank, *args, **kwargs)
         except BaseException as exc:  # noqa: BLE001
             raise self._fail(name, exc) from None
+        finally:
+            release_off_main()  # see the module docstring
 
 
 #: the Ray concurrency group of the control channel, and how many control calls run at once
