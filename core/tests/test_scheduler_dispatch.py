@@ -3,6 +3,8 @@ data-parallel block, gather back in the original order, rank-0 and all-rank call
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from rlweave.interfaces.engine import SamplingParams
 from rlweave.interfaces.worker import WorkerContext
 from rlweave.scheduler import LocalWorkerGroup, RoleHandle, WorkerError
 from rlweave.scheduler.dispatch import dp_size
+from rlweave.scheduler.future import RoleFuture, wait_any
 from rlweave.testing.workers import ProbeEngine, ProbeWorker
 
 
@@ -120,3 +123,29 @@ def test_scheduler_and_weight_sync_import_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+class _Clock(LocalWorkerGroup):
+    """Calls whose pending entry is the monotonic time they are done at (a test double of the
+    group contract's ``done``, for the default ``wait_any``)."""
+
+    def __init__(self):  # noqa: D107 - no workers
+        self.name, self.world_size = "clock", 1
+
+    def done(self, pending):
+        return all(time.monotonic() >= at for at in pending)
+
+
+def test_default_wait_any_returns_when_a_call_is_done_or_the_time_is_up():
+    group = _Clock()
+    now = time.monotonic()
+    calls = [(group, [now + 0.3, now + 5.0]), (group, [now + 0.4])]  # the first: one rank of two early
+    wait_any([RoleFuture(g, p, list) for g, p in calls], timeout=10)
+    waited = time.monotonic() - now
+    assert 0.38 <= waited < 2.0, waited  # the second call, not the first call's early rank
+    now = time.monotonic()
+    wait_any([RoleFuture(group, [now + 5.0], list)], timeout=0.3)
+    assert 0.28 <= time.monotonic() - now < 2.0
+    now = time.monotonic()
+    wait_any([RoleFuture(group, [now + 5.0], list), RoleFuture.ready(1)], timeout=5)
+    assert time.monotonic() - now < 0.2, "a future holding its value is done"

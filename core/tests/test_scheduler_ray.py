@@ -20,6 +20,7 @@ from rlweave.data.batch import Batch  # noqa: E402
 from rlweave.interfaces.engine import SamplingParams  # noqa: E402
 from rlweave.plugins.types import BackendRecord, EngineRecord  # noqa: E402
 from rlweave.scheduler import WorkerError, build_roles  # noqa: E402
+from rlweave.scheduler.future import wait_any  # noqa: E402
 from rlweave.scheduler.ray_impl.cluster import ray_processes  # noqa: E402
 
 PROBE = BackendRecord(name="probe", summary="test worker", target="rlweave.testing.workers:ProbeWorker",
@@ -168,6 +169,23 @@ def test_independent_calls_overlap(roles):
     elapsed = time.monotonic() - start
     assert elapsed < 2.5, f"4 naps of 1.5 s took {elapsed:.2f} s: calls did not overlap"
     assert max(s for s, _ in spans) < min(e for _, e in spans)  # all four ran at the same time
+
+
+def test_wait_any_sleeps_until_a_whole_call_is_done(roles):
+    """One call of two roles' ranks each: wait_any returns when every rank of one call is done,
+    not when one rank of the other is, and the controller sleeps meanwhile (no polling)."""
+    uneven = roles["policy"].submit_ranks("nap", [0, 1], [((0.05,), {}), ((4.0,), {})], list)
+    even = roles["reference"].call("nap", 1.5)
+    t0, cpu0 = time.monotonic(), time.process_time()
+    wait_any([uneven, even], timeout=30)
+    waited, cpu = time.monotonic() - t0, time.process_time() - cpu0
+    assert even.done() and not uneven.done(), waited
+    assert 1.3 < waited < 4.0, waited
+    assert cpu < 0.5 * waited, f"the controller used {cpu:.2f} s of CPU in a {waited:.2f} s wait"
+    t0 = time.monotonic()
+    wait_any([uneven], timeout=0.5)
+    assert not uneven.done() and 0.45 < time.monotonic() - t0 < 2.0
+    assert len(uneven.result(timeout=30)) == 2 and len(even.result(timeout=30)) == 2
 
 
 def test_group_of_four_all_reduce_and_dead_rank(cluster, roles):

@@ -41,9 +41,11 @@ from rlweave.algo_helpers.episode_pipeline import EpisodePipeline
 from rlweave.algo_helpers.rollout import SingleTurnRollout, encode_records, generations_to_batch
 from rlweave.algo_helpers.rollout_queue import GroupState, RolloutQueue
 from rlweave.interfaces.engine import SamplingParams
+from rlweave.scheduler.future import wait_any
 
-#: seconds between checks of the engine's requests while the controller waits for the trainer
-POLL_S = 0.005
+#: the longest the controller sleeps while it waits for the trainer and the engine's requests
+#: (it wakes as soon as one of them finishes; this only bounds a wait for neither)
+WAIT_S = 1.0
 #: sync + partial rollout: the completion rate a round's fresh groups are counted at, at least
 MIN_FIRST_ROUND_RATE = 0.25
 
@@ -228,7 +230,7 @@ class RolloutPipeline:
         if self.overlapped:
             while not future.done():
                 self.pump(steps_done, params)
-                time.sleep(POLL_S)
+                wait_any([future, *(r.future for r in self.queue.in_flight)], WAIT_S)
         return future.result()
 
     def pump(self, steps_done: int, params: Callable[[int], SamplingParams]) -> None:

@@ -34,9 +34,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from rlweave.interfaces.engine import Generation, SamplingParams
+from rlweave.scheduler.future import wait_any
 
-#: seconds between looks at the requests in flight while waiting for any of them to finish
-POLL_S = 0.002
+#: the longest one wait for any of the requests in flight lasts before it looks again (it
+#: returns as soon as one finishes)
+WAIT_S = 1.0
 
 
 @dataclass
@@ -242,7 +244,7 @@ class RolloutQueue:
                 if len(self.in_flight) == 1:
                     done = self.in_flight[:1]  # its result() waits
                 else:
-                    time.sleep(POLL_S)
+                    wait_any([req.future for req in self.in_flight], WAIT_S)
                     continue
             if not done:
                 break

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from rlweave.scheduler.group import WorkerGroup
+from rlweave.scheduler.group import LOOK_S, WorkerGroup
 from rlweave.worker_errors import WorkerTimeout
 
 _UNSET = object()
@@ -62,3 +62,26 @@ class RoleFuture:
 
     def __repr__(self) -> str:
         return f"RoleFuture(done={self.done()})"
+
+
+def wait_any(futures: Sequence[RoleFuture], timeout: float) -> None:
+    """Return once one of ``futures`` is done, or after ``timeout`` seconds; raises nothing
+    (``result()`` tells how a call ended). Calls of groups of one class are waited on by that
+    class (:meth:`~rlweave.scheduler.group.WorkerGroup.wait_any`: on Ray, one ``ray.wait``
+    without polling); calls of several classes, and futures that are not :class:`RoleFuture`
+    (anything with ``done()``), are looked at every :data:`~rlweave.scheduler.group.LOOK_S`
+    seconds."""
+    if not all(isinstance(f, RoleFuture) for f in futures):  # other futures (tests' doubles): look in turn
+        deadline = time.monotonic() + timeout
+        while futures and not any(f.done() for f in futures) and time.monotonic() < deadline:
+            time.sleep(LOOK_S)
+        return
+    calls = []
+    for f in futures:
+        if f._value is not _UNSET or f._group is None:
+            return
+        calls.append((f._group, f._pending))
+    if not calls:
+        return
+    kinds = {type(group) for group, _ in calls}
+    (kinds.pop() if len(kinds) == 1 else WorkerGroup).wait_any(calls, timeout)

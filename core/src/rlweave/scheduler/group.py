@@ -16,6 +16,11 @@ Contract:
   for the others, which may be stuck in a collective with the failed rank) and
   :class:`~rlweave.worker_errors.WorkerTimeout` when ``timeout`` runs out.
 * :meth:`kill` ends every rank; it is idempotent and never raises.
+* :meth:`wait_any` (a class method) blocks until one of several calls, of groups of one class, has
+  finished or a timeout passed; it returns nothing and raises nothing (``wait`` reports how a call
+  ended). The default looks at the calls every :data:`LOOK_S` seconds; a backend that can block
+  on the calls themselves overrides it (Ray: one ``ray.wait`` over every rank's result), so a
+  controller waiting on the engine's requests and the trainer at once sleeps until one ends.
 
 Control channel: with ``control=True`` a call goes to the rank's control channel, which is
 never queued behind the rank's other calls, where the group has one (a Ray rank whose worker
@@ -37,11 +42,14 @@ importable by reference (a module-level function).
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Sequence
 
 #: One call's arguments for one rank: ``(args, kwargs)``.
 RankArgs = tuple[tuple[Any, ...], dict[str, Any]]
+#: seconds between looks of the default :meth:`WorkerGroup.wait_any`
+LOOK_S = 0.002
 
 
 class WorkerGroup(ABC):
@@ -71,3 +79,14 @@ class WorkerGroup(ABC):
     @abstractmethod
     def kill(self) -> None:
         """End all ranks now (idempotent, never raises)."""
+
+    @classmethod
+    def wait_any(cls, calls: Sequence[tuple["WorkerGroup", list[Any]]], timeout: float) -> None:
+        """Return once one of ``calls`` (``(group, pending)`` pairs, groups of this class) has
+        finished, or after ``timeout`` seconds; see the module contract."""
+        deadline = time.monotonic() + timeout
+        while not any(group.done(pending) for group, pending in calls):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(LOOK_S, left))

@@ -128,6 +128,28 @@ class RayWorkerGroup(WorkerGroup):
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         return len(ready) == len(refs)
 
+    @classmethod
+    def wait_any(cls, calls: Sequence[tuple[WorkerGroup, list[Any]]], timeout: float) -> None:
+        """One ``ray.wait`` over the results not yet in of every call's ranks, until one more
+        is in; returns when a call has all of its ranks' results (a call of several ranks may
+        have some in already), or after ``timeout``."""
+        import ray
+
+        deadline = time.monotonic() + timeout
+        refs = [[p[2] for p in pending] for _, pending in calls]
+        everything = [r for call in refs for r in call]
+        if not everything or any(not call for call in refs):
+            return
+        while True:
+            ready, waiting = ray.wait(everything, num_returns=len(everything), timeout=0)
+            have = set(ready)
+            if any(all(r in have for r in call) for call in refs):
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            ray.wait(waiting, num_returns=1, timeout=left)
+
     def kill(self) -> None:
         if self._killed:
             return
