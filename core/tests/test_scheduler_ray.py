@@ -183,7 +183,7 @@ def test_wait_any_sleeps_until_a_whole_call_is_done(roles):
     assert 1.3 < waited < 4.0, waited
     assert cpu < 0.5 * waited, f"the controller used {cpu:.2f} s of CPU in a {waited:.2f} s wait"
     t0 = time.monotonic()
-    wait_any([uneven], timeout=0.5)
+    wait_any([uneven, uneven], timeout=0.5)  # the same call twice: one wait on its ranks
     assert not uneven.done() and 0.45 < time.monotonic() - t0 < 2.0
     assert len(uneven.result(timeout=30)) == 2 and len(even.result(timeout=30)) == 2
 

@@ -137,7 +137,7 @@ class RayWorkerGroup(WorkerGroup):
 
         deadline = time.monotonic() + timeout
         refs = [[p[2] for p in pending] for _, pending in calls]
-        everything = [r for call in refs for r in call]
+        everything = list(dict.fromkeys(r for call in refs for r in call))  # ray.wait takes each ref once
         if not everything or any(not call for call in refs):
             return
         while True:
