@@ -39,13 +39,10 @@ from typing import Any, Callable
 
 from rlweave.algo_helpers.episode_pipeline import EpisodePipeline
 from rlweave.algo_helpers.rollout import SingleTurnRollout, encode_records, generations_to_batch
-from rlweave.algo_helpers.rollout_queue import GroupState, RolloutQueue
+from rlweave.algo_helpers.rollout_queue import WAIT_S, GroupState, RolloutQueue
 from rlweave.interfaces.engine import SamplingParams
 from rlweave.scheduler.future import wait_any
 
-#: the longest the controller sleeps while it waits for the trainer and the engine's requests
-#: (it wakes as soon as one of them finishes; this only bounds a wait for neither)
-WAIT_S = 1.0
 #: sync + partial rollout: the completion rate a round's fresh groups are counted at, at least
 MIN_FIRST_ROUND_RATE = 0.25
 

@@ -36,8 +36,8 @@ from typing import Any, Callable
 from rlweave.interfaces.engine import Generation, SamplingParams
 from rlweave.scheduler.future import wait_any
 
-#: the longest one wait for any of the requests in flight lasts before it looks again (it
-#: returns as soon as one finishes)
+#: the longest one wait for the engine's requests in flight (and, in the pipeline, the trainer's
+#: call) lasts before the waiter looks again; it returns as soon as one of them finishes
 WAIT_S = 1.0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from rlweave.scheduler.group import LOOK_S, WorkerGroup
+from rlweave.scheduler.group import WorkerGroup, look_until
 from rlweave.worker_errors import WorkerTimeout
 
 _UNSET = object()
@@ -72,9 +72,8 @@ def wait_any(futures: Sequence[RoleFuture], timeout: float) -> None:
     (anything with ``done()``), are looked at every :data:`~rlweave.scheduler.group.LOOK_S`
     seconds."""
     if not all(isinstance(f, RoleFuture) for f in futures):  # other futures (tests' doubles): look in turn
-        deadline = time.monotonic() + timeout
-        while futures and not any(f.done() for f in futures) and time.monotonic() < deadline:
-            time.sleep(LOOK_S)
+        if futures:
+            look_until(lambda: any(f.done() for f in futures), timeout)
         return
     calls = []
     for f in futures:

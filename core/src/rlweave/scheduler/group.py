@@ -81,12 +81,18 @@ class WorkerGroup(ABC):
         """End all ranks now (idempotent, never raises)."""
 
     @classmethod
-    def wait_any(cls, calls: Sequence[tuple["WorkerGroup", list[Any]]], timeout: float) -> None:
+    def wait_any(cls, calls: Sequence[tuple[WorkerGroup, list[Any]]], timeout: float) -> None:
         """Return once one of ``calls`` (``(group, pending)`` pairs, groups of this class) has
         finished, or after ``timeout`` seconds; see the module contract."""
-        deadline = time.monotonic() + timeout
-        while not any(group.done(pending) for group, pending in calls):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            time.sleep(min(LOOK_S, left))
+        look_until(lambda: any(group.done(pending) for group, pending in calls), timeout)
+
+
+def look_until(ready: Callable[[], bool], timeout: float) -> None:
+    """Call ``ready()`` every :data:`LOOK_S` seconds until it is true or ``timeout`` seconds
+    passed (the default :meth:`WorkerGroup.wait_any`)."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(LOOK_S, left))
