@@ -245,9 +245,12 @@ def compiled_cpu_scenario(ctx_kw: dict, model_dir: str, work: str, scopes: list[
     ``"bf16_auto"``: ``auto``, which resolves to the compiled bf16 one): the backward each
     worker set for its attention modules (``marks``) and the losses of three training steps
     from the same weights (packed and shared-prompt rows); then whether that compiled backward gives
-    :func:`shared_prompt_attention`'s reference outputs and gradients (``"bf16_shared_prompt_close"``)."""
+    :func:`shared_prompt_attention`'s reference outputs and gradients (``"bf16_shared_prompt_close"``),
+    and how many graphs dynamo holds for that backward after all of them (``"bf16_backward_graphs"``)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
     from rlweave.devices.cpu import ENV
-    from rlweave_backend_fsdp.cpu.attention import modes_of
+    from rlweave_backend_fsdp.cpu.attention import _bf16_backward_math, modes_of
     from rlweave_backend_fsdp.modeling import decoder_layers
 
     model = {"path": model_dir, "dtype": "float32", "model_type": "causal_lm"}
@@ -272,6 +275,7 @@ def compiled_cpu_scenario(ctx_kw: dict, model_dir: str, work: str, scopes: list[
         # (and inductor session) that compiled it for training
         res["bf16_shared_prompt_close"] = shared_prompt_attention_close(shared_prompt_attention("bfloat16", "bf16"),
                                                                         "bfloat16")
+        res["bf16_backward_graphs"] = len(_debug_get_cache_entry_list(_bf16_backward_math.__code__))
     finally:
         if old is None:
             os.environ.pop(ENV, None)

@@ -232,3 +232,6 @@ def test_bf16_compiled_attention_backward_trains_like_fp32_backward(compiled):
     assert auto["losses"][1:] != fp32["losses"][1:]  # another backward really ran (the first loss precedes it)
     assert auto["losses"][2] < auto["losses"][0]  # it trained
     assert compiled["bf16_shared_prompt_close"]  # the compiled backward: per-sample attention's gradients
+    # one graph per kind of bucket (one row or several, one token or more), whatever the layout of the views it
+    # was given: not a new one for each, up to dynamo's recompile limit (8), past which it would run eagerly
+    assert 0 < compiled["bf16_backward_graphs"] <= 4

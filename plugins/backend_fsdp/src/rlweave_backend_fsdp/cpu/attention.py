@@ -116,13 +116,28 @@ class _CPUFlash(torch.autograd.Function):
             if mask is None:
                 mask = _additive(torch.ones(n, n, dtype=torch.bool).tril_(), lse.dtype)
             scale = ctx.scale if ctx.scale is not None else q.shape[-1] ** -0.5
-            dq, dk, dv = inductor.compiled(_bf16_backward_math)(q, k, v, out, grad, lse, mask, float(scale))
+            args = (_dense(x) for x in (q, k, v, out, grad, lse, mask))
+            dq, dk, dv = inductor.compiled(_bf16_backward_math)(*args, float(scale))
             return dq, dk, dv, None, None, None
         wide = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             *(x.to(wide) for x in (grad, q, k, v, out)), lse, 0.0, ctx.mask is None,
             attn_mask=None if ctx.mask is None else ctx.mask.to(wide), scale=ctx.scale)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    """``x`` detached, with row-major strides (size-1 dimensions included): the compiled backward
+    then sees one layout and one ``requires_grad`` for every bucket, where dynamo would guard on
+    each view's strides and compile again for every new one, up to its recompile limit."""
+    x = x.detach()
+    want, step = [], 1
+    for n in reversed(x.shape):
+        want.append(step)
+        step *= n
+    if x.stride() == tuple(reversed(want)):
+        return x
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
