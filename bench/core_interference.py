@@ -4,8 +4,8 @@ What the overlapping run modes do on a CPU machine with one core per role, witho
 Ray in the way: one process generates with ``vllm.LLM`` (the engine core in process, one
 intra-op thread, the long-tail task's prompts: 16 x 4 samples of at most 256 tokens, temperature
 1, a fixed seed, so every call produces the same tokens), call after call; a second process
-trains a small MLP with AdamW on one thread (``--mlp-width``) for the middle calls. A control row
-does the same with a compute-only load whose data fits in a core's L2 (256 x 256 matmuls).
+trains a small MLP with AdamW on one thread (``--mlp-width``). A control row does the same with a
+compute-only load whose data fits in a core's L2 (256 x 256 matmuls).
 The load starts once and is stopped (SIGSTOP) and resumed (SIGCONT) between calls, so calls
 alone and calls beside it take turns. Columns: seconds a generate call takes with the other core
 idle and beside the load (medians), and the median ratio of each pair with the smallest and largest.
@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--mlp-width", type=int, default=512, help="the trainer's MLP: width x 4*width linears")
+    ap.add_argument("--mlp-width", type=int, default=512, help="the trainer's MLP: a width x 4*width linear and back, applied twice")
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
     if not (a.model / "config.json").is_file():
