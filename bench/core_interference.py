@@ -93,7 +93,8 @@ def measure(call, load: str, calls: int, width: int) -> dict[str, float]:
     proc = subprocess.Popen([sys.executable, "-c", LOADS[load], str(width)], stdout=subprocess.PIPE, text=True)
     alone, busy, tokens = [], [], set()
     try:
-        proc.stdout.readline()  # "go": the load's set-up (imports) is done
+        if proc.stdout.readline().strip() != "go":  # the load's set-up (imports) is done
+            raise RuntimeError(f"the {load!r} load did not start (exit code {proc.poll()})")
         for _ in range(calls):
             os.kill(proc.pid, signal.SIGSTOP)
             s, t = timed(call)
