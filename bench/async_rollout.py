@@ -24,7 +24,10 @@ brackets the difference to sync), the trained response lengths (each step's p50/
 over the timed steps, and the longest), the mean and largest staleness, the share of trained samples
 that took more than one round, and each role's idle seconds per step (``time/idle/rollout``,
 ``time/idle/policy``; plain sync steps report none, so they are derived and marked ``~``: the
-policy waits while the engine generates, ``time/generate``, and the engine for the rest).
+policy waits while the engine generates, ``time/generate``, and the engine for the rest), and each
+role's on-CPU seconds per step (its ranks' user + system time over the timed steps but the last, read
+while the run goes on: :mod:`rank_cpu`; with one core per role, a role whose figure is close to the
+step's is what the step waits for).
 ``--repeat N`` runs all modes N times, taking turns, with seeds ``run.seed + k``; throughput is
 pooled over the repeats and the reward averaged. Below the table: the most overlap can gain, from
 sync's split of a step into generation and the rest (:func:`overlap_ceiling`).
@@ -73,6 +76,7 @@ SFT_MODEL = ROOT / "runs" / "longtail-sft" / "hf"
 MODE_NAMES = ("sync", "partial", "one_step_off", "async", "async_partial")
 DEFAULT_MODES = MODE_NAMES[:4]
 SEED = 1  # run.seed of both examples' grpo.yaml
+POLL_S = 0.5  # how often a run's step count is looked at (StepWindowCPU)
 
 
 def select_task(name: str) -> None:
@@ -163,6 +167,8 @@ def ensure_model(model: Path | None, work: Path, env: dict) -> Path:
 # --------------------------------------------------------------------------------- runs
 def run_mode(mode: str, turn: int, model: Path, work: Path, a: argparse.Namespace, env: dict) -> dict:
     """One GRPO run of ``mode`` (seed ``SEED + turn``); its measurements, or ``{"error": ...}``."""
+    from rank_cpu import StepWindowCPU  # bench/ is on sys.path (main)
+
     name = f"{mode}-{turn}"
     threads = [f"roles.{r}.cpu_threads={a.role_threads}" for r in ("policy", "rollout")] if a.role_threads else []
     overrides = [f"model.path={model}", f"run.output_dir={work / 'grpo'}", f"run.name={name}",
@@ -175,17 +181,26 @@ def run_mode(mode: str, turn: int, model: Path, work: Path, a: argparse.Namespac
     with open(log, "w") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
-        try:
-            code = subprocess.run(cmd, check=False, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                  timeout=a.timeout).returncode
-        except subprocess.TimeoutExpired:
-            code = f"timeout after {a.timeout:.0f} s"
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        # on-CPU time over the timed steps but the last (after it the ranks evaluate and stop)
+        last = a.steps - max(1, drain_steps(mode, a))
+        window = StepWindowCPU(work / "grpo" / name, proc.pid, a.warmup, last) if last > a.warmup else None
+        while (code := proc.poll()) is None:
+            if time.perf_counter() - t0 > a.timeout:
+                proc.kill()
+                proc.wait()
+                code = f"timeout after {a.timeout:.0f} s"
+                break
+            if window:
+                window.poll()
+            time.sleep(POLL_S)
     wall = time.perf_counter() - t0
     if code != 0:
         tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-12:]
         return {"mode": mode, "turn": turn, "error": f"exit {code}", "log": str(log), "log_tail": tail, "wall_s": wall}
     return {"mode": mode, "turn": turn, "overrides": overrides, "wall_s": wall, "log": str(log),
-            **summarize(work / "grpo" / name, a.warmup, drain_steps(mode, a))}
+            **summarize(work / "grpo" / name, a.warmup, drain_steps(mode, a)),
+            **{f"cpu_{role}_s": v for role, v in ((window and window.result()) or {}).items()}}
 
 
 def _mean(rows: list[dict], key: str) -> float | None:
@@ -251,7 +266,8 @@ def pooled(mode: str, runs: list[dict]) -> dict:
 
 # -------------------------------------------------------------------------------- table
 HEAD = ("mode", "samples", "s/step", "steps/h", "samples/s", "vs sync", "held-out reward",
-        "response len p50/p90/p99/max", "staleness mean/max", "partial", "idle rollout s/step", "idle policy s/step")
+        "response len p50/p90/p99/max", "staleness mean/max", "partial", "idle rollout s/step", "idle policy s/step",
+        "CPU s/step rollout/policy")
 
 
 def lengths(r: dict) -> str:
@@ -263,6 +279,11 @@ def lengths(r: dict) -> str:
 
 def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
+
+
+def cpu(r: dict) -> str:
+    """On-CPU seconds per timed step of the rollout's and the policy's ranks (``rank_cpu``)."""
+    return f"{_f(r.get('cpu_rollout_s'), '.2f')}/{_f(r.get('cpu_policy_s'), '.2f')}"
 
 
 def idle(r: dict) -> tuple[str, str]:
@@ -297,7 +318,7 @@ def rows(results: list[dict]) -> list[tuple[str, ...]]:
         out.append((r["mode"], f"{r['trained_samples'] / r['runs']:.0f}", f"{r['timed_s'] / r['timed_steps']:.2f}",
                     f"{r['steps_per_hour']:.0f}", f"{r['samples_per_s']:.1f}", ratio, reward, lengths(r),
                     f"{_f(r['staleness_mean'], '.2f')}/{_f(r['staleness_max'], '.0f')}",
-                    _f(r["partial_ratio"], ".2f"), *idle(r)))
+                    _f(r["partial_ratio"], ".2f"), *idle(r), cpu(r)))
     return out
 
 
@@ -338,6 +359,9 @@ def describe(res: dict) -> str:
             f"-> {_f(res['eval_after'], '.3f')}, response length mean {_f(res['response_len_mean'], '.1f')} "
             f"(batch max {_f(res['response_len_max'], '.0f')}), "
             + (f"{res['partial_rounds']:.1f} rounds a step, " if res.get("partial_rounds") else "")
+            + (f"on-CPU s/step rollout {_f(res.get('cpu_rollout_s'), '.2f')} policy "
+               f"{_f(res.get('cpu_policy_s'), '.2f')} controller {_f(res.get('cpu_controller_s'), '.2f')}, "
+               if "cpu_controller_s" in res else "")
             + f"wall {res['wall_s']:.0f} s")
 
 
