@@ -1,0 +1,184 @@
+"""What a vLLM decode step costs by the sequences in it, and what that leaves partial rollout to gain.
+
+A sync GRPO step waits for its longest sample: its generation takes as many decode steps as
+that sample's tokens, most of them running a few sequences. Partial rollout cuts every call at
+``--budget`` tokens, so a step takes at most that many decode steps, each running more
+sequences. Which one is faster depends on how a decode step's time grows with the sequences in
+it. This bench measures that with the rollout engine's settings (``vllm.LLM``, the engine core
+in process, one intra-op thread per ``--threads``, the sampled tokens' log-probs, no
+detokenizing), on the long-tail example's SFT model and prompts:
+
+1. For each batch size B in ``--batches``: a call of B sequences for ``--tokens`` tokens
+   (EOS ignored) and a call of one token each; their difference over ``tokens - 1`` is the time
+   of one decode step of B sequences (prefill taken out). Median of ``--repeat`` pairs.
+2. A least-squares line through them: ``step(B) = a + b * B``, ``a`` the cost of a decode step
+   whatever it holds, ``b`` each sequence's share.
+3. From the line and the task's response lengths (``examples/longtail/data/rl_train.jsonl``:
+   the answer's tokens and EOS, ``--groups`` x ``--samples`` drawn at random ``--draws`` times):
+   a sync step's generation (one decode step per token of its longest sample, each costing
+   ``a + b * sequences still running``) and the least a partial round can take for the same
+   tokens (``--budget`` decode steps, every token in them, no prefill of continued samples);
+   then, for each ``--rest`` (seconds of a step that are not generation: old log-probs, the
+   updates, the weight sync), the most partial rollout can speed a sync step up.
+
+    python bench/decode_cost.py                       # runs/longtail-sft/hf
+    python bench/decode_cost.py --rest 0.49 --rest 0.33 --markdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+DATA = ROOT / "examples" / "longtail" / "data" / "rl_train.jsonl"
+
+
+def engine(model: Path, threads: int):
+    """``(llm, prompts)``: a vLLM engine with the rollout engine's CPU settings in this process,
+    and the task's prompts as token ids."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    # the engine's OpenMP threads on this process's first ``threads`` cores, as a rollout rank's
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(os.sched_getaffinity(0))[:threads]))
+    import torch
+    from transformers import AutoTokenizer
+    from vllm import LLM
+
+    torch.set_num_threads(threads)
+    llm = LLM(model=str(model), skip_tokenizer_init=True, dtype="float32", enforce_eager=True, max_model_len=512,
+              enable_chunked_prefill=False, max_num_batched_tokens=8192, kv_cache_memory_bytes=512 << 20,
+              block_size=32, seed=1)
+    tok = AutoTokenizer.from_pretrained(str(model))
+    records = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
+    prompts = [list(tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)) for r in records[:512]]
+    return llm, prompts
+
+
+def call_seconds(llm, prompts: list[list[int]], tokens: int) -> float:
+    """Seconds one generate call of ``prompts`` takes for exactly ``tokens`` tokens each."""
+    from vllm import SamplingParams
+
+    p = SamplingParams(temperature=1.0, max_tokens=tokens, min_tokens=tokens, ignore_eos=True, seed=3, logprobs=0,
+                       flat_logprobs=True, detokenize=False)
+    t0 = time.perf_counter()
+    out = llm.generate([{"prompt_token_ids": ids} for ids in prompts], p, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    if any(len(o.outputs[0].token_ids) != tokens for o in out):
+        raise RuntimeError(f"a call asked for {tokens} tokens a sequence returned another count")
+    return seconds
+
+
+def step_seconds(llm, prompts: list[list[int]], batch: int, tokens: int, repeat: int) -> float:
+    """The median time of one decode step of ``batch`` sequences (prefill taken out)."""
+    chosen = prompts[:batch]
+    diffs = []
+    for _ in range(repeat):
+        one = call_seconds(llm, chosen, 1)
+        full = call_seconds(llm, chosen, tokens)
+        diffs.append((full - one) / (tokens - 1))
+    return statistics.median(diffs)
+
+
+def fit(points: dict[int, float]) -> tuple[float, float]:
+    """Least squares ``(a, b)`` of ``seconds = a + b * batch``."""
+    xs, ys = list(points), list(points.values())
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def task_lengths(model: Path, cap: int) -> list[int]:
+    """Each training record's response length in tokens (the answer and EOS), at most ``cap``."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    records = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
+    return [min(cap, len(tok(r["answer"])["input_ids"]) + 1) for r in records]
+
+
+def generation_seconds(a: float, b: float, lengths: list[int], groups: int, samples: int, budget: int,
+                       draws: int) -> tuple[float, float, float]:
+    """``(sync, partial, tokens)``: the mean generation seconds of a sync step and the least of a
+    partial round, over ``draws`` batches of ``groups`` prompts x ``samples`` drawn from
+    ``lengths`` (every sample of a group as long as its record's answer), and their mean tokens."""
+    rng = random.Random(0)
+    sync, partial, toks = [], [], []
+    for _ in range(draws):
+        batch = [n for n in rng.sample(lengths, groups) for _ in range(samples)]
+        sync.append(sum(a + b * sum(1 for n in batch if n > t) for t in range(max(batch))))
+        tokens = sum(batch)
+        partial.append(min(budget, max(batch)) * a + b * tokens)
+        toks.append(tokens)
+    return statistics.fmean(sync), statistics.fmean(partial), statistics.fmean(toks)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=ROOT / "runs" / "longtail-sft" / "hf",
+                    help="a causal LM vLLM serves (default: the long-tail example's SFT model)")
+    ap.add_argument("--batches", default="1,4,16,32,64,128", help="sequences per decode step, comma-separated")
+    ap.add_argument("--tokens", type=int, default=48, help="decode steps per timed call")
+    ap.add_argument("--repeat", type=int, default=3, help="timed pairs of calls per batch size (median)")
+    ap.add_argument("--threads", type=int, default=1, help="the engine's intra-op threads (a rollout role's cpu_threads)")
+    ap.add_argument("--groups", type=int, default=16, help="prompts a step (data.batch_size)")
+    ap.add_argument("--samples", type=int, default=4, help="samples a prompt (algorithm.n_samples)")
+    ap.add_argument("--budget", type=int, default=48, help="partial rollout's tokens a round")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--draws", type=int, default=200, help="random batches the step times are averaged over")
+    ap.add_argument("--rest", type=float, action="append", default=[],
+                    help="seconds of a step that are not generation (repeatable): the most partial rollout gains then")
+    ap.add_argument("--goal", type=float, default=1.3, help="a speed-up of partial rollout over sync: the most "
+                    "seconds of a step that are not generation at which partial rollout can still reach it")
+    ap.add_argument("--markdown", action="store_true")
+    a = ap.parse_args()
+    if not (a.model / "config.json").is_file():
+        sys.exit(f"no model at {a.model}: run `rlweave train examples/longtail/sft.yaml` first, or pass --model")
+    batches = [int(x) for x in a.batches.split(",") if x.strip()]
+    if len(batches) < 2 or a.tokens < 2:
+        sys.exit("--batches needs two sizes or more and --tokens at least 2: a line is fitted through them")
+    from machine import cpu_name  # the CPU model beside every number
+
+    llm, prompts = engine(a.model, a.threads)
+    if max(batches) > len(prompts):
+        sys.exit(f"--batches: at most {len(prompts)} sequences (the prompts read from {DATA})")
+    call_seconds(llm, prompts[:max(batches)], a.tokens)  # warm-up
+    points = {bsz: step_seconds(llm, prompts, bsz, a.tokens, a.repeat) for bsz in batches}
+    ca, cb = fit(points)
+    sync, partial, tokens = generation_seconds(ca, cb, task_lengths(a.model, a.max_new_tokens), a.groups, a.samples,
+                                               a.budget, a.draws)
+    print(f"{datetime.date.today()}, {cpu_name()}; {a.threads} engine thread(s); {a.tokens} decode steps a call, "
+          f"median of {a.repeat}")
+    rows = [(str(bsz), f"{s * 1e3:.2f}", f"{(ca + cb * bsz) * 1e3:.2f}", f"{s / bsz * 1e6:.0f}")
+            for bsz, s in points.items()]
+    head = ("sequences", "ms a decode step", "fit ms", "us a sequence")
+    print(f"{head[0]:>9s} {head[1]:>16s} {head[2]:>7s} {head[3]:>13s}")
+    for r in rows:
+        print(f"{r[0]:>9s} {r[1]:>16s} {r[2]:>7s} {r[3]:>13s}")
+    print(f"fit: a decode step {ca * 1e3:.2f} ms + {cb * 1e6:.1f} us a sequence")
+    print(f"task ({a.groups} x {a.samples} a step, {tokens:.0f} tokens on average): sync generation {sync:.3f} s, "
+          f"partial round at least {partial:.3f} s (budget {a.budget}); {partial / sync:.2f} of sync")
+    bounds = [(r, (sync + r) / (partial + r)) for r in a.rest]
+    for r, x in bounds:
+        print(f"with {r:.2f} s of a step not generation: partial rollout at most {x:.2f}x sync")
+    # (sync + r) / (partial + r) >= goal  <=>  r <= (sync - goal * partial) / (goal - 1)
+    most = (sync - a.goal * partial) / (a.goal - 1) if a.goal > 1 else float("inf")
+    print(f"partial rollout reaches {a.goal:.2f}x sync only if at most {max(0.0, most):.3f} s of a step are not "
+          f"generation" if most >= 0 else f"partial rollout cannot reach {a.goal:.2f}x sync here")
+    if a.markdown:
+        print("\n| sequences | ms a decode step | fit ms | us a sequence |\n|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {' | '.join(r)} |")
+
+
+if __name__ == "__main__":
+    main()
