@@ -5,8 +5,8 @@ that sample's tokens, most of them running a few sequences. Partial rollout cuts
 ``--budget`` tokens, so a step takes at most that many decode steps, each running more
 sequences. Which one is faster depends on how a decode step's time grows with the sequences in
 it. This bench measures that with the rollout engine's settings (``vllm.LLM``, the engine core
-in process, one intra-op thread per ``--threads``, the sampled tokens' log-probs, no
-detokenizing), on the long-tail example's SFT model and prompts:
+in process, ``--threads`` intra-op threads (one, as a rollout role with ``cpu_threads: 1``), the
+sampled tokens' log-probs, no detokenizing), on the long-tail example's SFT model and prompts:
 
 1. For each batch size B in ``--batches``: a call of B sequences for ``--tokens`` tokens
    (EOS ignored) and a call of one token each; their difference over ``tokens - 1`` is the time
