@@ -1,12 +1,13 @@
-"""What a vLLM decode step costs by the sequences in it, and what that leaves partial rollout to gain.
+"""What a rollout engine's decode step costs by the sequences in it, and what that leaves partial rollout to gain.
 
 A sync GRPO step waits for its longest sample: its generation takes as many decode steps as
 that sample's tokens, most of them running a few sequences. Partial rollout cuts every call at
 ``--budget`` tokens, so a step takes at most that many decode steps, each running more
 sequences. Which one is faster depends on how a decode step's time grows with the sequences in
-it. This bench measures that with the rollout engine's settings (``vllm.LLM``, the engine core
-in process, ``--threads`` intra-op threads (one, as a rollout role with ``cpu_threads: 1``), the
-sampled tokens' log-probs, no detokenizing), on the long-tail example's SFT model and prompts:
+it. This bench measures that on the rollout engine itself (the ``--engine`` plugin's engine, as a
+rollout rank builds it with its default options, in this process; on the CPU kept to ``--threads``
+cores, one as a rollout role with ``cpu_threads: 1``; ``generate`` as algorithms call it, the
+sampled tokens' log-probs included), with the long-tail example's SFT model and prompts:
 
 1. For each batch size B in ``--batches``: a call of B sequences for ``--tokens`` tokens
    (EOS ignored) and a call of one token each; their difference over ``tokens - 1`` is the time
@@ -21,8 +22,9 @@ sampled tokens' log-probs, no detokenizing), on the long-tail example's SFT mode
    then, for each ``--rest`` (seconds of a step that are not generation: old log-probs, the
    updates, the weight sync), the most partial rollout can speed a sync step up.
 
-    python bench/decode_cost.py                       # runs/longtail-sft/hf
+    python bench/decode_cost.py                       # runs/longtail-sft/hf, the vllm engine
     python bench/decode_cost.py --rest 0.49 --rest 0.33 --markdown
+    python bench/decode_cost.py --engine hf --device cuda  # the transformers engine on a GPU
 """
 
 from __future__ import annotations
@@ -42,49 +44,52 @@ sys.path.insert(0, str(ROOT / "bench"))
 DATA = ROOT / "examples" / "longtail" / "data" / "rl_train.jsonl"
 
 
-def engine(model: Path, threads: int):
-    """``(llm, prompts)``: a vLLM engine with the rollout engine's CPU settings in this process,
-    and the task's prompts as token ids."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    # the engine's OpenMP threads on this process's first ``threads`` cores, as a rollout rank's
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(os.sched_getaffinity(0))[:threads]))
+def engine(name: str, model: Path, threads: int, device: str):
+    """``(engine, prompts)``: the ``name`` engine plugin's rollout engine (what a rollout rank
+    builds, with its default options and a 0.5 GiB KV cache) in this process, and the task's
+    prompts as token ids. On the CPU this process first keeps to ``threads`` cores, as a rank
+    with ``cpu_threads`` does."""
     import torch
     from transformers import AutoTokenizer
-    from vllm import LLM
 
-    torch.set_num_threads(threads)
-    llm = LLM(model=str(model), skip_tokenizer_init=True, dtype="float32", enforce_eager=True, max_model_len=512,
-              enable_chunked_prefill=False, max_num_batched_tokens=8192, kv_cache_memory_bytes=512 << 20,
-              block_size=32, seed=1)
+    from rlweave.interfaces.worker import WorkerContext
+    from rlweave.plugins.manager import get_plugin_manager
+
+    if device == "cpu":
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:threads])
+        torch.set_num_threads(threads)
+    options = {"max_model_len": 512, **({"kv_cache_gib": 0.5} if name == "vllm" else {})}
+    cls = get_plugin_manager().get("engine", name, where="--engine").load()
+    eng = cls(WorkerContext(role="rollout", device=device, options=options, seed=1,
+                            model={"path": str(model), "dtype": "float32"}))
+    eng.init_engine()
     tok = AutoTokenizer.from_pretrained(str(model))
     records = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
                                             tokenize=True, return_dict=False)) for r in records[:512]]
-    return llm, prompts
+    return eng, prompts
 
 
-def call_seconds(llm, prompts: list[list[int]], tokens: int) -> float:
+def call_seconds(eng, prompts: list[list[int]], tokens: int) -> float:
     """Seconds one generate call of ``prompts`` takes for exactly ``tokens`` tokens each."""
-    from vllm import SamplingParams
+    from rlweave.interfaces.engine import SamplingParams
 
-    p = SamplingParams(temperature=1.0, max_tokens=tokens, min_tokens=tokens, ignore_eos=True, seed=3, logprobs=0,
-                       flat_logprobs=True, detokenize=False)
+    params = SamplingParams(temperature=1.0, max_new_tokens=tokens, ignore_eos=True, seed=3)
     t0 = time.perf_counter()
-    out = llm.generate([{"prompt_token_ids": ids} for ids in prompts], p, use_tqdm=False)
+    out = eng.generate(prompts, params)
     seconds = time.perf_counter() - t0
-    if any(len(o.outputs[0].token_ids) != tokens for o in out):
+    if any(len(g.token_ids) != tokens for gens in out for g in gens):
         raise RuntimeError(f"a call asked for {tokens} tokens a sequence returned another count")
     return seconds
 
 
-def step_seconds(llm, prompts: list[list[int]], batch: int, tokens: int, repeat: int) -> float:
+def step_seconds(eng, prompts: list[list[int]], batch: int, tokens: int, repeat: int) -> float:
     """The median time of one decode step of ``batch`` sequences (prefill taken out)."""
     chosen = prompts[:batch]
     diffs = []
     for _ in range(repeat):
-        one = call_seconds(llm, chosen, 1)
-        full = call_seconds(llm, chosen, tokens)
+        one = call_seconds(eng, chosen, 1)
+        full = call_seconds(eng, chosen, tokens)
         diffs.append((full - one) / (tokens - 1))
     return statistics.median(diffs)
 
@@ -129,7 +134,10 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,16,32,64,128", help="sequences per decode step, comma-separated")
     ap.add_argument("--tokens", type=int, default=48, help="decode steps per timed call")
     ap.add_argument("--repeat", type=int, default=3, help="timed pairs of calls per batch size (median)")
-    ap.add_argument("--threads", type=int, default=1, help="the engine's intra-op threads (a rollout role's cpu_threads)")
+    ap.add_argument("--engine", default="vllm", help="an installed engine plugin (rlweave list-plugins): vllm, hf")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda when torch sees one")
+    ap.add_argument("--threads", type=int, default=1, help="on the CPU: cores for the engine (a rollout role's "
+                    "cpu_threads)")
     ap.add_argument("--groups", type=int, default=16, help="prompts a step (data.batch_size)")
     ap.add_argument("--samples", type=int, default=4, help="samples a prompt (algorithm.n_samples)")
     ap.add_argument("--budget", type=int, default=48, help="partial rollout's tokens a round")
@@ -148,16 +156,23 @@ def main() -> None:
         sys.exit("--batches needs two sizes or more and --tokens at least 2: a line is fitted through them")
     from machine import cpu_name  # the CPU model beside every number
 
-    llm, prompts = engine(a.model, a.threads)
-    if max(batches) > len(prompts):
-        sys.exit(f"--batches: at most {len(prompts)} sequences (the prompts read from {DATA})")
-    call_seconds(llm, prompts[:max(batches)], a.tokens)  # warm-up
-    points = {bsz: step_seconds(llm, prompts, bsz, a.tokens, a.repeat) for bsz in batches}
+    import torch
+
+    device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    eng, prompts = engine(a.engine, a.model, a.threads, device)
+    try:
+        if max(batches) > len(prompts):
+            sys.exit(f"--batches: at most {len(prompts)} sequences (the prompts read from {DATA})")
+        call_seconds(eng, prompts[:max(batches)], a.tokens)  # warm-up
+        points = {bsz: step_seconds(eng, prompts, bsz, a.tokens, a.repeat) for bsz in batches}
+    finally:
+        eng.shutdown()
     ca, cb = fit(points)
     sync, partial, tokens = generation_seconds(ca, cb, task_lengths(a.model, a.max_new_tokens), a.groups, a.samples,
                                                a.budget, a.draws)
-    print(f"{datetime.date.today()}, {cpu_name()}; {a.threads} engine thread(s); {a.tokens} decode steps a call, "
-          f"median of {a.repeat}")
+    where = torch.cuda.get_device_name() if device == "cuda" else f"{cpu_name()}; {a.threads} engine thread(s)"
+    print(f"{datetime.date.today()}, {where}; the {a.engine} engine; {a.tokens} decode steps a call, median of "
+          f"{a.repeat}")
     rows = [(str(bsz), f"{s * 1e3:.2f}", f"{(ca + cb * bsz) * 1e3:.2f}", f"{s / bsz * 1e6:.0f}")
             for bsz, s in points.items()]
     head = ("sequences", "ms a decode step", "fit ms", "us a sequence")

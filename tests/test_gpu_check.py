@@ -109,8 +109,14 @@ def test_bench_outputs_give_their_key_figures(tmp_path):
     out.write_text('{"precision": "bf16", "ceiling_flop_s": 989e12, "args": {"preset": "qwen2.5-0.5b"}, "rows": '
                    '[{"config": "fsdp", "tok_s": 35426.0, "flop_s": 107.8e12, "mem_gib": 33.4}]}')
     assert figures.training(out) == "fsdp: 35,426 tokens/s, MFU 10.9%, 33.4 GiB (qwen2.5-0.5b shape, bf16)"
+    decode = ("fit: a decode step 14.20 ms + 0.8 us a sequence\ntask (16 x 4 a step, 2351 tokens on average): sync "
+              "generation 2.389 s, partial round at least 0.686 s (budget 48); 0.29 of sync\n")
+    assert figures.decode_cost(decode) == "decode step 14.20 ms + 0.8 us a sequence; a partial round (budget 48) >= " \
+                                          "0.29 of sync's generation"
     with pytest.raises(ValueError):
         figures.weight_sync("Traceback (most recent call last): ...")
+    with pytest.raises(ValueError):
+        figures.decode_cost("Traceback (most recent call last): ...")
 
 
 def test_junit_counts_and_key_figures(tmp_path):

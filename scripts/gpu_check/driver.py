@@ -10,7 +10,8 @@ runs out:
   are written, and no other file is collected: the GPU machine has no Ray or vLLM). A test may
   report one key figure with ``record_property("key_figure", text)``;
 * the short GPU benches: weight sync (cuda_ipc against a device copy), one MoE experts layer,
-  FSDP and megatron training throughput (a few steps of a Qwen2.5-0.5B-shaped model in bf16).
+  FSDP and megatron training throughput (a few steps of a Qwen2.5-0.5B-shaped model in bf16),
+  and what a decoding step of the transformers engine costs by its sequences (the long-tail model).
   Without a CUDA device they are not run; the megatron one needs megatron-core.
 
 The table (group, passed, failed, skipped, key figure, seconds), headed by the GPU, its driver,
@@ -26,6 +27,7 @@ import datetime as dt
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -108,6 +110,8 @@ def bench_groups(py: str, logs: Path, work: Path, cuda: bool, megatron: bool) ->
               figure=figures.moe_experts),
         training("fsdp"),
         training("megatron"),
+        Group("bench: decode cost (hf)", ["bash", "-c", decode_cost_script(py, work / "longtail")], 90,
+              figure=figures.decode_cost),
     ]
     for g in groups:
         if not cuda:
@@ -115,6 +119,14 @@ def bench_groups(py: str, logs: Path, work: Path, cuda: bool, megatron: bool) ->
         elif g.name.startswith("bench: megatron") and not megatron:
             g.not_run = "megatron-core not installed (carry its wheel: docs/gpu.md)"
     return groups
+
+
+def decode_cost_script(py: str, model: Path) -> str:
+    """Shell commands: build the long-tail example's model (random weights, its own tokenizer) at
+    ``model``, then ``bench/decode_cost.py`` with the transformers engine on the GPU."""
+    py, where = shlex.quote(py), shlex.quote(str(model))
+    return (f"{py} examples/longtail/build_model.py --out {where} && "
+            f"{py} bench/decode_cost.py --engine hf --device cuda --model {where} --rest 0.5")
 
 
 def run_group(g: Group, seconds: float, log: Path, env: dict[str, str]) -> None:

@@ -77,3 +77,17 @@ def training(path: Path) -> str:
     return "; ".join(f"{r['config']}: {r['tok_s']:,.0f} tokens/s, MFU {100 * r['flop_s'] / ceil:.1f}%"
                      + (f", {r['mem_gib']:.1f} GiB" if r.get("mem_gib") is not None else "")
                      for r in rows) + f" ({preset} shape, {data.get('precision')})"
+
+
+_DECODE_FIT = re.compile(r"^fit: a decode step ([\d.]+) ms \+ ([\d.]+) us a sequence$", re.M)
+_DECODE_TASK = re.compile(r"partial round at least [\d.]+ s \(budget (\d+)\); ([\d.]+) of sync$", re.M)
+
+
+def decode_cost(text: str) -> str:
+    """``bench/decode_cost.py``: a decoding step's cost per step and per sequence, and the least
+    share of sync's generation a partial round takes on the long-tail task."""
+    fit, task = _DECODE_FIT.search(text), _DECODE_TASK.search(text)
+    if not fit or not task:
+        raise ValueError("bench/decode_cost.py printed no fit or no task line")
+    return (f"decode step {fit.group(1)} ms + {fit.group(2)} us a sequence; a partial round (budget "
+            f"{task.group(1)}) >= {task.group(2)} of sync's generation")
