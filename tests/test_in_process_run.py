@@ -8,7 +8,9 @@ non-zero loss), list every role in the controller's process on the expected devi
 (``workers.json``), move the policy's weights into the engine after every update (the step's
 ``sync_bytes``), and the engine must generate with them: at step 2 the log-probs it reports for
 its samples equal the policy's own (``logprob_gap`` ~1e-7; 0.3 when the engine keeps its
-weights). A reward on the response's length makes every step's update move the weights.
+weights). A reward on the response's length makes every step's update move the weights. The same
+in ``one_step_off`` with ``run.in_process_threads`` (the engine's calls on a thread of their own),
+3 steps: steps 2 and 3 train samples one version old, step 3's on the weights synced after step 1.
 Loading refuses what the scheduler cannot do, naming the key.
 """
 
@@ -36,14 +38,17 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def train_in_process(ws, tmp_path, name: str, device: str) -> list[dict]:
+def train_in_process(ws, tmp_path, name: str, device: str, threads: bool = False) -> list[dict]:
     """Run 2 GRPO steps in process with the pool's ``device`` (``cpu`` or ``gpu``); check what
-    the module docstring promises and return the metrics rows of the steps."""
+    the module docstring promises and return the metrics rows of the steps. With ``threads``:
+    3 steps of ``run.mode: one_step_off`` with ``run.in_process_threads``, each step after the
+    first training samples the engine generated while the step before it trained."""
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "__init__.py").write_text(STAND_IN_RAY)
     log = tmp_path / "ray_imported.log"
     rewards = [{"name": "arith_exact"}, {"name": length_reward(tmp_path), "weight": 0.5}]
-    config = ws.config(name, 2, run={"scheduler": "in_process"}, logging={"backends": ["jsonl"]}, rewards=rewards,
+    run = {"scheduler": "in_process", **({"mode": "one_step_off", "in_process_threads": True} if threads else {})}
+    config = ws.config(name, 3 if threads else 2, run=run, logging={"backends": ["jsonl"]}, rewards=rewards,
                        resources={"pools": {"default": {"devices_per_node": 2, "device": device}}})
     rc, out, _ = run_cli(["train", str(config)], cli_env(tmp_path, RAY_IMPORTED_LOG=str(log)))
     assert rc == 0, out[-4000:]
@@ -55,12 +60,16 @@ def train_in_process(ws, tmp_path, name: str, device: str) -> list[dict]:
     assert len({r["pid"] for r in ranks}) == 1  # one process: the controller's
     assert {r["device"] for r in ranks} == {"cuda" if device == "gpu" else "cpu"}
     steps = [r for r in metrics_rows(run_dir) if r["step"] >= 1]
-    assert [r["step"] for r in steps] == [1, 2]
+    assert [r["step"] for r in steps] == ([1, 2, 3] if threads else [1, 2])
     for r in steps:
         for key in ("loss", "reward/mean", "logprob_gap"):
             assert math.isfinite(r[key]), (key, r)
-        assert r["loss"] != 0.0 and r["sync_bytes"] > 0, r  # an update that moved the weights, then a sync
-    assert steps[1]["logprob_gap"] < 1e-3, steps[1]
+        # an update that moved the weights, then a sync (begun beside generation with threads: no bytes counted)
+        assert r["loss"] != 0.0 and (threads or r["sync_bytes"] > 0), r
+    if threads:  # one version old from step 2 on; at step 3 on the weights synced after step 1 (else 2 old)
+        assert [r["staleness/max"] for r in steps] == [0.0, 1.0, 1.0], steps
+    else:
+        assert steps[1]["logprob_gap"] < 1e-3, steps[1]
     assert json.loads((run_dir / "summary.json").read_text())["hf_path"]
     return steps
 
@@ -75,6 +84,18 @@ def test_grpo_runs_in_process_on_the_gpu(grpo_workspace, tmp_path, record_proper
     steps = train_in_process(grpo_workspace, tmp_path, "in-process-gpu", "gpu")
     record_property("key_figure", f"GRPO via rlweave train in process on cuda: {steps[1]['time/step']:.2f} s/step, "
                                   f"logprob gap {steps[1]['logprob_gap']:.1e}")
+
+
+def test_one_step_off_runs_in_process_on_threads(grpo_workspace, tmp_path):
+    train_in_process(grpo_workspace, tmp_path, "in-process-threads", "cpu", threads=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
+def test_one_step_off_runs_in_process_on_threads_on_the_gpu(grpo_workspace, tmp_path, record_property):
+    steps = train_in_process(grpo_workspace, tmp_path, "in-process-threads-gpu", "gpu", threads=True)
+    record_property("key_figure", f"GRPO one_step_off in process on threads on cuda: {steps[1]['time/step']:.2f} "
+                                  "s/step")
 
 
 def test_loading_refuses_what_in_process_cannot_do(grpo_workspace):

@@ -10,6 +10,8 @@ starts, a config with ``run.scheduler: in_process`` must have:
 * ``weight_sync.transport`` ``auto`` or ``in_process`` (the others need a process per rank);
 * no ``ray.address`` (no Ray is started or joined).
 
+``run.in_process_threads`` is refused with another scheduler.
+
 Pure Python, like :mod:`rlweave.config.placement`.
 """
 
@@ -35,6 +37,9 @@ def in_process_problems(cfg: "RunConfig", role_names: Sequence[str],
     algorithm needs; ``rank_spans``: role -> the parallel sizes one of its ranks spans (its
     plugin record's ``rank_spans``)."""
     if cfg.run.scheduler != IN_PROCESS:
+        if cfg.run.in_process_threads:
+            return [("run.in_process_threads", f"run.in_process_threads applies to run.scheduler 'in_process', not "
+                     f"{cfg.run.scheduler!r}: remove it, or set run.scheduler: in_process")]
         return []
     why = "run.scheduler 'in_process' builds every role in this process"
     out: list[tuple[str, str]] = []

@@ -56,6 +56,12 @@ class RunSection(Strict):
         "current GPU on gpu pools), weights move in process (weight_sync.transport auto or in_process), calls run "
         "without deadlines, and run.max_restarts must be 0 (docs/in_process.md).",
     )
+    in_process_threads: bool = Field(
+        False, description="run.scheduler in_process only: run each engine role's calls on a thread of its own (its "
+        "control calls on another) and the training roles' calls on one shared thread, so that one_step_off and async "
+        "overlap generation with training in this process. Meant for work that releases the interpreter (GPU kernels); "
+        "on a CPU the roles contend for the interpreter and the cores (docs/in_process.md).",
+    )
     max_restarts: int = Field(
         0, ge=0, description="Times a run recovers from a dead or hung worker: the lost roles are rebuilt, every "
         "trained role reloads the newest complete checkpoint (one is written at step 0 when there is none) and the run "

@@ -20,7 +20,10 @@ Contract (the builder surface the runner uses: :meth:`~InProcessRoleBuilder.buil
   (:meth:`~rlweave.interfaces.worker.Worker.init_distributed` does nothing once one exists), so
   put every training role on one kind of device. Then, with ``init``, every role's
   ``init_model()`` / ``init_engine()``, one after another.
-* Calls run when submitted, in the calling thread; their futures are resolved on return.
+* Calls run when submitted, in the calling thread; their futures are resolved on return. With
+  ``run.in_process_threads`` they run on threads instead, an engine role's apart from the
+  training roles', so generation and training overlap
+  (:mod:`rlweave.scheduler.in_process_threads`); :meth:`close` ends those threads.
   ``roles.<role>.timeouts`` cannot cut a call short here (a hung worker hangs the run), the
   ``RLWEAVE_FAULTS`` injection of the Ray actors does not apply, and the process's threads and
   allocator are left as they are (``roles.<role>.cpu_threads`` and ``ray.cpu_malloc_reuse`` are
@@ -100,6 +103,9 @@ class InProcessRoleBuilder(BuilderInputs):
                  kernel_records: Mapping[str, "PluginRecord"] | None = None) -> None:
         super().__init__(cfg, records, roles, optimizer_total_steps, kernel_records)
         self.handles: dict[str, RoleHandle] = {}
+        # roles' calls on threads (rlweave.scheduler.in_process_threads)
+        self.threaded = bool(cfg.run.in_process_threads)
+        self.lanes: dict[str, Any] = {}
 
     def _check(self) -> None:
         from rlweave.config.in_process import in_process_problems
@@ -121,9 +127,24 @@ class InProcessRoleBuilder(BuilderInputs):
         ctx = worker_context(self.cfg, role, 0, ("127.0.0.1", free_port()), self.totals.get(role), record,
                              self.kernel_records)
         ctx.device = device_of(self.cfg.resources.pools[section.pool].device)
-        group = InProcessWorkerGroup(role, record.load(), [ctx])
+        worker_cls = record.load()
+        group = self._threaded_group(role, record, worker_cls, ctx) if self.threaded else \
+            InProcessWorkerGroup(role, worker_cls, [ctx])
         return RoleHandle(role, group, rank_parallel(section.parallel, spans_of(record)),
                           timeouts=section.timeouts.model_dump())
+
+    def _threaded_group(self, role: str, record: "PluginRecord", worker_cls: type, ctx: "WorkerContext") -> Any:
+        """``role``'s group with its calls on a lane: the training roles' shared one, or an
+        engine role's own, with a control lane when its class has a control plane."""
+        from rlweave.scheduler.in_process_threads import CallLane, ThreadedWorkerGroup
+
+        if getattr(record, "kind", None) != "engine":
+            lane = self.lanes.get("train") or self.lanes.setdefault("train", CallLane("train"))
+            return ThreadedWorkerGroup(role, worker_cls, [ctx], lane)
+        lane = self.lanes.setdefault(role, CallLane(role))
+        control = self.lanes.setdefault(f"{role}-control", CallLane(f"{role}-control")) \
+            if getattr(worker_cls, "control_plane", False) else None
+        return ThreadedWorkerGroup(role, worker_cls, [ctx], lane, control)
 
     def build(self, init: bool = True, init_timeout_s: float | None = None) -> dict[str, RoleHandle]:
         """Build every role, then (with ``init``) initialise each; ``init_timeout_s`` is
@@ -153,3 +174,6 @@ class InProcessRoleBuilder(BuilderInputs):
         for handle in reversed(list(self.handles.values())):
             handle.shutdown(timeout_s=5)
         self.handles = {}
+        for lane in self.lanes.values():
+            lane.close()
+        self.lanes = {}

@@ -1,0 +1,121 @@
+"""Calls of in-process roles on threads of their own, so generation and training overlap.
+
+With ``run.scheduler: in_process`` and a ``run.mode`` that overlaps generation and training
+(``one_step_off``, ``async``), :class:`~rlweave.scheduler.in_process.InProcessRoleBuilder`
+gives each role a :class:`ThreadedWorkerGroup` instead of running its calls in the
+controller's thread:
+
+* **Lanes.** A :class:`CallLane` is one thread that runs the calls given to it in order. Every
+  training role (backends: policy, reference, critic, reward models) shares one lane, so their
+  calls never run at once (they may share this process's one process group); each engine role
+  has a lane of its own, so its ``generate`` runs while a training role computes.
+* **Control channel.** An engine whose class says ``control_plane = True`` gets a second lane
+  for ``control=True`` calls (weight loading, the weight dtype and version, ``abort``), never
+  queued behind its ``generate`` calls, as on Ray (see ``RolloutEngine.control_plane``). Other
+  roles run control calls on their lane, in order.
+* **Futures.** ``submit`` returns at once; ``wait`` raises a rank's
+  :class:`~rlweave.worker_errors.WorkerError` as soon as it fails and
+  :class:`~rlweave.worker_errors.WorkerTimeout` when ``timeout`` runs out (the call goes on:
+  nothing can stop a thread); ``wait_any`` sleeps until one call ends.
+* **Devices.** A call runs with the CUDA device that was current in the submitting thread when
+  this process uses CUDA (each thread has its own current device), and frees the OpenMP workers
+  its thread started when it ends (:func:`rlweave.devices.openmp.release_off_main`).
+
+A call that hangs hangs its lane and, at exit, the process: these are ordinary (not daemon)
+threads, so that a call is never cut off half-way when the controller ends.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, Callable
+
+from rlweave.devices.openmp import release_off_main
+from rlweave.scheduler.group import RankArgs
+from rlweave.scheduler.in_process import InProcessWorkerGroup
+from rlweave.worker_errors import WorkerTimeout
+
+
+def _current_cuda_device() -> int | None:
+    """The calling thread's current CUDA device when this process has initialised CUDA, else None
+    (never imports torch or initialises CUDA itself)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.current_device())
+
+
+def _on_device(device: int | None, call: Callable[[], Any]) -> Any:
+    """``call()`` on ``device``; then the OpenMP workers this thread started are freed
+    (:mod:`rlweave.devices.openmp`: one pool per computing thread slows every pool's work)."""
+    if device is not None:
+        import torch
+
+        if torch.cuda.current_device() != device:
+            torch.cuda.set_device(device)
+    try:
+        return call()
+    finally:
+        release_off_main()
+
+
+class CallLane:
+    """One thread that runs the calls given to it, in the order given; ``name`` names the thread."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rlweave-{name}")
+
+    def run(self, call: Callable[[], Any]) -> cf.Future:
+        """``call()`` on this lane, after the calls given before it, with the submitting thread's
+        CUDA device; its future holds what it returns."""
+        return self._pool.submit(_on_device, _current_cuda_device(), call)
+
+    def close(self) -> None:
+        """Drop the calls not started, let the running one end; idempotent."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class ThreadedWorkerGroup(InProcessWorkerGroup):
+    """An :class:`~rlweave.scheduler.in_process.InProcessWorkerGroup` whose calls run on
+    ``lane`` (and control calls on ``control`` when given); see the module docstring."""
+
+    def __init__(self, name: str, worker_cls: type, contexts: Sequence[Any], lane: CallLane,
+                 control: CallLane | None = None):
+        super().__init__(name, worker_cls, contexts)
+        self.lane, self.control_lane = lane, control
+
+    def submit(self, method: str, ranks: Sequence[int], rank_args: Sequence[RankArgs], on_actor: bool = False,
+               fn: Any = None, control: bool = False) -> list:
+        lane = self.control_lane if control and self.control_lane is not None else self.lane
+        run = super().submit
+        return [(lane.run(lambda r=rank, a=args: run(method, [r], [a], on_actor=on_actor, fn=fn)[0]), rank, method)
+                for rank, args in zip(ranks, rank_args)]
+
+    def wait(self, pending: list, timeout: float | None = None) -> list[Any]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        left = {fut for fut, _, _ in pending}
+        while left:
+            wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done, left = cf.wait(left, timeout=wait_s, return_when=cf.FIRST_COMPLETED)
+            for fut in done:
+                ok, value = fut.result()
+                if not ok:
+                    raise value
+            if left and deadline is not None and time.monotonic() >= deadline:
+                ranks = [rank for fut, rank, _ in pending if fut in left]
+                raise WorkerTimeout(self.name, pending[0][2], ranks, float(timeout))
+        return [fut.result()[1] for fut, _, _ in pending]
+
+    def done(self, pending: list) -> bool:
+        return all(fut.done() for fut, _, _ in pending)
+
+    @classmethod
+    def wait_any(cls, calls: Sequence[tuple[Any, list[Any]]], timeout: float) -> None:
+        futures = [fut for _, pending in calls for fut, _, _ in pending]
+        if futures:
+            cf.wait(futures, timeout=timeout, return_when=cf.FIRST_COMPLETED)
+
