@@ -6,7 +6,8 @@ A run of ``rlweave train`` writes ``workers.json`` in its run directory once its
 CPU time (user + system, of every rank of the role and the processes under it, such as an engine's
 workers) when the run has logged ``first_step`` steps and again when it has logged ``last_step``;
 the controller (the ``rlweave train`` process itself, without its children: Ray's daemons and the
-ranks are under it) is reported as ``"controller"``.
+ranks are under it) is reported as ``"controller"``. A process that holds several roles (every role
+in the controller with ``run.scheduler: in_process``) is charged to none of them.
 
 Beside a step's wall time this says where a step's time goes on the CPU: a role whose on-CPU seconds
 per step come close to the step's duration is what the step waits for (on a CPU machine, one core per
@@ -67,7 +68,11 @@ class StepWindowCPU:
         except (OSError, ValueError):
             ranks = {}
         roles = {role: [int(r["pid"]) for r in entries if r.get("pid")] for role, entries in ranks.items()}
-        return {**roles, "controller": [self.controller]}
+        roles["controller"] = [self.controller]
+        # a process that holds several roles (run.scheduler: in_process) cannot be split between them
+        seen = [pid for pids in roles.values() for pid in set(pids)]
+        shared = {pid for pid in seen if seen.count(pid) > 1}
+        return {role: [pid for pid in pids if pid not in shared] for role, pids in roles.items()}
 
     def _snapshot(self) -> dict[str, dict[int, float]]:
         out: dict[str, dict[int, float]] = {}

@@ -91,6 +91,19 @@ def test_a_role_whose_ranks_are_gone_at_the_end_has_no_figure(tmp_path, procs):
     assert got["policy"] is None and got["controller"] is not None
 
 
+def test_roles_in_one_process_are_not_split(tmp_path, procs):
+    shared = procs(sys.executable, "-c", BURNER)  # every role in the controller (run.scheduler: in_process)
+    (tmp_path / "workers.json").write_text(json.dumps({
+        "policy": [{"rank": 0, "pid": shared.pid}], "rollout": [{"rank": 0, "pid": shared.pid}]}))
+    window = rank_cpu.StepWindowCPU(tmp_path, shared.pid, first_step=1, last_step=2)
+    log_steps(tmp_path, 1)
+    window.poll()
+    burn(shared, 0.1)
+    log_steps(tmp_path, 1)
+    window.poll()
+    assert window.result() == {"policy": None, "rollout": None, "controller": None}
+
+
 def test_the_window_must_span_a_step():
     with pytest.raises(ValueError, match="last_step"):
         rank_cpu.StepWindowCPU(Path("."), 1, first_step=3, last_step=3)
