@@ -138,13 +138,15 @@ class InProcessRoleBuilder(BuilderInputs):
         engine role's own, with a control lane when its class has a control plane."""
         from rlweave.scheduler.in_process_threads import CallLane, ThreadedWorkerGroup
 
+        def lane(name: str) -> CallLane:
+            if name not in self.lanes:
+                self.lanes[name] = CallLane(name)
+            return self.lanes[name]
+
         if getattr(record, "kind", None) != "engine":
-            lane = self.lanes.get("train") or self.lanes.setdefault("train", CallLane("train"))
-            return ThreadedWorkerGroup(role, worker_cls, [ctx], lane)
-        lane = self.lanes.setdefault(role, CallLane(role))
-        control = self.lanes.setdefault(f"{role}-control", CallLane(f"{role}-control")) \
-            if getattr(worker_cls, "control_plane", False) else None
-        return ThreadedWorkerGroup(role, worker_cls, [ctx], lane, control)
+            return ThreadedWorkerGroup(role, worker_cls, [ctx], lane("train"))
+        control = lane(f"{role}-control") if getattr(worker_cls, "control_plane", False) else None
+        return ThreadedWorkerGroup(role, worker_cls, [ctx], lane(role), control)
 
     def build(self, init: bool = True, init_timeout_s: float | None = None) -> dict[str, RoleHandle]:
         """Build every role, then (with ``init``) initialise each; ``init_timeout_s`` is

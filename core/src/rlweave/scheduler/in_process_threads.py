@@ -1,9 +1,9 @@
 """Calls of in-process roles on threads of their own, so generation and training overlap.
 
-With ``run.scheduler: in_process`` and a ``run.mode`` that overlaps generation and training
-(``one_step_off``, ``async``), :class:`~rlweave.scheduler.in_process.InProcessRoleBuilder`
-gives each role a :class:`ThreadedWorkerGroup` instead of running its calls in the
-controller's thread:
+With ``run.scheduler: in_process`` and ``run.in_process_threads``,
+:class:`~rlweave.scheduler.in_process.InProcessRoleBuilder` gives each role a
+:class:`ThreadedWorkerGroup` instead of running its calls in the controller's thread, so that
+the run modes that overlap generation and training (``one_step_off``, ``async``) do:
 
 * **Lanes.** A :class:`CallLane` is one thread that runs the calls given to it in order. Every
   training role (backends: policy, reference, critic, reward models) shares one lane, so their
@@ -118,4 +118,3 @@ class ThreadedWorkerGroup(InProcessWorkerGroup):
         futures = [fut for _, pending in calls for fut, _, _ in pending]
         if futures:
             cf.wait(futures, timeout=timeout, return_when=cf.FIRST_COMPLETED)
-
