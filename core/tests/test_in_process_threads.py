@@ -14,6 +14,7 @@ import pytest
 from rlweave.config.in_process import in_process_problems
 from rlweave.config.schema import RunConfig
 from rlweave.interfaces.worker import WorkerContext
+from rlweave.scheduler.in_process import InProcessWorkerGroup
 from rlweave.scheduler.in_process_threads import CallLane, ThreadedWorkerGroup
 from rlweave.worker_errors import WorkerError, WorkerTimeout
 
@@ -71,7 +72,7 @@ def lanes():
 
 
 def group(name: str, cls: type, lane: CallLane, control: CallLane | None = None) -> ThreadedWorkerGroup:
-    return ThreadedWorkerGroup(name, cls, [WorkerContext(role=name)], lane, control)
+    return ThreadedWorkerGroup(InProcessWorkerGroup(name, cls, [WorkerContext(role=name)]), lane, control)
 
 
 def test_an_engine_lane_runs_beside_the_training_lane(lanes):

@@ -143,10 +143,11 @@ class InProcessRoleBuilder(BuilderInputs):
                 self.lanes[name] = CallLane(name)
             return self.lanes[name]
 
+        inner = InProcessWorkerGroup(role, worker_cls, [ctx])
         if getattr(record, "kind", None) != "engine":
-            return ThreadedWorkerGroup(role, worker_cls, [ctx], lane("train"))
+            return ThreadedWorkerGroup(inner, lane("train"))
         control = lane(f"{role}-control") if getattr(worker_cls, "control_plane", False) else None
-        return ThreadedWorkerGroup(role, worker_cls, [ctx], lane(role), control)
+        return ThreadedWorkerGroup(inner, lane(role), control)
 
     def build(self, init: bool = True, init_timeout_s: float | None = None) -> dict[str, RoleHandle]:
         """Build every role, then (with ``init``) initialise each; ``init_timeout_s`` is

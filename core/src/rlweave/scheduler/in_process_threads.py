@@ -1,7 +1,7 @@
 """Calls of in-process roles on threads of their own, so generation and training overlap.
 
 With ``run.scheduler: in_process`` and ``run.in_process_threads``,
-:class:`~rlweave.scheduler.in_process.InProcessRoleBuilder` gives each role a
+:class:`~rlweave.scheduler.in_process.InProcessRoleBuilder` wraps each role's group in a
 :class:`ThreadedWorkerGroup` instead of running its calls in the controller's thread, so that
 the run modes that overlap generation and training (``one_step_off``, ``async``) do:
 
@@ -34,8 +34,7 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 from rlweave.devices.openmp import release_off_main
-from rlweave.scheduler.group import RankArgs
-from rlweave.scheduler.in_process import InProcessWorkerGroup
+from rlweave.scheduler.group import RankArgs, WorkerGroup
 from rlweave.worker_errors import WorkerTimeout
 
 
@@ -79,21 +78,33 @@ class CallLane:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-class ThreadedWorkerGroup(InProcessWorkerGroup):
-    """An :class:`~rlweave.scheduler.in_process.InProcessWorkerGroup` whose calls run on
-    ``lane`` (and control calls on ``control`` when given); see the module docstring."""
+class ThreadedWorkerGroup(WorkerGroup):
+    """``inner``'s calls (a group whose calls run at submission in this process, such as an
+    :class:`~rlweave.scheduler.in_process.InProcessWorkerGroup`) on ``lane``, and its control
+    calls on ``control`` when given; see the module docstring. ``workers`` and ``devices`` are
+    ``inner``'s."""
 
-    def __init__(self, name: str, worker_cls: type, contexts: Sequence[Any], lane: CallLane,
-                 control: CallLane | None = None):
-        super().__init__(name, worker_cls, contexts)
-        self.lane, self.control_lane = lane, control
+    def __init__(self, inner: Any, lane: CallLane, control: CallLane | None = None):
+        self.inner, self.lane, self.control_lane = inner, lane, control
+        self.name, self.world_size = inner.name, inner.world_size
+
+    @property
+    def workers(self) -> list[Any]:
+        return self.inner.workers
+
+    @property
+    def devices(self) -> list[str]:
+        return self.inner.devices
 
     def submit(self, method: str, ranks: Sequence[int], rank_args: Sequence[RankArgs], on_actor: bool = False,
                fn: Any = None, control: bool = False) -> list:
         lane = self.control_lane if control and self.control_lane is not None else self.lane
-        run = super().submit
+        run = self.inner.submit
         return [(lane.run(lambda r=rank, a=args: run(method, [r], [a], on_actor=on_actor, fn=fn)[0]), rank, method)
                 for rank, args in zip(ranks, rank_args)]
+
+    def kill(self) -> None:
+        self.inner.kill()
 
     def wait(self, pending: list, timeout: float | None = None) -> list[Any]:
         deadline = None if timeout is None else time.monotonic() + timeout
