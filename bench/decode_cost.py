@@ -44,13 +44,23 @@ sys.path.insert(0, str(ROOT / "bench"))
 DATA = ROOT / "examples" / "longtail" / "data" / "rl_train.jsonl"
 
 
-def engine(name: str, model: Path, threads: int, device: str):
-    """``(engine, prompts)``: the ``name`` engine plugin's rollout engine (what a rollout rank
-    builds, with its default options and a 0.5 GiB KV cache) in this process, and the task's
-    prompts as token ids. On the CPU this process first keeps to ``threads`` cores, as a rank
-    with ``cpu_threads`` does."""
-    import torch
+def task(model: Path, cap: int) -> tuple[list[list[int]], list[int]]:
+    """The long-tail task's training records as ``(prompts, lengths)``: each prompt's token ids
+    (the chat template's), each answer's length in tokens with EOS, at most ``cap``."""
     from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    records = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
+    prompts = [list(tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)) for r in records[:512]]
+    return prompts, [min(cap, len(tok(r["answer"])["input_ids"]) + 1) for r in records]
+
+
+def engine(name: str, model: Path, threads: int, device: str):
+    """The ``name`` engine plugin's rollout engine (what a rollout rank builds, with its default
+    options and a 0.5 GiB KV cache) in this process, initialised. On the CPU this process first
+    keeps to ``threads`` cores, as a rank with ``cpu_threads`` does."""
+    import torch
 
     from rlweave.interfaces.worker import WorkerContext
     from rlweave.plugins.manager import get_plugin_manager
@@ -63,11 +73,7 @@ def engine(name: str, model: Path, threads: int, device: str):
     eng = cls(WorkerContext(role="rollout", device=device, options=options, seed=1,
                             model={"path": str(model), "dtype": "float32"}))
     eng.init_engine()
-    tok = AutoTokenizer.from_pretrained(str(model))
-    records = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
-    prompts = [list(tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)) for r in records[:512]]
-    return eng, prompts
+    return eng
 
 
 def call_seconds(eng, prompts: list[list[int]], tokens: int) -> float:
@@ -100,15 +106,6 @@ def fit(points: dict[int, float]) -> tuple[float, float]:
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     return my - b * mx, b
-
-
-def task_lengths(model: Path, cap: int) -> list[int]:
-    """Each training record's response length in tokens (the answer and EOS), at most ``cap``."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(model))
-    records = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
-    return [min(cap, len(tok(r["answer"])["input_ids"]) + 1) for r in records]
 
 
 def generation_seconds(a: float, b: float, lengths: list[int], groups: int, samples: int, budget: int,
@@ -159,17 +156,17 @@ def main() -> None:
     import torch
 
     device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    eng, prompts = engine(a.engine, a.model, a.threads, device)
+    prompts, lengths = task(a.model, a.max_new_tokens)
+    if max(batches) > len(prompts):
+        sys.exit(f"--batches: at most {len(prompts)} sequences (the prompts read from {DATA})")
+    eng = engine(a.engine, a.model, a.threads, device)
     try:
-        if max(batches) > len(prompts):
-            sys.exit(f"--batches: at most {len(prompts)} sequences (the prompts read from {DATA})")
         call_seconds(eng, prompts[:max(batches)], a.tokens)  # warm-up
         points = {bsz: step_seconds(eng, prompts, bsz, a.tokens, a.repeat) for bsz in batches}
     finally:
         eng.shutdown()
     ca, cb = fit(points)
-    sync, partial, tokens = generation_seconds(ca, cb, task_lengths(a.model, a.max_new_tokens), a.groups, a.samples,
-                                               a.budget, a.draws)
+    sync, partial, tokens = generation_seconds(ca, cb, lengths, a.groups, a.samples, a.budget, a.draws)
     where = torch.cuda.get_device_name() if device == "cuda" else f"{cpu_name()}; {a.threads} engine thread(s)"
     print(f"{datetime.date.today()}, {where}; the {a.engine} engine; {a.tokens} decode steps a call, median of "
           f"{a.repeat}")

@@ -103,9 +103,7 @@ class InProcessRoleBuilder(BuilderInputs):
                  kernel_records: Mapping[str, "PluginRecord"] | None = None) -> None:
         super().__init__(cfg, records, roles, optimizer_total_steps, kernel_records)
         self.handles: dict[str, RoleHandle] = {}
-        # roles' calls on threads (rlweave.scheduler.in_process_threads)
-        self.threaded = bool(cfg.run.in_process_threads)
-        self.lanes: dict[str, Any] = {}
+        self.lanes: dict[str, Any] = {}  # with run.in_process_threads (rlweave.scheduler.in_process_threads)
 
     def _check(self) -> None:
         from rlweave.config.in_process import in_process_problems
@@ -128,7 +126,7 @@ class InProcessRoleBuilder(BuilderInputs):
                              self.kernel_records)
         ctx.device = device_of(self.cfg.resources.pools[section.pool].device)
         worker_cls = record.load()
-        group = self._threaded_group(role, record, worker_cls, ctx) if self.threaded else \
+        group = self._threaded_group(role, record, worker_cls, ctx) if self.cfg.run.in_process_threads else \
             InProcessWorkerGroup(role, worker_cls, [ctx])
         return RoleHandle(role, group, rank_parallel(section.parallel, spans_of(record)),
                           timeouts=section.timeouts.model_dump())

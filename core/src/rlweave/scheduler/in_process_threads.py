@@ -19,7 +19,7 @@ the run modes that overlap generation and training (``one_step_off``, ``async``)
   nothing can stop a thread); ``wait_any`` sleeps until one call ends.
 * **Devices.** A call runs with the CUDA device that was current in the submitting thread when
   this process uses CUDA (each thread has its own current device), and frees the OpenMP workers
-  its thread started when it ends (:func:`rlweave.devices.openmp.release_off_main`).
+  its thread started when it ends (:func:`rlweave.devices.openmp.releasing`).
 
 A call that hangs hangs its lane and, at exit, the process: these are ordinary (not daemon)
 threads, so that a call is never cut off half-way when the controller ends.
@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from rlweave.devices.openmp import release_off_main
+from rlweave.devices.openmp import releasing
 from rlweave.scheduler.group import RankArgs, WorkerGroup
 from rlweave.worker_errors import WorkerTimeout
 
@@ -48,17 +48,13 @@ def _current_cuda_device() -> int | None:
 
 
 def _on_device(device: int | None, call: Callable[[], Any]) -> Any:
-    """``call()`` on ``device``; then the OpenMP workers this thread started are freed
-    (:mod:`rlweave.devices.openmp`: one pool per computing thread slows every pool's work)."""
+    """``call()`` with ``device`` (when not None) as this thread's current CUDA device."""
     if device is not None:
         import torch
 
         if torch.cuda.current_device() != device:
             torch.cuda.set_device(device)
-    try:
-        return call()
-    finally:
-        release_off_main()
+    return call()
 
 
 class CallLane:
@@ -71,7 +67,8 @@ class CallLane:
     def run(self, call: Callable[[], Any]) -> cf.Future:
         """``call()`` on this lane, after the calls given before it, with the submitting thread's
         CUDA device; its future holds what it returns."""
-        return self._pool.submit(_on_device, _current_cuda_device(), call)
+        # then the OpenMP workers the lane's thread started are freed (rlweave.devices.openmp)
+        return self._pool.submit(releasing(_on_device), _current_cuda_device(), call)
 
     def close(self) -> None:
         """Drop the calls not started, let the running one end; idempotent."""
