@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from rlweave.rewards.pool import PIPELINE, RewardPool
+from rlweave.sandbox.pool import PIPELINE, RewardPool
 
 REWARDS = textwrap.dedent(
     """

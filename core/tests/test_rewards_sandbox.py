@@ -12,8 +12,8 @@ import textwrap
 import time
 
 import pytest
-from rlweave.rewards._sandbox import SandboxLimits
-from rlweave.rewards.pool import RewardPool, RewardWorkerError
+from rlweave.sandbox.limits import SandboxLimits
+from rlweave.sandbox.pool import RewardPool, RewardWorkerError
 from rlweave.rewards.sections import RewardSandbox
 
 REWARDS = textwrap.dedent(
@@ -319,7 +319,7 @@ def test_a_timed_out_worker_is_killed_with_everything_it_started(mod, tmp_path):
 
 ORPHAN = """
 import time
-from rlweave.rewards.pool import RewardPool
+from rlweave.sandbox.pool import RewardPool
 if __name__ == "__main__":
     pool = RewardPool(["rlweave.rewards.rules:arith_exact"], workers=2)
     pool.run([(0, {"prompt": "1+1=", "response": "2", "answer": 2})])

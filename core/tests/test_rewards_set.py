@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from rlweave.rewards import RewardSet, load_reward_fn, reward_records
-from rlweave.rewards.pool import RewardWorkerError
+from rlweave.sandbox.pool import RewardWorkerError
 from rlweave.rewards.rules import arith_exact
 from rlweave.rewards.sections import RewardEntry, RewardsRuntime
 

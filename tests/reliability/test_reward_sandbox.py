@@ -95,7 +95,7 @@ def pool_of(tmp_path, monkeypatch):
     pools = []
 
     def make(timeout_s: float = 5.0, **sandbox):
-        from rlweave.rewards.pool import RewardPool
+        from rlweave.sandbox.pool import RewardPool
 
         kw = {}
         if sandbox:  # as a run gets it: reward_runtime.sandbox

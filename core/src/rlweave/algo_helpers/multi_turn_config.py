@@ -33,7 +33,7 @@ def resolve_environment(name: str, args: dict[str, Any], load: bool = True) -> t
     a registered environment's class (the class is then None)."""
     if ":" in name:
         from rlweave.interfaces.environment import Environment
-        from rlweave.rewards._worker import import_reward_target
+        from rlweave.sandbox.worker import import_reward_target
 
         cls = import_reward_target(name)
         if not (isinstance(cls, type) and issubclass(cls, Environment)):

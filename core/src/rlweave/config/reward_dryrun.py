@@ -4,7 +4,7 @@ A reward is called during a run as ``fn(prompt=..., response=..., **record field
 **rewards[i].args)``. Whether that call can work is known before any worker starts: this
 module makes it once per reward and data file, with the file's first record and an empty
 response, in the same sandboxed worker pool the run uses
-(:class:`rlweave.rewards.pool.RewardPool`, one worker, ``reward_runtime.timeout_s``). Which
+(:class:`rlweave.sandbox.pool.RewardPool`, one worker, ``reward_runtime.timeout_s``). Which
 files a reward scores is the algorithm's to say (``AlgorithmRecord.reward_data``; both
 ``data.train`` and ``data.eval`` when the algorithm is unknown).
 
@@ -54,7 +54,7 @@ def _last_line(text: str) -> str:
 
 
 def _pool_run(targets: list[str], calls: list[Call], timeout_s: float, sandbox: Any = None) -> list[tuple[str, Any]]:
-    from rlweave.rewards.pool import RewardPool
+    from rlweave.sandbox.pool import RewardPool
 
     pool = RewardPool(targets, workers=1, timeout_s=timeout_s, sandbox=sandbox)
     try:
@@ -68,7 +68,7 @@ def run_calls(targets: list[str], calls: list[Call], timeout_s: float, sandbox: 
     ``reward_runtime.sandbox``, so a reward is tried under the limits it will run under); a
     target that cannot be imported in a worker gives ``("import", message)`` for each of its
     calls and does not stop the others."""
-    from rlweave.rewards.pool import RewardWorkerError
+    from rlweave.sandbox.pool import RewardWorkerError
 
     try:
         return _pool_run(targets, calls, timeout_s, sandbox)

@@ -7,7 +7,7 @@ the user message. After each model turn the calls in its text are parsed (``pars
 comes back as a ``tool`` message. A turn without a tool call is the final answer and ends the
 episode (the run's rewards score it).
 
-Tools run in sandboxed worker processes (:class:`rlweave.rewards.pool.RewardPool` with text
+Tools run in sandboxed worker processes (:class:`rlweave.sandbox.pool.RewardPool` with text
 results): an address-space limit (``memory_mb``), a time limit per call (``timeout_s``), no child
 processes, network off unless ``network: true``. Whatever goes wrong in a call (an exception, a
 timeout, a crash, an allocation past the limit, bad JSON, an unknown tool, arguments the function
@@ -68,7 +68,7 @@ class ToolsArgs(BaseModel):
 
 def _signature(target: str) -> tuple[str, str]:
     """``(arguments with their types, first docstring line)`` of the tool function ``target``."""
-    from rlweave.rewards._worker import import_reward_target
+    from rlweave.sandbox.worker import import_reward_target
 
     fn = import_reward_target(target)
     params = []
@@ -96,7 +96,7 @@ class ToolRunner:
     rollout steps episodes in threads, so one slow tool holds only its own episode)."""
 
     def __init__(self, args: ToolsArgs):
-        from rlweave.rewards._sandbox import SandboxLimits
+        from rlweave.sandbox.limits import SandboxLimits
 
         self.targets = [t.target for t in args.tools]
         self.timeout_s = args.timeout_s
@@ -108,7 +108,7 @@ class ToolRunner:
     def call(self, index: int, arguments: dict[str, Any]) -> tuple[str, str]:
         """``(status, text)`` of one call: ``ok`` and the result, or ``error`` / ``timeout`` /
         ``crash`` and why."""
-        from rlweave.rewards.pool import RewardPool
+        from rlweave.sandbox.pool import RewardPool
 
         me = threading.get_ident()
         with self._lock:

@@ -3,7 +3,7 @@ weighted rewards in sandboxed worker processes with per-call timeouts and stops 
 (:class:`RewardFailureError`) when a reward mostly fails.
 
 Attributes are imported lazily so a reward worker process (which imports
-``rlweave.rewards._worker``) starts without pydantic or the config schema.
+``rlweave.sandbox.worker``) starts without pydantic or the config schema.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ _WHERE = {
     "RewardSet": "rlweave.rewards.reward_set",
     "load_reward_fn": "rlweave.rewards.loader",
     "reward_records": "rlweave.rewards.loader",
-    "RewardWorkerError": "rlweave.rewards.pool",
+    "RewardWorkerError": "rlweave.sandbox.pool",
     "RewardFailureError": "rlweave.rewards.failures",
 }
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import os
 
 from rlweave.plugins.types import RewardRecord
-from rlweave.rewards._worker import import_reward_target
+from rlweave.sandbox.worker import import_reward_target
 
 RewardFn = Callable[..., float]
 

@@ -12,7 +12,7 @@ many, which reward, the first failure), which stops the run (see
 :mod:`rlweave.rewards.failures`).
 
 Calls run in sandboxed worker processes (``runtime.sandbox``, see
-:mod:`rlweave.rewards.pool`): a memory limit, a CPU budget per call, a private directory,
+:mod:`rlweave.sandbox.pool`): a memory limit, a CPU budget per call, a private directory,
 process starts refused and network allowed by default.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from rlweave.rewards.failures import failure_stop
 from rlweave.rewards.loader import load_reward_fn, resolve_reward_target
-from rlweave.rewards.pool import RewardPool
+from rlweave.sandbox.pool import RewardPool
 from rlweave.rewards.sections import RewardEntry, RewardsRuntime
 
 log = logging.getLogger("rlweave.rewards")

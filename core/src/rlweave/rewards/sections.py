@@ -23,7 +23,7 @@ class RewardEntry(BaseModel):
 
 
 class RewardSandbox(BaseModel):
-    """Limits of each reward worker process (``rlweave.rewards.pool``). They guard against accidents and runaway
+    """Limits of each reward worker process (``rlweave.sandbox.pool``). They guard against accidents and runaway
     reward code (a huge allocation, an endless loop, a fork bomb, a stray request), not against deliberately
     malicious native code: process and network refusal are Python audit hooks, which C code can bypass. A reward
     that uses CUDA in its worker needs ``memory_mb: null`` (CUDA reserves far more address space than it uses)."""

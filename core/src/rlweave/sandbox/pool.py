@@ -7,7 +7,7 @@ Contract of :meth:`RewardPool.run`: every call gets exactly one outcome —
 Only a reward that cannot even be imported in a worker raises (:class:`RewardWorkerError`):
 that is a configuration error, not a bad sample.
 
-Each worker runs in a sandbox (:class:`~rlweave.rewards._sandbox.SandboxLimits`, from
+Each worker runs in a sandbox (:class:`~rlweave.sandbox.limits.SandboxLimits`, from
 ``reward_runtime.sandbox``): an address-space limit (an allocation beyond it is an
 ``error``), a CPU budget per call (an endless loop is an ``error`` after ``cpu_s`` CPU
 seconds and the worker stays; ``timeout`` still applies), its own temporary directory as cwd
@@ -37,9 +37,9 @@ from dataclasses import dataclass, field, fields, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from rlweave.rewards._proctree import kill_tree
-from rlweave.rewards._sandbox import PREFIX, SandboxLimits
-from rlweave.rewards._worker import worker_main
+from rlweave.sandbox.limits import PREFIX, SandboxLimits
+from rlweave.sandbox.proctree import kill_tree
+from rlweave.sandbox.worker import worker_main
 
 Outcome = tuple[str, Any]
 

@@ -4,7 +4,7 @@ Protocol on one duplex pipe, parent -> worker: ``(call_id, fn_index, kwargs)`` o
 (stop); worker -> parent: ``("ready", pid)`` once, or ``("load_error", traceback)``, then
 ``(call_id, "ok", float)`` / ``(call_id, "error", message)`` per call.
 
-Before importing the rewards the worker enters its sandbox (:mod:`rlweave.rewards._sandbox`:
+Before importing the rewards the worker enters its sandbox (:mod:`rlweave.sandbox.limits`:
 own session, memory limit, private directory, process/network refusal). Each call runs
 under its CPU budget; when it returns, whatever processes it left running are killed
 before the reply is sent, so nothing a call started outlives it.
@@ -23,8 +23,8 @@ import sys
 import traceback
 from typing import Any
 
-from rlweave.rewards._proctree import kill_children
-from rlweave.rewards._sandbox import CpuLimit, CpuTimeExceeded, SandboxLimits, enter, explain
+from rlweave.sandbox.limits import CpuLimit, CpuTimeExceeded, SandboxLimits, enter, explain
+from rlweave.sandbox.proctree import kill_children
 
 
 def import_reward_target(target: str) -> Any:

@@ -4,14 +4,14 @@
 
 * its own session and process group (``os.setsid``), and on Linux a child subreaper, so
   the pool can kill the worker with everything it started, and the worker can find
-  what a call left running (:mod:`rlweave.rewards._proctree`);
+  what a call left running (:mod:`rlweave.sandbox.proctree`);
 * ``memory_mb``: an address-space limit (``RLIMIT_AS``), so an allocation beyond it raises
   ``MemoryError`` in the reward instead of taking the machine's memory. Address space, not
   resident memory, is what the kernel can limit per process, so the worker also keeps the
   per-thread reservations small: BLAS/OpenMP pools default to one thread
   (``OMP_NUM_THREADS`` etc., unless set) and glibc keeps at most two malloc arenas;
 * ``private_dir``: its own directory as cwd and ``TMPDIR`` (made and removed by the pool);
-* ``processes`` / ``network``: refused through an audit hook (:mod:`rlweave.rewards._guard`).
+* ``processes`` / ``network``: refused through an audit hook (:mod:`rlweave.sandbox.guard`).
 
 :class:`CpuLimit` gives each call ``cpu_s`` CPU seconds (``RLIMIT_CPU``, whole seconds past
 what the worker used so far); the kernel's ``SIGXCPU`` becomes :class:`CpuTimeExceeded` in
@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from rlweave.rewards._guard import install as install_guard
+from rlweave.sandbox.guard import install as install_guard
 
 #: config path of these options, named in error messages
 PREFIX = "reward_runtime.sandbox"
