@@ -1,9 +1,9 @@
 """Named algorithm parts in real runs through ``rlweave train`` (FSDP policy, HF engine):
 
-* a third-party advantage estimator, packaged outside the repository
-  (``tests/third_party/estimator``, installed into a folder on ``PYTHONPATH`` as pip would), is
-  listed by ``rlweave list-plugins`` and trains the policy when a config names it (in process:
-  ``run.scheduler: in_process``; estimators run in the controller);
+* a third-party advantage estimator and a third-party rollout, packaged outside the repository
+  (``tests/third_party/estimator``, ``tests/third_party/rollout``, installed into a folder on
+  ``PYTHONPATH`` as pip would), are listed by ``rlweave list-plugins`` and used in one run when a
+  config names them (in process: ``run.scheduler: in_process``; both run in the controller);
 * GRPO (on Ray) rewarded by a rule and a learned reward model together (the model sharing the policy's
   and the reference's device, moved in and out by residency), with ReMax's greedy baseline, GSPO's loss, Dr.GRPO's
   aggregation and a k2 KL in the reward: every source reports its mean and failures, and the
@@ -45,31 +45,41 @@ def _moved(ws, run_dir: Path) -> bool:
     return any(not torch.equal(before[k], after[k]) for k in before)
 
 
-def test_a_third_party_estimator_is_listed_and_trains(grpo_workspace, tmp_path):
-    site = installer.install(["estimator"], tmp_path / "site", where=REPO / "tests" / "third_party")
-    log = tmp_path / "calls.jsonl"
-    env = cli_env(site, _length_reward(tmp_path), RLW_SIGN_ESTIMATOR_LOG=str(log))
+def test_a_third_party_estimator_and_rollout_are_listed_and_train(grpo_workspace, tmp_path):
+    site = installer.install(["estimator", "rollout"], tmp_path / "site", where=REPO / "tests" / "third_party")
+    log, rollout_log = tmp_path / "calls.jsonl", tmp_path / "rollout.jsonl"
+    env = cli_env(site, _length_reward(tmp_path), RLW_SIGN_ESTIMATOR_LOG=str(log), RLW_HINT_ROLLOUT_LOG=str(rollout_log))
     rc, out, pids = run_cli(["list-plugins", "--json"], env)
     assert rc == 0, out[-2000:]
     rows = {(r["kind"], r["name"]): r for r in json.loads(out[out.index("["):])}
     row = rows[("advantage", "sign_baseline")]
     assert row["status"] == "ok" and row["distribution"] == "rlweave-testplug-sign-estimator", row
+    row = rows[("rollout", "hinted")]
+    assert row["status"] == "ok" and row["distribution"] == "rlweave-testplug-hint-rollout", row
     assert ("advantage", "rloo") in rows and ("policy_loss", "gspo") in rows
+    assert ("rollout", "single_turn") in rows and ("run_mode", "one_step_off") in rows
 
     ws = grpo_workspace
     cfg = ws.config("sign", 2, algorithm={"advantage": {"name": "sign_baseline", "scale": 0.5}},
-                    rewards=[{"name": "parts_rewards:length"}], run={"scheduler": "in_process"})
+                    rewards=[{"name": "parts_rewards:length"}], run={"scheduler": "in_process"},
+                    rollout={"name": "hinted", "args": {"hint": "1+"}})
     rc, out, pids = run_cli(["train", str(cfg)], env)
     assert rc == 0, out[-4000:]
     calls = [json.loads(x) for x in log.read_text().splitlines()]
     assert len(calls) == 2 and all(c["scale"] == 0.5 and c["samples"] == 16 for c in calls), calls
+    runs = [json.loads(x) for x in rollout_log.read_text().splitlines()]
+    assert len(runs) == 2 and all(r["samples"] == 16 and r["hint"] == "1+" for r in runs), runs
+    assert all(r["first_prompt"].startswith("1+") and r["first_prompt"].endswith("=") for r in runs), runs
     run_dir = ws.root / "runs" / "sign"
     steps = [r for r in metrics_rows(run_dir) if r["step"] >= 1]
     assert len(steps) == 2
     for r in steps:  # advantages are +-0.5 or 0 on every trained token
         assert r["adv/min"] >= -0.5 and r["adv/max"] <= 0.5, r
     assert _moved(ws, run_dir)
-    assert "rlweave-testplug-sign-estimator" in (run_dir / "plugins.json").read_text()
+    used = json.loads((run_dir / "plugins.json").read_text())
+    assert (used["selected"]["rollout"], used["selected"]["run_mode"]) == ("hinted", "sync"), used["selected"]
+    assert {"rlweave-testplug-sign-estimator", "rlweave-testplug-hint-rollout"} <= {p["distribution"]
+                                                                                  for p in used["plugins"]}
     assert not leftovers(pids)
 
 

@@ -22,7 +22,7 @@ EPISODES = {"multi_turn": {"env": {"name": ENV}, "max_turns": 3, "max_total_toke
 #: what each algorithm adds to the workspace's GRPO config, and the metric that shows it updated
 ALGORITHMS = {  # GRPO with the default estimator: test_one_step_off_runs_the_next_steps_episodes_while_a_step_trains
     "remax": ({"advantage": "remax"}, {}, "reward/greedy_mean"),  # its baseline: a greedy episode per prompt
-    "ppo": ({"name": "ppo", "reward_models": [], "kl_coef": 0.0},
+    "ppo": ({"name": "ppo", "reward_models": [], "kl": {"beta": 0.0}},
             {"critic": {"backend": "fsdp", "devices": 1, "optim": {"lr": 2.0e-2}}},
             "value_loss"),
     "online_dpo": ({"name": "online_dpo"}, {"reference": {"backend": "fsdp", "devices": 1}}, "pairs"),
@@ -98,7 +98,7 @@ def test_one_step_off_runs_the_next_steps_episodes_while_a_step_trains(grpo_work
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_after"]["eval/tool_used_frac"] > 0, summary
     # a sync asked for by a step is applied when the next episodes start (the last one's: before the checkpoint)
-    assert [r["sync_seconds"] > 0 for r in steps] == [True, True, False], steps
+    assert [r["time/sync"] > 0 for r in steps] == [True, True, False], steps
     state = json.loads((run_dir / "checkpoints" / "step_000003" / "state.json").read_text())
     ahead = state["algorithm"]["pipeline"]["records"]
     assert [len(b) for b in ahead] == [4], ahead

@@ -103,4 +103,5 @@ def test_run_dir_gets_resolved_config_and_plugin_versions(tmp_path):
                     "status": "ok", "error": None, "records": [{"kind": "backend", "name": "fsdp"}]}
     assert report["selected"] == {"algorithm": "grpo", "roles": {"policy": {"kind": "backend", "name": "fsdp"},
                                                                  "rollout": {"kind": "engine", "name": "vllm"}},
-                                  "rewards": ["arith_exact", "format"], "kernels": []}
+                                  "rewards": ["arith_exact", "format"], "kernels": [], "run_mode": "sync",
+                                  "rollout": None}  # the fake algorithm samples through no rollout

@@ -55,7 +55,7 @@ def make(total_steps: int = 3, fail_on: str | None = None):
     ctx = SimpleNamespace(config=SimpleNamespace(run=SimpleNamespace(total_steps=total_steps, mode="one_step_off"),
                                                  data=SimpleNamespace(batch_size=1), rollout=SimpleNamespace(partial=None)),
                           next_records=lambda: next(batches), roles={"rollout": None}, weight_sync=Sync(rollout))
-    return EpisodePipeline(ctx, rollout, n=2), rollout, ctx
+    return EpisodePipeline(ctx, rollout, n=2, lookahead=1), rollout, ctx
 
 
 def steps(pipe: EpisodePipeline, first: int, count: int) -> list[tuple[list, dict, bool]]:

@@ -31,23 +31,33 @@ CORE = Path(__file__).resolve().parents[1] / "src" / "rlweave"
 #: units of lower layers only, never one of a higher layer or of its own layer. Every unit is
 #: listed, so a new package or module gets its place on purpose.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # leaves: import no other unit ("rlweave" is the package's own __init__: version constants)
-    ("rlweave", "deps", "devices", "residency", "targets", "worker_errors", "loggers", "rendezvous"),
+    # leaves: import no other unit ("rlweave" is the package's own __init__: version constants;
+    # "sandbox": the worker processes that run rewards and tools, stdlib only)
+    ("rlweave", "deps", "devices", "residency", "targets", "worker_errors", "loggers", "rendezvous", "sandbox"),
+    # -- the kernel: contracts, plugins, config, scheduling, the run loop
     ("data",),  # data records (jsonl, parquet, chat) and the batch between roles
     ("weight_sync",),  # transports and the WeightSync service; role handles by duck type only
-    ("interfaces",),  # contracts of workers, engines and algorithms
+    ("interfaces",),  # contracts of workers, engines, rollouts, pipelines and algorithms
     ("plugins",),  # hookspecs, record types, plugin manager, algorithms named by import path
-    ("algo_parts", "rewards"),  # named loss parts; reward functions, sandboxed workers
-    ("environments",),  # built-in environments of multi-turn rollouts (tools run in the reward sandbox)
+    ("rewards",),  # reward functions and the reward set (run in the sandbox)
     ("config",),  # schema, loading and validation (both passes, input checks), run directory
     ("scheduler",),  # roles as worker groups, dispatch, futures; its Ray implementation
-    ("algo_helpers", "engine_helpers"),  # what algorithm and engine plugins share
     ("runner",),  # the run loop and its utilities
-    ("backend_helpers",),  # what training backend plugins share (worker skeleton, checkpoints, RNG state)
+    # -- the toolkits plugins build on
+    ("algo_parts", "engine_helpers", "backend_helpers"),  # named loss parts; engine and backend plugins' share
+    ("environments",),  # built-in environments of multi-turn rollouts (tools run in the sandbox)
+    ("algo_helpers",),  # the RL step toolkit: rollouts, run modes, pipelines, reward sources
     ("testing",),  # helpers and contract suites for plugin authors' tests
     ("commands",),  # generate, export, eval
     ("cli",),  # the rlweave command line
 )
+
+#: the kernel: it runs any algorithm and imports none of the RL toolkit
+KERNEL = ("data", "weight_sync", "interfaces", "plugins", "config", "scheduler", "runner")
+#: the RL toolkit the shipped algorithms share
+TOOLKIT = ("algo_parts", "environments", "algo_helpers")
+#: pairs of units that must never import each other in this direction (beyond the layer order)
+FORBIDDEN = tuple((k, t) for k in KERNEL for t in TOOLKIT) + (("backend_helpers", "runner"),)
 
 
 @dataclass(frozen=True)
@@ -212,6 +222,19 @@ def test_imports_between_units_point_down_the_layers():
         "/".join(layer) for layer in LAYERS) + "):\n" + "\n".join(bad)
 
 
+def forbidden_imports(edges: list[Edge], forbidden: tuple[tuple[str, str], ...]) -> list[str]:
+    """One line per import of a unit by one that must never import it."""
+    pairs = set(forbidden)
+    return [f"{e.where()}: {e.src} imports {e.dst}: {unit(e.src)} may never import {unit(e.dst)}"
+            for e in edges if (unit(e.src), unit(e.dst)) in pairs]
+
+
+def test_the_kernel_imports_none_of_the_toolkit_and_backend_helpers_no_runner():
+    _, edges, _ = core_graph()
+    bad = forbidden_imports(edges, FORBIDDEN)
+    assert not bad, "imports the layering forbids:\n" + "\n".join(bad)
+
+
 def test_no_cycle_among_units():
     _, edges, _ = core_graph()
     between = sorted({(unit(e.src), unit(e.dst)): e for e in edges if unit(e.src) != unit(e.dst)}.items())
@@ -254,3 +277,22 @@ def test_checks_find_what_is_planted(planted):
     assert flipped == [("rlweave/high/__init__.py:1: rlweave.high imports rlweave.low.c: high (layer 1) may not import "
                         "low (layer 2)")]
     assert find_cycle([e for e in edges if e.src != "rlweave.low.c"]) is None
+
+
+def test_a_wrong_way_import_into_the_toolkit_fails_the_layering(tmp_path):
+    """The real core plus one planted module: the runner importing the RL toolkit."""
+    import shutil
+
+    root = tmp_path / "rlweave"
+    shutil.copytree(CORE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    _, edges, _ = read_graph(root)
+    assert layer_violations(edges, LAYERS) == [] and forbidden_imports(edges, FORBIDDEN) == []
+    (root / "runner" / "shortcut.py").write_text("from rlweave.algo_helpers.experience import ExperienceKit\n")
+    _, edges, _ = read_graph(root)
+    assert forbidden_imports(edges, FORBIDDEN) == [
+        "rlweave/runner/shortcut.py:1: rlweave.runner.shortcut imports rlweave.algo_helpers.experience: runner may "
+        "never import algo_helpers"]
+    assert layer_violations(edges, LAYERS) == [
+        "rlweave/runner/shortcut.py:1: rlweave.runner.shortcut imports rlweave.algo_helpers.experience: runner "
+        f"(layer {[i for i, u in enumerate(LAYERS) if 'runner' in u][0]}) may not import algo_helpers "
+        f"(layer {[i for i, u in enumerate(LAYERS) if 'algo_helpers' in u][0]})"]

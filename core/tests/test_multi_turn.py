@@ -166,8 +166,9 @@ def test_both_rollouts_keep_the_rollout_contract(tok):
 
     records = [{"prompt": "go", "answer": "x", "id": "a"}, {"prompt": "ho", "answer": "y", "id": "b"}]
     spec = MultiTurnConfig.model_validate({"env": {"name": f"{__file__}:Echo"}, "max_turns": 3})
-    single, episodes = make_rollout(None, tok), make_rollout(spec, tok)
+    (single, one), (episodes, many) = (make_rollout(None, SimpleNamespace(multi_turn=m), tok) for m in (None, spec))
     assert isinstance(single, SingleTurnRollout) and isinstance(episodes, MultiTurnRollout)
+    assert (one.name, one.streams, many.name, many.streams) == ("single_turn", True, "multi_turn", False)
     for rollout, engine, reward in ((single, one_shot, 0.0), (episodes, Script(tok, ["abc", "done"]), 1.25)):
         try:
             batch = rollout.run(records, 2, SamplingParams(max_new_tokens=8, seed=1), engine)

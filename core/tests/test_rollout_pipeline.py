@@ -10,6 +10,7 @@ and its queue are the real ones.
 
 from __future__ import annotations
 
+import importlib
 import math
 import random
 import time
@@ -98,6 +99,9 @@ class Data:
         return out
 
 
+MODULES = {"sync": "sync", "one_step_off": "one_step_off", "async": "async_mode"}
+
+
 def make(mode: str, staleness: int, partial: bool, request_groups, engine, data, steps: int):
     cfg = RunConfig.model_validate({
         "run": {"mode": mode, "max_staleness": staleness, "total_steps": steps},
@@ -111,7 +115,8 @@ def make(mode: str, staleness: int, partial: bool, request_groups, engine, data,
     def encode(records):
         return [[r["target"], r["id"]] for r in records], [{"id": r["id"]} for r in records]
 
-    return RolloutPipeline(ctx, n=3, max_new_tokens=MAX_NEW, encode=encode)
+    schedule = importlib.import_module(f"rlweave.algo_helpers.run_modes.{MODULES[mode]}").schedule(cfg, ctx)
+    return RolloutPipeline(ctx, n=3, max_new_tokens=MAX_NEW, encode=encode, schedule=schedule)
 
 
 def params(salt: int) -> SamplingParams:

@@ -31,7 +31,7 @@ def test_ppo_with_roles_spread_over_three_nodes(nodes, workspace):
             "rollout": {"engine": "hf"},
             "critic": {"backend": "fsdp", "model": {"path": model, "model_type": "value"}, "optim": {"lr": 1.0e-3}},
         },
-        "algorithm": {"name": "ppo", "reward_models": [], "kl_coef": 0.0, "n_samples": 2, "max_new_tokens": 3,
+        "algorithm": {"name": "ppo", "reward_models": [], "kl": {"beta": 0.0}, "n_samples": 2, "max_new_tokens": 3,
                       "eval_max_new_tokens": 3},
         "rewards": [{"name": "arith_exact"}],
         "data": {"train": str(workspace.train), "eval": str(workspace.test), "batch_size": 4},

@@ -9,7 +9,8 @@ read it and got the mutated value (:mod:`rlweave.testing.config_keys`).
 
 The runs (tiny fp32 model, 1-2 steps, no Ray: :mod:`rlweave.testing.recorded_run`):
 
-* ``grpo``, ``grpo_async`` (run modes, partial rollout, off-policy correction), ``ppo``, ``dpo``,
+* ``grpo``, ``grpo_async`` (run modes, partial rollout, off-policy correction), ``ppo``,
+  ``ppo_kl_loss``, ``dpo``,
   ``online_dpo``, ``sft`` (with a vLLM rollout), ``rm``, ``megatron_rm``, ``deepspeed_rm`` (those backends' options): the real
   ``rlweave.runner.loop.run`` (controller, role builder, workers, algorithm with its steps,
   evaluations and checkpoints, rewards) with every rank in this process;
@@ -230,6 +231,7 @@ RUNS = {
     "grpo": _loop_run,
     "grpo_async": _loop_run,
     "ppo": _loop_run,
+    "ppo_kl_loss": _loop_run,
     "dpo": _loop_run,
     "online_dpo": _loop_run,
     "sft": _loop_run,

@@ -75,6 +75,10 @@ def make_pm() -> PluginManager:
                        rlweave_kernels=lambda: [KernelRecord("moe_groupgemm", "grouped GEMM", "x:y",
                                                              probe=lambda: "needs CUDA")]),
                 name="builtin-rewards", distribution="rlweave", version="0.1.0")
+    # the real built-in run modes and rollouts (light records): run.mode resolves through them
+    import rlweave.algo_helpers.plugin as builtin_rollouts
+
+    pm.register(builtin_rollouts, name="builtin-rollouts", distribution="rlweave", version="0.1.0")
     return pm
 
 

@@ -209,4 +209,5 @@ def test_online_dpo_step(tiny, tmp_path):
     assert any(not torch.equal(before[k], after[k]) for k in before)
     # 4 prompts x 4 samples scored per step, with the record's extra fields
     assert len(rewards.calls[0]) == 16 and rewards.calls[0][0]["answer"] == "x"
-    assert algo.state_dict() == {"steps": 2, "tied_total": int(m2["tied_prompts_total"])}
+    assert algo.state_dict() == {"format": 2, "steps_done": 2, "samples_seen": 32, "pipeline": {},
+                                 "tied_total": int(m2["tied_prompts_total"])}

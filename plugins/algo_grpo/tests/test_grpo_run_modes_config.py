@@ -49,3 +49,29 @@ def test_overlapping_modes_need_an_engine_that_stays_up():
     assert "cannot be put away" in found["resources.offload"]
     found = issues(GRPO, ["rollout.partial.token_budget_per_step=0"])
     assert "rollout.partial.token_budget_per_step" in found
+
+
+TOOLS = ROOT / "examples/tools/grpo.yaml"
+
+
+def test_run_modes_and_rollouts_are_named_plugins_checked_before_any_worker():
+    found = issues(GRPO, ["run.mode=eventually"])
+    assert "unknown run mode 'eventually'" in found["run.mode"] and "one_step_off" in found["run.mode"]
+    found = issues(GRPO, ["rollout.name=nonesuch"])
+    assert "unknown rollout 'nonesuch'" in found["rollout.name"] and "single_turn" in found["rollout.name"]
+    found = issues(GRPO, ["rollout.name=multi_turn"])
+    assert "configured by algorithm.multi_turn" in found["rollout.name"]
+    found = issues(GRPO, ["rollout.args.hint=x"])  # the single-turn rollout takes no settings
+    assert "rollout.args" in " ".join(found)
+    found = issues(TOOLS, ["rollout.args.max_turns=2"])
+    assert "algorithm.multi_turn" in found["rollout.args"]
+    found = issues(TOOLS, ["run.mode=async"])
+    assert "rollout 'multi_turn' does not stream its generation" in found["run.mode"]
+
+
+def test_the_resolved_config_names_the_rollout_and_run_mode():
+    cfg, resolved = load_config(TOOLS, ["run.mode=one_step_off"], check_inputs=False)
+    assert (resolved.rollout.name, resolved.rollout.resumable, resolved.run_mode.name) == ("multi_turn", True,
+                                                                                           "one_step_off")
+    cfg, resolved = load_config(GRPO, [], check_inputs=False)
+    assert (resolved.rollout.name, resolved.rollout.streams, cfg.rollout.name) == ("single_turn", True, None)

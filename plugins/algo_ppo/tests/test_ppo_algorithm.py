@@ -120,7 +120,7 @@ def _algo(roles, tmp_path, colocate=False, **cfg):
 
     rc = RunConfig(resources={"colocate": [ALL_ROLES]} if colocate else {})
     ctx = _context(roles, tmp_path, rc, 11)
-    base = {"name": "ppo", "n_samples": 2, "max_new_tokens": 6, "ppo_epochs": 2, "mini_batches": 2, "kl_coef": 0.1}
+    base = {"name": "ppo", "n_samples": 2, "max_new_tokens": 6, "ppo_epochs": 2, "mini_batches": 2, "kl": {"beta": 0.1}}
     algo = PPO({**base, **cfg}, ctx)
     algo.setup()
     return algo
@@ -128,16 +128,16 @@ def _algo(roles, tmp_path, colocate=False, **cfg):
 
 def test_ppo_step_separate_pools(roles, tmp_path):
     w_pol, w_ref, w_cri = _weights(roles["policy"]), _weights(roles["reference"]), _weights(roles["critic"])
-    algo = _algo(roles, tmp_path, kl_target=1.0, kl_horizon=100)
+    algo = _algo(roles, tmp_path, kl={"beta": 0.1, "target": 1.0, "horizon": 100})
     m = algo.step(_records())
-    for key in ("reward/mean", "reward/reward", "kl", "kl_coef", "value_loss", "explained_variance", "pg_loss",
+    for key in ("reward/mean", "reward/reward", "kl_reward", "kl_coef", "value_loss", "explained_variance", "pg_loss",
                 "clip_frac", "entropy", "adv/mean", "returns/mean", "response_len/mean", "time/generate",
                 "time/reward", "time/reference", "time/values", "time/old_logprobs", "time/train", "time/critic_train",
                 "time/sync"):
         assert key in m, key
     assert all(math.isfinite(v) for k, v in m.items() if k != "explained_variance")
     assert m["samples"] == 8.0 and m["kl_coef"] == pytest.approx(0.1)
-    assert algo.kl_ctl.value != 0.1  # adaptive controller moved
+    assert algo.kl.coef != 0.1  # adaptive controller moved
     # 2 epochs x 2 mini-batches: 4 optimizer steps per trained role
     assert [c[0] for c in roles["policy"].calls].count("train") == 4
     assert [c[0] for c in roles["critic"].calls].count("train") == 4
@@ -154,22 +154,22 @@ def test_ppo_step_separate_pools(roles, tmp_path):
     pol = dict(roles["policy"].h.group.workers[0].named_weights())
     rol = dict(roles["rollout"].h.group.workers[0].model.named_parameters())
     assert torch.equal(pol["model.embed_tokens.weight"], rol["model.embed_tokens.weight"])
-    assert algo.phases.moves == []  # nothing colocated: nothing moved
+    assert algo.kit.residency.moves == []  # nothing colocated: nothing moved
     state = json.loads(json.dumps(algo.state_dict()))
-    algo2 = _algo(roles, tmp_path, kl_target=1.0, kl_horizon=100)
+    algo2 = _algo(roles, tmp_path, kl={"beta": 0.1, "target": 1.0, "horizon": 100})
     algo2.load_state_dict(state)
-    assert algo2.kl_ctl.value == algo.kl_ctl.value and algo2.steps_done == 1
+    assert algo2.kl.coef == algo.kl.coef and algo2.steps_done == 1
 
 
 def test_ppo_colocated_moves_roles_and_warms_up_critic(roles, tmp_path):
     w_pol, w_cri = _weights(roles["policy"]), _weights(roles["critic"])
     algo = _algo(roles, tmp_path, colocate=True, critic_warmup_steps=1, ppo_epochs=1, mini_batches=1)
-    moves_setup = list(algo.phases.moves)
+    moves_setup = list(algo.kit.residency.moves)
     m = algo.step(_records())
     assert "pg_loss" not in m and "value_loss" in m
     assert not _changed(w_pol, _weights(roles["policy"]))  # critic warm-up: policy untouched
     assert _changed(w_cri, _weights(roles["critic"]))
-    moves = algo.phases.moves[len(moves_setup):]
+    moves = algo.kit.residency.moves[len(moves_setup):]
     assert ("sync", "critic", "out") in moves_setup and ("sync", "reward", "out") in moves_setup
     assert ("generate", "policy", "out") in moves
     assert ("experience", "rollout", "out") in moves and ("experience", "reward", "in") in moves
@@ -177,7 +177,7 @@ def test_ppo_colocated_moves_roles_and_warms_up_critic(roles, tmp_path):
     m2 = algo.step(_records())
     assert "pg_loss" in m2 and _changed(w_pol, _weights(roles["policy"]))
     # trained one at a time: the critic was put away while the policy trained, and back after
-    later = algo.phases.moves[len(moves_setup) + len(moves):]
+    later = algo.kit.residency.moves[len(moves_setup) + len(moves):]
     assert ("train", "critic", "out") in later and ("train", "policy", "out") in later
 
 
@@ -215,7 +215,7 @@ def test_ppo_learns_to_raise_a_reward(roles, tmp_path):
     worker = roles["policy"].h.group.workers[0]  # a tiny random model: learn fast
     worker.scheduler.base_lrs = [1e-2 for _ in worker.scheduler.base_lrs]
     ctx = _context(roles, tmp_path, RunConfig(), 1, rewards=_LikesEarlyLetters())
-    algo = PPO({"name": "ppo", "reward_models": [], "n_samples": 4, "max_new_tokens": 6, "kl_coef": 0.0,
+    algo = PPO({"name": "ppo", "reward_models": [], "n_samples": 4, "max_new_tokens": 6, "kl": {"beta": 0.0},
                 "ppo_epochs": 2, "mini_batches": 1, "temperature": 1.0}, ctx)
     algo.setup()
     rewards = [algo.step(_records(8))["reward/mean"] for _ in range(8)]
@@ -247,4 +247,4 @@ def test_ppo_one_step_off_trains_one_version_old_samples_and_drains(roles, tmp_p
     assert scored == [8, 8]
     assert json.loads(json.dumps(algo.state_dict()))["pipeline"]["groups"] is not None
     algo.drain()
-    assert not algo.pipeline.queue.in_flight and algo.pipeline.pending_sync is None
+    assert not algo.kit.pipeline.queue.in_flight and algo.kit.pipeline.pending_sync is None

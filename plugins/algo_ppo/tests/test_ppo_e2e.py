@@ -65,16 +65,16 @@ def test_killed_critic_is_named_rebuilt_and_the_run_continues(tmp_path, monkeypa
     run_dir = tmp_path / "runs" / "ppo-kill"
 
     killed: list[int] = []
-    original = PPO._experience
+    original = PPO._update
 
-    def kill_critic_then_continue(self, batch, metrics):
+    def kill_critic_then_continue(self, batch, train_policy):
         if self.steps_done == 2 and not killed:  # step 3, after the step-2 checkpoint
             (info,) = self.ctx.roles["critic"].ping().result()
             os.kill(info["pid"], signal.SIGKILL)
             killed.append(info["pid"])
-        return original(self, batch, metrics)
+        return original(self, batch, train_policy)
 
-    monkeypatch.setattr(PPO, "_experience", kill_critic_then_continue)
+    monkeypatch.setattr(PPO, "_update", kill_critic_then_continue)
     summary = run(cfg, run_dir=run_dir)
     assert killed, "the critic was never killed"
     out = capsys.readouterr().out

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlweave.algo_parts.stats import masked_moments, masked_whiten
-from rlweave_algo_ppo.kl_controller import AdaptiveKLController, FixedKLController, make_kl_controller
+from rlweave.algo_parts.kl_controller import AdaptiveKLController, FixedKLController, make_kl_controller
 from rlweave_algo_ppo.normalize import RunningMoments, explained_variance, normalize_scores
 
 

@@ -210,7 +210,7 @@ def test_ppo_step_reports_offpolicy_metrics_of_a_stale_engine(stale_roles, tmp_p
     ctx = RunContext(roles=roles, tokenizer=CharTokenizer(), run_dir=tmp_path, config=RunConfig(), seed=3,
                      weight_sync=sync, rewards=LikesEarlyLetters())
     off = {"correction": "tis", "level": "token", "cap": 1.1, "floor": 0.9}
-    algo = PPO({"name": "ppo", "reward_models": [], "kl_coef": 0.0, "n_samples": 2, "max_new_tokens": 6,
+    algo = PPO({"name": "ppo", "reward_models": [], "kl": {"beta": 0.0}, "n_samples": 2, "max_new_tokens": 6,
                 "ppo_epochs": 2, "mini_batches": 2, "off_policy": off}, ctx)
     algo.setup()
     # the engine samples with other weights than the policy's (as after missed weight updates)

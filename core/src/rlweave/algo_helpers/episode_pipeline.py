@@ -18,7 +18,7 @@ later step; in ``one_step_off`` those are bounded by ``run.max_staleness`` per t
 State: the records drawn and not yet trained (a run's under way included, and with partial
 rollout the groups held) are the pipeline's checkpoint; a resumed run samples them again from
 their prompts, and the data position already counts them, so no record is lost or trained twice.
-``async`` is not implemented for these rollouts (the algorithms' ``run_modes`` say so).
+``async`` is not implemented for these rollouts (their records' ``run_modes`` say so).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from rlweave.algo_helpers.episode_rounds import EpisodeRounds
-from rlweave.algo_helpers.multi_turn import MultiTurnRollout
 from rlweave.algo_helpers.rollout import generations_to_batch
 from rlweave.devices.openmp import releasing
 from rlweave.interfaces.engine import SamplingParams
+from rlweave.interfaces.pipeline import Pipeline
 from rlweave.interfaces.rollout import Rollout
 
 log = logging.getLogger("rlweave.algo")
@@ -43,19 +43,21 @@ log = logging.getLogger("rlweave.algo")
 ABORT_WAIT_S = 120.0
 
 
-class EpisodePipeline:
+class EpisodePipeline(Pipeline):
     """See the module docstring. ``ctx``: the algorithm's run context (``config.run``,
     ``config.data.batch_size``, ``next_records``, ``roles["rollout"]``, ``weight_sync``);
-    ``rollout``: what turns records into trajectories; ``n`` trajectories per record.
+    ``rollout``: what turns records into trajectories; ``n`` trajectories per record;
+    ``lookahead``: 1 to run the next step's records while this one trains (one_step_off), 0 for
+    sync steps (with partial rollout: rounds, no staleness bound).
 
     The algorithm's step calls :meth:`next_batch`, then :meth:`step_metrics`, and ends with
     :meth:`sync_weights`; :meth:`drain` before an evaluation, a checkpoint and at the end."""
 
-    def __init__(self, ctx: Any, rollout: Rollout, n: int):
+    def __init__(self, ctx: Any, rollout: Rollout, n: int, lookahead: int = 0):
         cfg = ctx.config
         self.ctx, self.rollout, self.n = ctx, rollout, int(n)
         self.total_steps = int(cfg.run.total_steps)
-        self.lookahead = 0 if cfg.run.mode == "sync" else 1
+        self.lookahead = int(lookahead)
         self._ahead = self.lookahead  # steps looked ahead now (none near the end of the run)
         self.batch_groups = int(cfg.data.batch_size)
         self.queue: deque[list[dict[str, Any]]] = deque()  # record batches not trained, oldest first
@@ -68,11 +70,11 @@ class EpisodePipeline:
         self.rounds: EpisodeRounds | None = None  # partial rollout: the groups held between steps
         partial = cfg.rollout.partial
         if partial is not None:
-            if not isinstance(rollout, MultiTurnRollout):
+            if not callable(getattr(rollout, "episodes", None)):
                 raise TypeError(f"rollout.partial: {type(rollout).__name__} trajectories cannot be cut and continued; "
                                 "partial rollout needs the single-turn rollout or multi-turn episodes")
             self.rounds = EpisodeRounds(rollout, self.n, self.batch_groups, partial.token_budget_per_step,
-                                        partial.max_rounds, None if cfg.run.mode == "sync" else int(cfg.run.max_staleness))
+                                        partial.max_rounds, int(cfg.run.max_staleness) if self.lookahead else None)
 
     # ------------------------------------------------------------------ steps
     def next_batch(self, records: list[dict[str, Any]], steps_done: int,
@@ -88,7 +90,7 @@ class EpisodePipeline:
         self._ahead = ahead
         if self.rounds is None:  # with rounds, _start draws
             self._draw_while(lambda: len(self.queue) < 1 + ahead)
-        self._metrics = {"sync_bytes": 0.0, "sync_seconds": 0.0}
+        self._metrics = {"sync_bytes": 0.0, "time/sync": 0.0}
         if not self._has_work():
             return generations_to_batch([], [], [], [])
         if self.running is None:
@@ -150,7 +152,7 @@ class EpisodePipeline:
     def step_metrics(self, steps_done: int) -> dict[str, float]:
         """``staleness/*`` (the policy's version ``steps_done`` minus the engine's during the
         trained run; with partial rollout per model token), ``queue/groups`` (records drawn and
-        not trained), ``time/idle/policy`` (waiting for the run), the ``sync_*`` of the weight
+        not trained), ``time/idle/policy`` (waiting for the run), the ``sync_bytes`` and ``time/sync`` of the weight
         sync applied in this step, and with partial rollout ``partial/*`` and
         ``staleness/regenerated`` (:meth:`EpisodeRounds.take`)."""
         return dict(self._metrics)
@@ -165,10 +167,10 @@ class EpisodePipeline:
     # ------------------------------------------------------------------ weights
     def sync_weights(self, steps_done: int) -> dict[str, float]:
         """Ask for the policy (now version ``steps_done``) in the engine: applied before the
-        next run starts. Returns the ``sync_*`` of the sync applied during this step (the one
+        next run starts. Returns the ``sync_bytes`` and ``time/sync`` of the sync applied during this step (the one
         the step before asked for), which :meth:`step_metrics` has too."""
         self.pending_version = int(steps_done)
-        return {k: self._metrics.get(k, 0.0) for k in ("sync_bytes", "sync_seconds")}
+        return {k: self._metrics.get(k, 0.0) for k in ("sync_bytes", "time/sync")}
 
     def _apply_sync(self) -> None:
         if self.pending_version is None:
@@ -177,7 +179,7 @@ class EpisodePipeline:
         info = self.ctx.weight_sync.sync("policy", "rollout", version=version)
         self.engine_version = version
         self._metrics["sync_bytes"] = self._metrics.get("sync_bytes", 0.0) + float(info.get("bytes", 0))
-        self._metrics["sync_seconds"] = self._metrics.get("sync_seconds", 0.0) + float(info.get("seconds", 0.0))
+        self._metrics["time/sync"] = self._metrics.get("time/sync", 0.0) + float(info.get("seconds", 0.0))
 
     def drain(self, abort: bool = False) -> None:
         """Wait for the run under way (its trajectories stay for the next step) and apply the

@@ -134,6 +134,14 @@ class MultiTurnRollout(Rollout):
         self.engine_pool = ThreadPoolExecutor(max_workers=cfg.engine_calls, thread_name_prefix="rlweave-engine") \
             if cfg.engine_calls > 1 else None
 
+    @classmethod
+    def create(cls, ctx: Any) -> "MultiTurnRollout":
+        """From ``algorithm.multi_turn`` (``ctx.args``): its environment resolved by name."""
+        from rlweave.algo_helpers.multi_turn_config import resolve_environment
+
+        env_cls, args = resolve_environment(ctx.args.env.name, ctx.args.env.args)
+        return cls(ctx.args, env_cls, args, ctx.tokenizer)
+
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
         if self.engine_pool is not None:

@@ -1,7 +1,9 @@
-"""Run modes and partial rollout for algorithms that sample groups: what feeds each step.
+"""The queueing pipeline: single-turn samples streamed through a rollout queue, for the run
+modes of :mod:`rlweave.algo_helpers.run_modes` (each builds it with its own
+:class:`QueueSchedule`) and partial rollout.
 
 :class:`RolloutPipeline` wraps a :class:`~rlweave.algo_helpers.rollout_queue.RolloutQueue`
-with the run's ``run.mode``, ``run.max_staleness`` and ``rollout`` section:
+with the schedule of the run mode, ``run.max_staleness`` and the ``rollout`` section:
 
 * ``sync``: each step's records are generated, trained, then the weights are synced. The
   engine is idle while the policy trains. With partial rollout, in rounds of
@@ -27,20 +29,22 @@ trained and the partial samples) is part of the algorithm's checkpoint, and the 
 already counts them, so ``--resume`` neither loses nor repeats a record.
 
 Rollouts the controller drives (multi-turn episodes) have a pipeline of their own,
-:class:`~rlweave.algo_helpers.episode_pipeline.EpisodePipeline`; :func:`make_pipeline` picks.
+:class:`~rlweave.algo_helpers.episode_pipeline.EpisodePipeline`; plain sync steps another,
+:class:`~rlweave.algo_helpers.sync_pipeline.SyncPipeline`; the run mode picks
+(:func:`rlweave.algo_helpers.run_modes.make_pipeline`).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from rlweave.algo_helpers.episode_pipeline import EpisodePipeline
-from rlweave.algo_helpers.rollout import SingleTurnRollout, encode_records, generations_to_batch
+from rlweave.algo_helpers.rollout import generations_to_batch
 from rlweave.algo_helpers.rollout_queue import WAIT_S, GroupState, RolloutQueue
 from rlweave.interfaces.engine import SamplingParams
+from rlweave.interfaces.pipeline import Pipeline
 from rlweave.scheduler.future import wait_any
 
 #: sync + partial rollout: the completion rate a round's fresh groups are counted at, at least
@@ -80,58 +84,47 @@ def groups_to_batch(groups: list[GroupState]) -> Any:
     )
 
 
-def make_pipeline(ctx: Any, rollout: Any, n: int, max_new_tokens: int) -> Any:
-    """What feeds an algorithm's steps when the run config needs a pipeline (:func:`pipelined`),
-    else None: a :class:`RolloutPipeline` for the single-turn rollout (it queues the engine's
-    requests itself), an :class:`~rlweave.algo_helpers.episode_pipeline.EpisodePipeline` for
-    any other :class:`~rlweave.interfaces.rollout.Rollout` (multi-turn episodes). Both answer
-    ``next_batch``, ``step_metrics``, ``wait``, ``pump``, ``sync_weights``, ``drain``, ``close``
-    and ``state_dict``/``load_state_dict``."""
-    if not pipelined(ctx.config):
-        return None
-    if not isinstance(rollout, SingleTurnRollout):
-        return EpisodePipeline(ctx, rollout, n)
-    return RolloutPipeline(ctx, n, max_new_tokens, functools.partial(encode_records, ctx.tokenizer))
+@dataclass(frozen=True)
+class QueueSchedule:
+    """How a run mode drives the queue (its module builds one, :mod:`rlweave.algo_helpers.run_modes`).
+
+    ``overlapped``: the engine generates while the policy trains (weight syncs begun, landing
+    between requests); ``lookahead``: steps of records held beyond this one; ``request_groups`` and
+    ``in_flight``: groups per engine request and requests on the engine at once (None: one
+    request per dispatch, as many as there are); ``staleness``: versions a trained token may lag
+    (None: unbounded, sync); ``sync_first``: wait for the weight sync in flight before sending the
+    next work, so it starts on the last update's weights (one_step_off)."""
+
+    overlapped: bool = False
+    lookahead: int = 0
+    request_groups: int | None = None
+    in_flight: int | None = None
+    staleness: int | None = None
+    sync_first: bool = False
 
 
-def pipelined(config: Any) -> bool:
-    """Whether a run config needs the pipeline (a mode other than sync, or partial rollout);
-    False for configs without those sections (algorithms driven without a run config)."""
-    run, rollout = getattr(config, "run", None), getattr(config, "rollout", None)
-    return getattr(run, "mode", "sync") != "sync" or getattr(rollout, "partial", None) is not None
-
-
-class RolloutPipeline:
+class RolloutPipeline(Pipeline):
     """See the module docstring. ``ctx``: the algorithm's run context; ``n`` samples per group
     and ``max_new_tokens`` per sample (the algorithm's settings); ``encode(records)`` returns
-    ``(prompt_ids, metas)`` of the records' prompts."""
+    ``(prompt_ids, metas)`` of the records' prompts; ``schedule``: the run mode's."""
 
     def __init__(self, ctx: Any, n: int, max_new_tokens: int,
-                 encode: Callable[[list[dict[str, Any]]], tuple[list[list[int]], list[dict[str, Any]]]]):
+                 encode: Callable[[list[dict[str, Any]]], tuple[list[list[int]], list[dict[str, Any]]]],
+                 schedule: QueueSchedule):
         cfg = ctx.config
-        self.ctx, self.encode = ctx, encode
-        self.mode = cfg.run.mode
+        self.ctx, self.encode, self.schedule = ctx, encode, schedule
         self.batch_groups = int(cfg.data.batch_size)
         self.total_steps = int(cfg.run.total_steps)
         partial = cfg.rollout.partial
-        staleness = None if self.mode == "sync" else int(cfg.run.max_staleness)
-        # groups per request, requests on the engine at once, steps of records held beyond this one
-        if self.mode == "one_step_off":
-            request_groups, in_flight, self.lookahead = self.batch_groups, 1, min(1, staleness)
-        elif self.mode == "async":
-            request_groups = cfg.rollout.request_groups or max(1, self.batch_groups // 4)
-            # an engine that batches concurrent calls gets as many as it serves at once
-            in_flight = max(2, int(getattr(ctx.roles["rollout"], "concurrent_calls", 1)))
-            self.lookahead = staleness
-        else:
-            request_groups, in_flight, self.lookahead = None, None, 0
+        self.lookahead = schedule.lookahead
         self.fill_confidence = float(partial.fill_confidence) if partial else 0.0
         self.rounds = 0  # rounds of the last sync step with partial rollout (partial/rounds)
         self.queue = RolloutQueue(n, max_new_tokens,
                                   token_budget=partial.token_budget_per_step if partial else None,
                                   max_rounds=partial.max_rounds if partial else 1,
-                                  max_staleness=staleness, request_groups=request_groups, max_in_flight=in_flight,
-                                  round_per_version=self.mode == "sync" and partial is not None)
+                                  max_staleness=schedule.staleness, request_groups=schedule.request_groups,
+                                  max_in_flight=schedule.in_flight,
+                                  round_per_version=not schedule.overlapped and partial is not None)
         self.pending_sync = None
         self.horizon: int | None = None  # groups at the head of the queue worth generating now
         self.idle_policy_s = 0.0
@@ -140,7 +133,7 @@ class RolloutPipeline:
 
     @property
     def overlapped(self) -> bool:
-        return self.mode != "sync"
+        return self.schedule.overlapped
 
     # ------------------------------------------------------------------ steps
     def next_groups(self, records: list[dict[str, Any]], steps_done: int,
@@ -153,7 +146,7 @@ class RolloutPipeline:
         t0 = time.perf_counter()
         version = steps_done
         q = self.queue
-        if self.mode == "one_step_off":
+        if self.schedule.sync_first:
             # the next request starts on the last update's weights, landed (a token is at most one version old)
             self._finish_sync()
         if records:
@@ -237,8 +230,8 @@ class RolloutPipeline:
             self.queue.dispatch(self.ctx.roles["rollout"].generate, params, steps_done, self.horizon)
 
     def sync_weights(self, steps_done: int) -> dict[str, float]:
-        """Sync the policy (now version ``steps_done``) into the rollout engine: blocking in
-        ``sync`` mode, else begun here (landing while the engine generates) and finished at
+        """Sync the policy (now version ``steps_done``) into the rollout engine: blocking when
+        not overlapped, else begun here (landing while the engine generates) and finished at
         the next step or at :meth:`drain`."""
         ws = self.ctx.weight_sync
         if not self.overlapped:
@@ -249,7 +242,7 @@ class RolloutPipeline:
             self.pending_sync = ws.start("policy", "rollout", version=steps_done)
             info = {"seconds": time.perf_counter() - t0, "bytes": 0}
         self.queue.version = steps_done
-        return {"sync_bytes": float(info.get("bytes", 0)), "sync_seconds": float(info.get("seconds", 0.0))}
+        return {"sync_bytes": float(info.get("bytes", 0)), "time/sync": float(info.get("seconds", 0.0))}
 
     def _finish_sync(self) -> None:
         if self.pending_sync is not None:

@@ -14,7 +14,7 @@ import torch
 
 from rlweave.data.batch import Batch
 from rlweave.interfaces.engine import Generation, SamplingParams
-from rlweave.interfaces.rollout import GenerateFn, Rollout
+from rlweave.interfaces.rollout import GenerateFn, Rollout, RolloutContext
 from rlweave.rewards.fields import reward_fields
 
 
@@ -144,6 +144,10 @@ class SingleTurnRollout(Rollout):
     def __init__(self, tokenizer: Any):
         self.tok = tokenizer
 
+    @classmethod
+    def create(cls, ctx: RolloutContext) -> "SingleTurnRollout":
+        return cls(ctx.tokenizer)
+
     def run(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,
             version: int = 0) -> Batch:
         prompt_ids, meta = encode_records(self.tok, records)
@@ -153,14 +157,16 @@ class SingleTurnRollout(Rollout):
         return batch
 
 
-def make_rollout(multi_turn: Any, tokenizer: Any) -> Rollout:
-    """The rollout an algorithm's config asks for: multi-turn episodes when its ``multi_turn``
-    section (:class:`~rlweave.algo_helpers.multi_turn_config.MultiTurnConfig`) is set, else
-    :class:`SingleTurnRollout`."""
-    if multi_turn is None:
-        return SingleTurnRollout(tokenizer)
-    from rlweave.algo_helpers.multi_turn import MultiTurnRollout
-    from rlweave.algo_helpers.multi_turn_config import resolve_environment
+def make_rollout(run_config: Any, algorithm_config: Any, tokenizer: Any) -> tuple[Rollout, Any]:
+    """``(rollout, its record)`` of a run (:mod:`rlweave.config.rollout`: ``rollout.name``, else
+    ``multi_turn`` when the algorithm's config has that section, else ``single_turn``), built with
+    :meth:`Rollout.create`; the record is a :class:`~rlweave.plugins.RolloutRecord`."""
+    from rlweave.config.rollout import rollout_args, rollout_name
+    from rlweave.plugins.manager import get_plugin_manager
 
-    env_cls, args = resolve_environment(multi_turn.env.name, multi_turn.env.args)
-    return MultiTurnRollout(multi_turn, env_cls, args, tokenizer)
+    record = get_plugin_manager().get("rollout", rollout_name(run_config, algorithm_config), where="rollout.name")
+    args = rollout_args(run_config, algorithm_config)
+    if record.config_model is not None and isinstance(args, dict):
+        args = record.config_model.model_validate(args)
+    ctx = RolloutContext(tokenizer=tokenizer, args=args, algorithm=algorithm_config)
+    return record.load().create(ctx), record

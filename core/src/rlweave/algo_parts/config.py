@@ -34,11 +34,14 @@ def refuse_moved(data: Any, moved: Mapping[str, str]) -> Any:
 
 
 class KLSection(BaseModel):
-    """``algorithm.kl``: the KL to the reference model, in the loss or in the reward."""
+    """``algorithm.kl`` of GRPO and PPO: the KL to the reference model, in the loss or in the
+    reward, with a fixed or adaptive coefficient (:mod:`rlweave.algo_parts.kl_controller`).
+    Algorithms whose defaults differ subclass it (PPO: in the reward, k1, beta 0.05)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    beta: float = Field(0.0, ge=0, description="KL coefficient; 0 starts no reference role.")
+    beta: float = Field(0.0, ge=0, description="KL coefficient (the initial one with target); 0 without target "
+                        "starts no reference role.")
     estimator: PartSpec = Field(PartSpec("k3"), description="Per-token KL estimator: k1, k2, k3 or a plugin's.")
     in_reward: bool = Field(
         False, description="Put -beta * KL into the reward (per token; summed per sample for sequence-level "
@@ -46,6 +49,10 @@ class KLSection(BaseModel):
     )
     clamp: Optional[float] = Field(10.0, gt=0, description="Clamp each token's KL estimate to [-clamp, clamp] "
                                    "(null: no clamp).")
+    target: Optional[float] = Field(
+        None, gt=0, description="Adaptive coefficient (Ziegler et al. 2019): steer the mean summed KL per sample "
+        "toward this value (needs in_reward); null: fixed beta.")
+    horizon: float = Field(10000.0, gt=0, description="Adaptive coefficient's horizon, in samples.")
 
     @field_validator("estimator")
     @classmethod
@@ -54,9 +61,18 @@ class KLSection(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "KLSection":
-        if self.in_reward and self.beta == 0:
+        if self.in_reward and self.beta == 0 and "in_reward" in self.model_fields_set:
             raise ValueError("kl.in_reward needs kl.beta > 0")
+        if self.target is not None and not self.in_reward:
+            raise ValueError("kl.target (adaptive coefficient) needs kl.in_reward: true (it steers the KL in the reward)")
+        if self.target is not None and self.beta == 0:
+            raise ValueError("kl.target needs an initial kl.beta > 0 (an adaptive coefficient of 0 stays 0)")
         return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether there is a KL term at all (and so a reference model)."""
+        return self.beta > 0
 
 
 class PolicyParts(BaseModel):

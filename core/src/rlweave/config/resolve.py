@@ -4,11 +4,13 @@ Given a :class:`~rlweave.config.schema.RunConfig` that passed pass one (or was r
 it failed, see :mod:`rlweave.config.loader`), this
 
 * resolves ``algorithm.name`` (a plugin's name, or ``module:Class`` of a local Algorithm subclass:
-  :mod:`rlweave.plugins.user_algorithm`), every ``roles.<r>.backend`` / ``.engine``, every
+  :mod:`rlweave.plugins.user_algorithm`), ``run.mode`` (a run-mode plugin), the rollout of an algorithm
+  that samples through one (``rollout.name``, :mod:`rlweave.config.rollout`), every
+  ``roles.<r>.backend`` / ``.engine``, every
   ``rewards[].name`` and every enabled ``kernels.<name>`` / ``roles.<r>.kernels.<name>`` through the plugin manager
   (unknown names get the choices, their distributions and a "did you mean"; a record whose
   ``probe()`` says it cannot run here is refused with that reason);
-* validates the algorithm's own keys, each ``roles.<r>.options`` and each reward's
+* validates the algorithm's own keys, ``rollout.args``, each ``roles.<r>.options`` and each reward's
   ``args`` against the record's ``config_model`` and writes the result (defaults filled,
   keys as the model reads them) back into the config, so the resolved config shows every
   setting. Unknown keys are errors at every depth whatever the model's own ``extra``
@@ -46,7 +48,8 @@ from rlweave.config.schema import ROLE_NAMES, AlgorithmSection, RunConfig
 from rlweave.config.strict import split_unknown
 from rlweave.plugins.errors import PluginError
 from rlweave.plugins.manager import PluginManager
-from rlweave.plugins.types import AlgorithmRecord, KernelRecord, PluginRecord, RewardRecord
+from rlweave.plugins.types import (AlgorithmRecord, KernelRecord, PluginRecord, RewardRecord, RolloutRecord,
+                                   RunModeRecord)
 from rlweave.plugins.user_algorithm import is_import_path, search_dirs, user_algorithm_record
 
 ROLLOUT_ROLE = "rollout"
@@ -61,6 +64,9 @@ class ResolvedPlugins:
     Attributes:
         algorithm: the selected algorithm record.
         algorithm_config: its validated config (``None`` when it has no config model).
+        run_mode: the record of ``run.mode``.
+        rollout: the rollout an algorithm that samples through one uses (``None`` otherwise).
+        rollout_args: its validated ``rollout.args`` (``None``: no model, or the multi-turn rollout).
         role_names: roles the algorithm needs, in its order.
         roles: configured role -> its backend or engine record.
         views: needed roles served by another role's ranks instead of their own, role -> source
@@ -76,6 +82,9 @@ class ResolvedPlugins:
 
     algorithm: AlgorithmRecord | None = None
     algorithm_config: BaseModel | None = None
+    run_mode: RunModeRecord | None = None
+    rollout: RolloutRecord | None = None
+    rollout_args: BaseModel | None = None
     role_names: tuple[str, ...] = ()
     roles: dict[str, PluginRecord] = field(default_factory=dict)
     views: dict[str, str] = field(default_factory=dict)
@@ -145,16 +154,39 @@ class _Pass:
         if parsed is not None:
             dumped = {k: v for k, v in parsed.model_dump(mode="json", by_alias=True).items() if k != "name"}
             self.cfg.algorithm = AlgorithmSection(name=section.name, reference=section.reference, **dumped)
+        if record.rollout:
+            self.rollout(parsed if parsed is not None else section)
+        elif self.cfg.rollout.name or self.cfg.rollout.args:
+            key = "rollout.name" if self.cfg.rollout.name else "rollout.args"
+            self.issue(key, f"algorithm '{record.name}' does not sample through a rollout; remove {key}")
         self.run_mode(record, parsed if parsed is not None else section)
         try:
             self.out.role_names = tuple(record.roles(parsed if parsed is not None else section))
         except Exception as exc:  # a plugin bug: say whose
             self.issue("algorithm", f"algorithm '{record.name}' failed to list its roles: {type(exc).__name__}: {exc}")
 
+    def rollout(self, algo_config: Any) -> None:
+        """The rollout of an algorithm that samples through one (:mod:`rlweave.config.rollout`) and
+        its ``rollout.args``."""
+        from rlweave.config.rollout import MULTI_TURN, rollout_name, setting_problems
+
+        name = rollout_name(self.cfg, algo_config)
+        for path, message in setting_problems(self.cfg, algo_config):
+            self.issue(path, message)
+        record = self.get("rollout", name, "rollout.name")
+        if record is None:
+            return
+        self.out.rollout = record
+        if name != MULTI_TURN:
+            self.out.rollout_args = self.section(record, dict(self.cfg.rollout.args), "rollout.args")
+            if self.out.rollout_args is not None:
+                self.cfg.rollout.args = self.out.rollout_args.model_dump(mode="json", by_alias=True)
+
     def run_mode(self, record: AlgorithmRecord, algo_config: Any) -> None:
-        """``run.mode`` and ``rollout.partial`` must be ones the algorithm implements (as
-        configured), and the modes that overlap generation with training need the rollout role
-        on devices of its own, never put away (``resources.offload: always``)."""
+        """``run.mode`` (a run-mode plugin) and ``rollout.partial`` must be ones the algorithm (as
+        configured) and its rollout implement, and the mode's own checks must pass
+        (:attr:`RunModeRecord.check`: e.g. the modes that overlap generation with training need
+        the rollout role on devices of its own)."""
         mode = self.cfg.run.mode
         modes, partial = getattr(record, "run_modes", ("sync",)), getattr(record, "partial_rollout", False)
         try:
@@ -163,24 +195,31 @@ class _Pass:
         except Exception as exc:  # a plugin bug: say whose
             self.issue("algorithm", f"algorithm '{record.name}' failed to list its run modes: {type(exc).__name__}: {exc}")
             return
+        mode_record = self.get("run_mode", mode, "run.mode")
+        if mode_record is None:
+            return
+        self.out.run_mode = mode_record
+        rollout = self.out.rollout
         if mode not in modes:
             self.issue("run.mode", f"algorithm '{record.name}' as configured runs in mode(s) {', '.join(modes)}, "
                        f"not {mode!r}")
-        if self.cfg.rollout.partial is not None and not partial:
-            self.issue("rollout.partial", f"algorithm '{record.name}' as configured does not implement partial "
-                       "rollout; remove rollout.partial")
-        if mode == "one_step_off" and self.cfg.run.max_staleness < 1:
-            self.issue("run.max_staleness", "run.mode 'one_step_off' trains samples one version old; it needs "
-                       "max_staleness >= 1 (0: use run.mode sync)")
-        if mode != "sync" and self.cfg.resources.offload == "always":
-            self.issue("resources.offload", f"run.mode {mode!r} keeps the rollout engine generating while the "
-                       "policy trains, so it cannot be put away between phases; use offload: auto or never")
-        if mode != "sync":
-            for group in self.cfg.resources.colocate:
-                if "rollout" in group and len(group) > 1:
-                    others = ", ".join(r for r in group if r != "rollout")
-                    self.issue("resources.colocate", f"run.mode {mode!r} generates while the policy trains, so the "
-                               f"rollout role needs devices of its own; it is colocated with {others}")
+        elif rollout is not None and mode not in rollout.run_modes:
+            self.issue("run.mode", f"rollout '{rollout.name}' runs in mode(s) {', '.join(rollout.run_modes)}, "
+                       f"not {mode!r}")
+        if self.cfg.rollout.partial is not None:
+            if not partial:
+                self.issue("rollout.partial", f"algorithm '{record.name}' as configured does not implement partial "
+                           "rollout; remove rollout.partial")
+            elif rollout is not None and not rollout.partial:
+                self.issue("rollout.partial", f"rollout '{rollout.name}' cannot cut its trajectories and continue "
+                           "them; partial rollout needs the single_turn or multi_turn rollout")
+        try:
+            problems = list(mode_record.check(self.cfg, rollout))
+        except Exception as exc:  # a plugin bug: say whose
+            self.issue("run.mode", f"run mode '{mode}' failed to check the config: {type(exc).__name__}: {exc}")
+            return
+        for path, message in problems:
+            self.issue(path, message)
 
     def user_algorithm(self, name: str) -> AlgorithmRecord | None:
         """The record of an algorithm named by import path (``module:Class``), or None with an issue."""

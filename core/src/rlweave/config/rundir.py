@@ -48,6 +48,8 @@ def plugins_report(pm: PluginManager, resolved: ResolvedPlugins | None = None) -
             "roles": {role: {"kind": rec.kind, "name": rec.name} for role, rec in resolved.roles.items()},
             "rewards": [r.name if r else None for r in resolved.rewards],
             "kernels": sorted(resolved.kernels),
+            "run_mode": resolved.run_mode.name if resolved.run_mode else None,
+            "rollout": resolved.rollout.name if resolved.rollout else None,
         }
     return report
 

@@ -39,11 +39,12 @@ class RunSection(Strict):
     keep_last: int = Field(2, ge=1, description="Complete checkpoints to keep.")
     log_every: int = Field(1, ge=1, description="Print a status line every k steps.")
     save_hf: bool = Field(True, description="Write a Hugging Face checkpoint of the policy at the end.")
-    mode: Literal["sync", "one_step_off", "async"] = Field(
-        "sync", description="How generation and training take turns. sync: generate, then train, then sync weights. "
-        "one_step_off: the next step's batch is generated while this one trains (samples one version old). async: "
-        "samples stream through a bounded queue, generated up to run.max_staleness versions ahead of training. The "
-        "last two need the rollout role on devices of its own and an algorithm that supports them.",
+    mode: str = Field(
+        "sync", description="How generation and training take turns (a run-mode plugin; rlweave list-plugins shows "
+        "them). sync: generate, then train, then sync weights. one_step_off: the next step's batch is generated while "
+        "this one trains (samples one version old). async: samples stream through a bounded queue, generated up to "
+        "run.max_staleness versions ahead of training. The last two need the rollout role on devices of its own, and "
+        "the algorithm and the rollout must support the mode.",
     )
     max_staleness: int = Field(
         1, ge=0, description="one_step_off and async: no trained token was generated more than this many policy "
@@ -182,6 +183,14 @@ class PartialRolloutSection(Strict):
 
 
 class RolloutSection(Strict):
+    name: Optional[str] = Field(
+        None, description="Rollout plugin: how records become trajectories (rlweave list-plugins shows them). null: "
+        "multi_turn when algorithm.multi_turn is set, else single_turn (one continuation per prompt).",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="The selected rollout's own settings (its schema; the multi_turn rollout "
+        "takes its settings from algorithm.multi_turn).",
+    )
     partial: Optional[PartialRolloutSection] = Field(
         None, description="Partial rollout: over-long generations are cut at a token budget and continued in the "
         "next round instead of holding up the step (null: off).",

@@ -66,6 +66,9 @@ class Algorithm(ABC):
     #: import path; plugin algorithms say it in their record)
     run_modes: ClassVar[tuple[str, ...]] = ("sync",)
     partial_rollout: ClassVar[bool] = False
+    #: whether it samples through the rollout seam, so ``rollout.name``/``rollout.args`` apply (an
+    #: algorithm named by import path; plugin algorithms say it in their record)
+    uses_rollout: ClassVar[bool] = False
 
     #: pydantic model of the keys beside ``algorithm.name`` (an algorithm named by import path);
     #: ``None``: it takes none and ``__init__`` receives the ``algorithm`` section itself

@@ -1,10 +1,12 @@
 """The rollout contract: records in, trajectories out, as one packed training batch.
 
 Every RL algorithm (GRPO and its named estimators, PPO, OnlineDPO) samples through a
-:class:`Rollout`: the single-turn rollout (one continuation per prompt,
-:class:`rlweave.algo_helpers.rollout.SingleTurnRollout`) is the default, multi-turn episodes
-through an environment (:class:`rlweave.algo_helpers.multi_turn.MultiTurnRollout`) are another,
-and :func:`rlweave.algo_helpers.rollout.make_rollout` picks one from the algorithm's config.
+:class:`Rollout`. Rollouts are a plugin kind (:class:`rlweave.plugins.RolloutRecord`, chosen by
+``rollout.name``): ``single_turn`` (one continuation per prompt,
+:class:`rlweave.algo_helpers.rollout.SingleTurnRollout`) is the default, ``multi_turn`` (episodes
+through an environment, :class:`rlweave.algo_helpers.multi_turn.MultiTurnRollout`, configured by
+``algorithm.multi_turn``) is chosen when that section is set, and third parties add their own.
+A run builds its rollout once with :meth:`Rollout.create`.
 
 What :meth:`Rollout.run` returns, one sample per trajectory, record-major (the ``n`` samples of
 record 0 first), sample ids ``f"{record id}/{k}"``:
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -36,8 +39,25 @@ if TYPE_CHECKING:
 GenerateFn = Callable[[list[list[int]], "SamplingParams"], list[list["Generation"]]]
 
 
+@dataclass
+class RolloutContext:
+    """What a rollout is built from: the run's ``tokenizer``, its validated settings ``args``
+    (the record's ``config_model`` instance for ``rollout.args``, ``algorithm.multi_turn`` for the
+    multi-turn rollout, ``{}`` without settings) and the algorithm's validated config
+    ``algorithm`` (``n_samples``, ``max_new_tokens``...; may be None in tests)."""
+
+    tokenizer: Any
+    args: Any = None
+    algorithm: Any = None
+
+
 class Rollout(ABC):
     """Turns data records into trajectories (see the module docstring)."""
+
+    @classmethod
+    def create(cls, ctx: RolloutContext) -> "Rollout":
+        """The rollout of a run (called once, on the controller). Default: ``cls(ctx)``."""
+        return cls(ctx)  # type: ignore[call-arg]
 
     @abstractmethod
     def run(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,

@@ -13,6 +13,8 @@ from rlweave.plugins.types import (
     PluginRecord,
     PolicyLossRecord,
     RewardRecord,
+    RolloutRecord,
+    RunModeRecord,
     ToolParserRecord,
 )
 
@@ -31,4 +33,6 @@ __all__ = [
     "LossAggRecord",
     "EnvironmentRecord",
     "ToolParserRecord",
+    "RolloutRecord",
+    "RunModeRecord",
 ]

@@ -205,6 +205,39 @@ def rlweave_tool_parsers():  # type: ignore[empty-body]
     """
 
 
+@hookspec
+def rlweave_rollouts():  # type: ignore[empty-body]
+    """Rollouts this plugin provides (:mod:`rlweave.interfaces.rollout`): how data records become
+    trajectories for the RL algorithms (one continuation per prompt, multi-turn episodes, a game,
+    an agent harness...).
+
+    Selected in YAML by ``rollout.name``; ``rollout.args`` is validated against ``config_model``.
+    The record says which run modes can drive it. Example::
+
+        @hookimpl
+        def rlweave_rollouts():
+            return [RolloutRecord(name="self_play", summary="two copies of the policy play each other",
+                                  target="my_rollouts.self_play:SelfPlayRollout", config_model=SelfPlayArgs)]
+
+    :return: list of :class:`~rlweave.plugins.types.RolloutRecord`
+    """
+
+
+@hookspec
+def rlweave_run_modes():  # type: ignore[empty-body]
+    """Run modes this plugin provides (``run.mode``): how generation and training take turns, as a
+    pipeline that feeds each step (:mod:`rlweave.interfaces.pipeline`) plus the checks the mode
+    needs of a run config. Example::
+
+        @hookimpl
+        def rlweave_run_modes():
+            return [RunModeRecord(name="two_steps_off", summary="generation two steps ahead of training",
+                                  target="my_modes.two_off:build", check=my_modes_light.check)]
+
+    :return: list of :class:`~rlweave.plugins.types.RunModeRecord`
+    """
+
+
 #: hook name -> record kind
 HOOK_KINDS: dict[str, str] = {
     "rlweave_training_backends": "backend",
@@ -218,4 +251,6 @@ HOOK_KINDS: dict[str, str] = {
     "rlweave_loss_aggregations": "loss_agg",
     "rlweave_environments": "environment",
     "rlweave_tool_parsers": "tool_parser",
+    "rlweave_rollouts": "rollout",
+    "rlweave_run_modes": "run_mode",
 }

@@ -37,6 +37,8 @@ KIND_LABELS: dict[str, str] = {
     "loss_agg": "loss aggregation",
     "environment": "environment",
     "tool_parser": "tool-call parser",
+    "rollout": "rollout",
+    "run_mode": "run mode",
 }
 
 

@@ -148,6 +148,9 @@ class AlgorithmRecord(PluginRecord):
     implements ``rollout.partial`` (or a function of its config). A config asking for more
     fails validation naming the key.
 
+    ``rollout``: it samples through the rollout seam (:mod:`rlweave.interfaces.rollout`), so
+    ``rollout.name`` and ``rollout.args`` apply to it; validation refuses them otherwise.
+
     ``reward_data`` is a light function ``(validated algorithm config) -> data sections``
     (``"train"``, ``"eval"``) whose records the configured ``rewards`` score; validation
     dry-runs each reward on the first record of each (default: both). An algorithm that
@@ -159,6 +162,7 @@ class AlgorithmRecord(PluginRecord):
     reward_data: Callable[[Any], tuple[str, ...]] = field(default=_train_and_eval)
     run_modes: "tuple[str, ...] | Callable[[Any], tuple[str, ...]]" = ("sync",)
     partial_rollout: "bool | Callable[[Any], bool]" = False
+    rollout: bool = False
 
 
 @dataclass(frozen=True)
@@ -245,8 +249,63 @@ class ToolParserRecord(PluginRecord):
     call_format: str = ""
 
 
+def _modes_of_a_plain_rollout() -> tuple[str, ...]:
+    return ("sync", "one_step_off")
+
+
+@dataclass(frozen=True)
+class RolloutRecord(PluginRecord):
+    """A rollout: how data records become trajectories (:mod:`rlweave.interfaces.rollout`).
+    ``load()`` returns a :class:`~rlweave.interfaces.rollout.Rollout` subclass, built once per
+    run with ``cls.create(RolloutContext)``; ``config_model`` validates ``rollout.args``.
+
+    What the run modes may do with it (light facts, read by validation before anything starts):
+
+    * ``run_modes``: the ``run.mode`` values it supports. Default ``("sync", "one_step_off")``: a
+      rollout the controller calls (``Rollout.run``), in a background thread one step ahead in
+      ``one_step_off``.
+    * ``streams``: its generation is one engine request per record that the rollout queue issues,
+      splits and continues itself (the single-turn rollout): ``async`` and token-budget partial
+      rollout of single continuations need it.
+    * ``resumable``: its trajectories can be cut at a token budget and continued in a later round
+      (``episodes(..., budget)``, the multi-turn rollout): partial rollout of episodes needs it.
+    """
+
+    kind: ClassVar[str] = "rollout"
+    run_modes: tuple[str, ...] = field(default_factory=_modes_of_a_plain_rollout)
+    streams: bool = False
+    resumable: bool = False
+
+    @property
+    def partial(self) -> bool:
+        """Whether ``rollout.partial`` works with it."""
+        return self.streams or self.resumable
+
+
+def _nothing_to_check(run_config: Any, rollout: Any) -> list[tuple[str, str]]:
+    return []
+
+
+@dataclass(frozen=True)
+class RunModeRecord(PluginRecord):
+    """A run mode (``run.mode``): how generation and training take turns. ``load()`` returns
+    ``build(ctx, rollout, record, n, max_new_tokens) -> Pipeline``
+    (:class:`rlweave.interfaces.pipeline.Pipeline`): what feeds an algorithm's steps in this mode,
+    given the run context, the built rollout and its :class:`RolloutRecord`, and the algorithm's
+    samples per record and longest response.
+
+    ``check`` is a light function ``(run config, rollout record) -> [(key path, message)]`` run by
+    validation: what this mode needs of the run (staleness bound, devices of its own for the
+    rollout role...). Whether the algorithm and the rollout support the mode is checked by the
+    caller from their records.
+    """
+
+    kind: ClassVar[str] = "run_mode"
+    check: Callable[[Any, Any], list[tuple[str, str]]] = field(default=_nothing_to_check, kw_only=True)
+
+
 RECORD_TYPES: dict[str, type[PluginRecord]] = {
     r.kind: r for r in (BackendRecord, EngineRecord, AlgorithmRecord, RewardRecord, KernelRecord,
                         AdvantageRecord, PolicyLossRecord, KLRecord, LossAggRecord, EnvironmentRecord,
-                        ToolParserRecord)
+                        ToolParserRecord, RolloutRecord, RunModeRecord)
 }

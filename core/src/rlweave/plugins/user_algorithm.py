@@ -83,7 +83,8 @@ def user_algorithm_record(name: str, dirs: tuple[str, ...]) -> UserAlgorithmReco
     return UserAlgorithmRecord(name=name, summary=doc.splitlines()[0] if doc else cls.__qualname__, target=name,
                                config_model=cls.config_model, roles=cls.required_roles, search_dirs=dirs,
                                run_modes=tuple(getattr(cls, "run_modes", ("sync",))),
-                               partial_rollout=bool(getattr(cls, "partial_rollout", False)))
+                               partial_rollout=bool(getattr(cls, "partial_rollout", False)),
+                               rollout=bool(getattr(cls, "uses_rollout", False)))
 
 
 def import_algorithm(name: str, dirs: tuple[str, ...]) -> tuple[type, bool]:

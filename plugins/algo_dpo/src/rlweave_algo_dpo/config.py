@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlweave.algo_helpers.multi_turn_config import MultiTurnKeys
+from rlweave.algo_helpers.reward_models import RewardModelEntry
 from rlweave.algo_helpers.sampling import SamplingConfig
 
 
@@ -77,6 +78,18 @@ class OnlineDPOConfig(PreferenceLossConfig, SamplingConfig, MultiTurnKeys):
     min_reward_gap: float = Field(
         0.0, ge=0, description="A pair needs best - worst reward strictly above this; prompts below are counted as ties."
     )
+
+    # what the step toolkit's reward sources read (rlweave.algo_helpers.reward_sources)
+    @property
+    def reward_models(self) -> list[RewardModelEntry]:
+        """reward_source 'model': the 'reward' role's score; else none."""
+        return [RewardModelEntry(role="reward")] if self.reward_source == "model" else []
+
+    @property
+    def rule_rewards(self) -> bool:
+        """reward_source 'rules': the configured rewards score the samples (else they only judge
+        held-out answers)."""
+        return self.reward_source == "rules"
 
 
 def _get(cfg: Any, key: str, default: Any) -> Any:

@@ -1,6 +1,7 @@
-"""Held-out exact-match for the preference algorithms: greedy answers scored by the run's
-rewards (``rlweave.algo_helpers.evaluate.exact_match``), generated either by a rollout role or, for
-DPO runs without one, by the policy saved in Hugging Face format and decoded locally."""
+"""Held-out exact-match for DPO: greedy answers scored by the run's rewards
+(``rlweave.algo_helpers.evaluate.exact_match``), generated either by a rollout role or, without
+one, by the policy saved in Hugging Face format and decoded locally (OnlineDPO evaluates through
+the step toolkit)."""
 
 from __future__ import annotations
 
@@ -15,17 +16,15 @@ log = logging.getLogger("rlweave.algo_dpo")
 
 
 def evaluate_records(ctx: Any, cfg: Any, records: list[dict[str, Any]], generator: Any,
-                     greedy: bool = True, temperature: float = 1.0, trajectories: Any = None) -> dict[str, float]:
-    """Held-out exact-match of ``generator``'s greedy (or sampled) answers; ``trajectories``: the
-    algorithm's multi-turn rollout, if it has one (see ``exact_match``)."""
+                     greedy: bool = True, temperature: float = 1.0) -> dict[str, float]:
+    """Held-out exact-match of ``generator``'s greedy (or sampled) answers."""
     if not records:
         return {}
     if ctx.rewards is None:
         log.warning("no rewards configured: held-out exact-match is skipped (add rewards: [{name: ...}])")
         return {}
     m = exact_match(generator, ctx.tokenizer, records, ctx.rewards, max_new_tokens=cfg.eval_max_new_tokens,
-                    threshold=cfg.eval_threshold, greedy=greedy, temperature=temperature, seed=ctx.seed,
-                    trajectories=trajectories)
+                    threshold=cfg.eval_threshold, greedy=greedy, temperature=temperature, seed=ctx.seed)
     return {k: float(v) for k, v in m.items()}
 
 

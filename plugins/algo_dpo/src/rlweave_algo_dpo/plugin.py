@@ -32,5 +32,6 @@ def rlweave_algorithms():
             config_model=OnlineDPOConfig,
             roles=online_dpo_roles,
             reward_data=online_dpo_reward_data,
+            rollout=True,
         ),
     ]

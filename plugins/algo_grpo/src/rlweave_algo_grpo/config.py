@@ -112,22 +112,21 @@ def grpo_roles(cfg: GRPOConfig) -> tuple[str, ...]:
     """Roles GRPO needs: the trained policy, the rollout engine, a reference model only when
     the KL coefficient is non-zero, and the reward-model roles it lists."""
     cfg = _validated(cfg)
-    ref = ("reference",) if cfg.kl.beta > 0 else ()
+    ref = ("reference",) if cfg.kl.enabled else ()
     return ("policy", "rollout") + ref + tuple(e.role for e in cfg.reward_models)
 
 
 def grpo_run_modes(cfg: GRPOConfig) -> tuple[str, ...]:
     """``run.mode`` values GRPO implements as configured: dynamic sampling draws prompts until a
     step's groups disagree and ReMax generates a greedy baseline with each batch, so these need
-    sync steps; multi-turn episodes run one step ahead in ``one_step_off``
-    (:mod:`rlweave.algo_helpers.episode_pipeline`), not ``async``."""
+    sync steps; otherwise every built-in mode (the rollout says which of them it supports)."""
     cfg = _validated(cfg)
     if cfg.dynamic_sampling or cfg.needs_baseline:
         return ("sync",)
-    return ("sync", "one_step_off") if cfg.multi_turn is not None else ("sync", "one_step_off", "async")
+    return ("sync", "one_step_off", "async")
 
 
 def grpo_partial_rollout(cfg: GRPOConfig) -> bool:
     """Whether ``rollout.partial`` works with this GRPO config (not with dynamic sampling or
-    ReMax; multi-turn episodes run in rounds, :mod:`rlweave.algo_helpers.episode_rounds`)."""
+    ReMax)."""
     return len(grpo_run_modes(_validated(cfg))) > 1

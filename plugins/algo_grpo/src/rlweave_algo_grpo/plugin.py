@@ -15,5 +15,6 @@ def rlweave_algorithms():
             roles=grpo_roles,
             run_modes=grpo_run_modes,
             partial_rollout=grpo_partial_rollout,
+            rollout=True,
         )
     ]

@@ -13,7 +13,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from rlweave.algo_helpers.multi_turn_config import MultiTurnKeys
 from rlweave.algo_helpers.reward_models import RewardModelEntry, check_entries
 from rlweave.algo_helpers.sampling import SamplingConfig
-from rlweave.algo_parts.config import PolicyParts, checked
+from rlweave.algo_parts.config import KLSection, PolicyParts
 from rlweave.algo_parts.offpolicy import OffPolicyConfig
 from rlweave.algo_parts.spec import PartSpec, resolve
 
@@ -22,7 +22,23 @@ MOVED = {
     **PolicyParts.moved_keys,
     "gamma": "use advantage: {name: gae, gamma: ..., lam: ...}",
     "lam": "use advantage: {name: gae, gamma: ..., lam: ...}",
+    "kl_coef": "use kl: {beta: ...}",
+    "kl_estimator": "use kl: {estimator: ...}",
+    "kl_clamp": "use kl: {clamp: ...}",
+    "kl_target": "use kl: {target: ...}",
+    "kl_horizon": "use kl: {horizon: ...}",
 }
+
+
+class PPOKLSection(KLSection):
+    """``algorithm.kl`` with PPO's defaults: the classic RLHF penalty, k1 per token in the reward,
+    coefficient 0.05 (set ``in_reward: false`` for a KL loss term as in GRPO)."""
+
+    beta: float = Field(0.05, ge=0, description="KL coefficient (the initial one with target); 0 without target "
+                        "starts no reference role.")
+    estimator: PartSpec = Field(PartSpec("k1"), description="Per-token KL estimator: k1, k2, k3 or a plugin's.")
+    in_reward: bool = Field(True, description="Put -beta * KL into the reward per token (PPO's classic penalty) "
+                            "instead of a loss term.")
 
 
 class PPOConfig(SamplingConfig, MultiTurnKeys, PolicyParts):
@@ -44,18 +60,8 @@ class PPOConfig(SamplingConfig, MultiTurnKeys, PolicyParts):
         "n_samples: removes a reward model's per-prompt offset), or not.",
     )
     reward_clip: Optional[float] = Field(None, gt=0, description="Clip sequence rewards to [-c, c] after normalising.")
-    # KL penalty in the reward
-    kl_coef: float = Field(
-        0.05, ge=0, description="Initial per-token KL coefficient (0 without kl_target: no reference role)."
-    )
-    kl_estimator: PartSpec = Field(PartSpec("k1"), description="Per-token KL estimator of the penalty: k1, k2, "
-                                   "k3 or a plugin's.")
-    kl_clamp: Optional[float] = Field(10.0, gt=0, description="Clamp each token's KL estimate to [-clamp, clamp] "
-                                      "(null: no clamp).")
-    kl_target: Optional[float] = Field(
-        None, gt=0, description="Adaptive KL controller target (summed KL per sequence); null: fixed coefficient."
-    )
-    kl_horizon: float = Field(10000.0, gt=0, description="Adaptive KL controller horizon (in sequences).")
+    # KL to the reference (in the reward by default)
+    kl: PPOKLSection = Field(default_factory=PPOKLSection, description="KL to the reference model.")
     # advantages
     advantage: PartSpec = Field(
         PartSpec("gae"), description="Advantage estimator using the critic's values: gae (options gamma, lam) "
@@ -102,11 +108,6 @@ class PPOConfig(SamplingConfig, MultiTurnKeys, PolicyParts):
                              "algorithm.name: grpo for critic-free estimators")
         return v
 
-    @field_validator("kl_estimator")
-    @classmethod
-    def _kl_estimator(cls, v: PartSpec) -> PartSpec:
-        return checked("kl", v)
-
     @model_validator(mode="after")
     def _check(self) -> "PPOConfig":
         if self.ptx_coef > 0 and not self.ptx_data:
@@ -116,7 +117,7 @@ class PPOConfig(SamplingConfig, MultiTurnKeys, PolicyParts):
 
     @property
     def uses_reference(self) -> bool:
-        return self.kl_coef > 0 or self.kl_target is not None
+        return self.kl.enabled
 
 
 def _validated(cfg: Any) -> PPOConfig:
@@ -124,10 +125,9 @@ def _validated(cfg: Any) -> PPOConfig:
 
 
 def ppo_run_modes(cfg: PPOConfig) -> tuple[str, ...]:
-    """``run.mode`` values PPO implements as configured: all three, except ``async`` with
-    multi-turn episodes (they run one step ahead in ``one_step_off``:
-    :mod:`rlweave.algo_helpers.episode_pipeline`)."""
-    return ("sync", "one_step_off") if _validated(cfg).multi_turn is not None else ("sync", "one_step_off", "async")
+    """``run.mode`` values PPO implements: every built-in mode (the rollout says which of them it
+    supports)."""
+    return ("sync", "one_step_off", "async")
 
 
 

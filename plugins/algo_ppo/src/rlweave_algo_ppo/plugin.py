@@ -15,5 +15,6 @@ def rlweave_algorithms():
             roles=ppo_roles,
             run_modes=ppo_run_modes,
             partial_rollout=True,  # multi-turn episodes too, in rounds
+            rollout=True,
         )
     ]

@@ -1,4 +1,5 @@
-"""KL coefficient controllers for the per-token KL penalty in the PPO reward.
+"""KL coefficient controllers of ``algorithm.kl`` (GRPO and PPO): the coefficient of the per-token
+KL to the reference, fixed or adaptive.
 
 * :class:`FixedKLController` keeps ``beta`` constant.
 * :class:`AdaptiveKLController` (Ziegler et al. 2019, "Fine-Tuning Language Models from

@@ -1,0 +1,157 @@
+"""Where a sample's reward comes from: the reward sources every RL algorithm sums.
+
+A sample's reward is the sum of every source that applies to the run, in the order of
+:data:`SOURCES`::
+
+    R = rules (the top-level ``rewards`` set) + sum_k weight_k * score_k (learned reward models)
+        + what an environment paid (multi-turn episodes)
+
+Each source is a :class:`RewardSource`: ``build(ctx, config)`` says whether it applies to a run
+(``config``: the algorithm's validated config), ``issue(batch)`` starts its work without blocking
+and ``collect(pending, batch)`` returns its :class:`Contribution`. The toolkit issues every source
+first, then collects them in order, so reward-model calls run while the rule workers score.
+``wait(future)`` (given to ``build``) is how a source awaits a role call: the toolkit's, which keeps
+the rollout engine busy meanwhile in the overlapping run modes.
+
+A new source is one class here added to :data:`SOURCES` (or registered by
+:func:`register`): ``docs/rl_toolkit.md`` shows one. Sources read their settings from the
+algorithm's config: ``reward_models`` (a list of
+:class:`~rlweave.algo_helpers.reward_models.RewardModelEntry`) and ``rule_rewards`` (False: the
+``rewards`` rules only judge held-out answers), both optional.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlweave.algo_helpers import reward_models
+from rlweave.algo_helpers.rollout import reward_samples
+from rlweave.data.batch import Batch
+
+
+@dataclass
+class Contribution:
+    """One source's part of the reward: ``scores`` ``(n,)``, its metrics (``reward/*`` and
+    ``time/reward/*`` seconds) and, for rule rewards, each sample's per-rule ``breakdown``."""
+
+    scores: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+    breakdown: list[dict] | None = None
+
+
+class RewardSource(ABC):
+    """One kind of reward (see the module docstring)."""
+
+    #: a short name for error messages
+    name: str = "source"
+
+    @classmethod
+    @abstractmethod
+    def build(cls, ctx: Any, config: Any, wait: Any) -> "RewardSource | None":
+        """This source for the run (``ctx``: the run context), or None when it does not apply."""
+
+    def issue(self, batch: Batch) -> Any:
+        """Start scoring ``batch`` without blocking; returns what :meth:`collect` needs."""
+        return None
+
+    @abstractmethod
+    def collect(self, pending: Any, batch: Batch) -> Contribution:
+        """The scores of ``batch`` (blocking)."""
+
+
+class RuleRewards(RewardSource):
+    """The top-level ``rewards`` rules (a :class:`~rlweave.rewards.RewardSet`, run in the reward
+    workers) on each sample's last model turn, decoded."""
+
+    name = "rules"
+
+    def __init__(self, rules: Any, tokenizer: Any):
+        self.rules, self.tok = rules, tokenizer
+
+    @classmethod
+    def build(cls, ctx: Any, config: Any, wait: Any) -> "RuleRewards | None":
+        rs = ctx.rewards
+        if rs is None or not getattr(rs, "entries", True) or not getattr(config, "rule_rewards", True):
+            return None
+        return cls(rs, ctx.tokenizer)
+
+    def collect(self, pending: Any, batch: Batch) -> Contribution:
+        t0 = time.perf_counter()
+        samples = reward_samples(self.tok, batch)
+        t1 = time.perf_counter()
+        totals, breakdown = self.rules.score(samples)
+        scores = torch.tensor(totals, dtype=torch.float32)
+        metrics = {"reward/rules": float(scores.mean()) if len(scores) else 0.0,
+                   "time/reward/decode": t1 - t0, "time/reward/pool": time.perf_counter() - t1}
+        return Contribution(scores, metrics, list(breakdown))
+
+
+class RewardModels(RewardSource):
+    """Learned reward models (``reward_models``: roles with a scalar head) scoring prompt +
+    response closed by one EOS (:func:`~rlweave.algo_helpers.reward_models.scoring_batch`),
+    summed with their weights."""
+
+    name = "reward_models"
+
+    def __init__(self, ctx: Any, entries: list[Any], wait: Any):
+        self.ctx, self.entries, self.wait = ctx, entries, wait
+
+    @classmethod
+    def build(cls, ctx: Any, config: Any, wait: Any) -> "RewardModels | None":
+        entries = list(getattr(config, "reward_models", None) or [])
+        return cls(ctx, entries, wait) if entries else None
+
+    def issue(self, batch: Batch) -> Any:
+        return reward_models.issue_scores(self.ctx.roles, self.entries, batch,
+                                          getattr(self.ctx.tokenizer, "eos_token_id", None))
+
+    def collect(self, pending: Any, batch: Batch) -> Contribution:
+        t0 = time.perf_counter()
+        metrics: dict[str, float] = {}
+        scores = reward_models.combine(self.entries, {k: self.wait(f) for k, f in pending.items()}, len(batch),
+                                       metrics)
+        metrics["time/reward/models"] = time.perf_counter() - t0
+        return Contribution(scores, metrics)
+
+
+class EnvironmentReward(RewardSource):
+    """What an environment paid each episode (sample field ``env_reward``; 0 for single turns)."""
+
+    name = "environment"
+
+    @classmethod
+    def build(cls, ctx: Any, config: Any, wait: Any) -> "EnvironmentReward":
+        return cls()
+
+    def collect(self, pending: Any, batch: Batch) -> Contribution:
+        if "env_reward" not in batch.sample:
+            return Contribution(torch.zeros(len(batch), dtype=torch.float32))
+        return Contribution(batch.sample["env_reward"].float())
+
+
+#: the sources every run is offered, in the order their scores are summed
+SOURCES: list[type[RewardSource]] = [RuleRewards, RewardModels, EnvironmentReward]
+
+
+def register(source: type[RewardSource]) -> type[RewardSource]:
+    """Add a source to :data:`SOURCES` (usable as a class decorator); returns it."""
+    if source not in SOURCES:
+        SOURCES.append(source)
+    return source
+
+
+def build_sources(ctx: Any, config: Any, wait: Any = None) -> list[RewardSource]:
+    """The sources that apply to a run, in order (``wait``: see the module docstring; default
+    ``future.result()``)."""
+    wait = wait or (lambda fut: fut.result())
+    return [src for src in (cls.build(ctx, config, wait) for cls in SOURCES) if src is not None]
+
+
+def has_reward(sources: list[RewardSource], pays: bool) -> bool:
+    """Whether anything but the environment scores (``pays``: the rollout's environment pays)."""
+    return pays or any(not isinstance(s, EnvironmentReward) for s in sources)

@@ -1,0 +1,1 @@
+"""A third-party rollout, packaged outside rlweave (a test plugin)."""
