@@ -61,8 +61,8 @@ class KLSection(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "KLSection":
-        if self.in_reward and self.beta == 0 and "in_reward" in self.model_fields_set:
-            raise ValueError("kl.in_reward needs kl.beta > 0")
+        if self.in_reward and self.beta == 0 and not type(self).model_fields["in_reward"].default:
+            raise ValueError("kl.in_reward needs kl.beta > 0")  # asked for a reward penalty of 0
         if self.target is not None and not self.in_reward:
             raise ValueError("kl.target (adaptive coefficient) needs kl.in_reward: true (it steers the KL in the reward)")
         if self.target is not None and self.beta == 0:

@@ -8,13 +8,14 @@ this order, on the controller:
 * ``next_batch(records, steps_done, params)`` at the start of each step: the trajectories to
   train, one packed :class:`~rlweave.data.batch.Batch` in the layout of
   :meth:`rlweave.interfaces.rollout.Rollout.run` (fewer groups, or none, when the data ran out);
-* ``step_metrics(steps_done)`` right after: what it measured about that batch (staleness,
-  queue, idle time of the roles...), merged into the step's metrics row;
 * ``wait(future, ...)`` / ``pump(...)`` whenever the step waits for a role call: a pipeline that
   keeps the engine generating while the trainers work merges finished requests and sends new
   ones here;
 * ``sync_weights(version)`` at the end of a step that updated the policy (``version``: updates
   made so far); returns ``{"sync_bytes": ..., "time/sync": ...}`` of the sync done or begun;
+* ``step_metrics(steps_done)`` last in every step: what it measured about the step's batch
+  (staleness, queue, idle time of the roles, generation times...), merged into the step's row
+  (a ``time/*`` key it reports replaces the toolkit's own of that name);
 * ``drain(abort)`` before each evaluation and checkpoint and at the end of the run: every request
   in flight and every pending sync finished (their errors raised); ``abort`` when the run fails;
 * ``state_dict()`` / ``load_state_dict()`` with the algorithm's checkpoint (JSON-able): records

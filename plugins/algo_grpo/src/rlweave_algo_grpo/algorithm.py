@@ -48,8 +48,7 @@ PHASES = {
     "rest": ("policy", "rollout"),
 }
 
-#: the ``time/*`` metrics of every step (seconds; ``a/b`` is a part of ``a``); ``time/baseline``
-#: too with ReMax (its greedy responses, generated and scored)
+
 class GRPO(KitAlgorithm):
     """Group-based policy optimisation with named parts (see the module docstring and config)."""
 
