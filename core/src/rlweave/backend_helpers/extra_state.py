@@ -4,7 +4,7 @@ Per rank ``r``: ``extra_rank<r>.json`` (``{"format": 1, "step", "scheduler" (JSO
 "rng": Python and NumPy RNG states}``) and ``extra_rank<r>.safetensors`` (the torch CPU
 generator state and each CUDA device's, uint8 tensors), so a resumed run continues exactly.
 Nothing is read as a pickle: a pickled ``extra_rank<r>.pt`` in its place raises
-:class:`~rlweave.runner.checkpoint.CheckpointError` naming it. :func:`agree` makes all ranks
+:class:`~rlweave.data.checkpoint_files.CheckpointError` naming it. :func:`agree` makes all ranks
 refuse together when any rank found a problem.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlweave.runner import rng
-from rlweave.runner.checkpoint import CheckpointError, read_state_json, refuse_pickle, write_json
+from rlweave.data import rng_state as rng
+from rlweave.data.checkpoint_files import CheckpointError, read_state_json, refuse_pickle, write_json
 
 EXTRA_FORMAT = 1
 

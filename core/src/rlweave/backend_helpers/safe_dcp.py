@@ -17,7 +17,7 @@ from elsewhere could thus run code. Here instead:
 * :class:`SafePlanner` reads BYTE_IO items with ``torch.load(weights_only=True)`` (plain
   Python values and tensors only);
 * :func:`load` runs ``dcp.load`` with both and turns any failure into
-  :class:`~rlweave.runner.checkpoint.CheckpointError` naming the file or item.
+  :class:`~rlweave.data.checkpoint_files.CheckpointError` naming the file or item.
 
 Anything else raises ``CheckpointError``; nothing outside the allow list is ever imported
 or called while loading.
@@ -32,7 +32,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
-from rlweave.runner.checkpoint import CheckpointError
+from rlweave.data.checkpoint_files import CheckpointError
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner

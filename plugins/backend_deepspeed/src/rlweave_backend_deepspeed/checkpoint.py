@@ -28,8 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from rlweave.backend_helpers.extra_state import agree, read_extra, save_extra
-from rlweave.runner import rng
-from rlweave.runner.checkpoint import CheckpointError, write_json
+from rlweave.data import rng_state as rng
+from rlweave.data.checkpoint_files import CheckpointError, write_json
 
 FORMAT = 1
 INDEX = "deepspeed.json"

@@ -4,7 +4,7 @@
 layout is resharding-friendly) and, per rank ``r``, what is not sharded:
 
 * ``extra_rank<r>.json``: ``{"format": 1, "step", "scheduler" (LambdaLR state, JSON values),
-  "rng": Python and NumPy RNG states}`` (:mod:`rlweave.runner.rng`);
+  "rng": Python and NumPy RNG states}`` (:mod:`rlweave.data.rng_state`);
 * ``extra_rank<r>.safetensors``: the torch CPU generator state (``torch``) and each CUDA
   device's (``cuda.<i>``, when CUDA is initialised), uint8 tensors;
 
@@ -25,8 +25,8 @@ from pathlib import Path
 from rlweave.backend_helpers import safe_dcp
 from rlweave.backend_helpers.extra_state import EXTRA_FORMAT, agree as _agree, read_extra  # noqa: F401
 from rlweave.backend_helpers.extra_state import save_extra as _save_extra
-from rlweave.runner import rng
-from rlweave.runner.checkpoint import CheckpointError
+from rlweave.data import rng_state as rng
+from rlweave.data.checkpoint_files import CheckpointError
 
 
 def _options(frozen: bool):

@@ -165,8 +165,8 @@ def load(w: "MegatronWorker", path: str) -> None:
     (saved with any parallel layout of the same model)."""
     from rlweave.backend_helpers import safe_dcp
     from rlweave.backend_helpers.extra_state import agree, read_extra
-    from rlweave.runner import rng
-    from rlweave.runner.checkpoint import CheckpointError
+    from rlweave.data import rng_state as rng
+    from rlweave.data.checkpoint_files import CheckpointError
 
     root = Path(path)
     if not root.is_dir():
