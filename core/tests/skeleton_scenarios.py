@@ -63,6 +63,22 @@ class ToyWorker(TrainingSkeleton):
             sq += float(p.grad.pow(2).sum())
         return math.sqrt(sq)
 
+    # the operations the scenario does not call
+    def compute_logprobs(self, batch, temperature=1.0, with_entropy=False):
+        raise NotImplementedError
+
+    def named_weights(self):
+        raise NotImplementedError
+
+    def save_checkpoint(self, path):
+        raise NotImplementedError
+
+    def load_checkpoint(self, path):
+        raise NotImplementedError
+
+    def save_hf(self, path):
+        raise NotImplementedError
+
 
 def _worker(ctx_kw: dict, optim: dict | None) -> ToyWorker:
     w = ToyWorker(WorkerContext(role="policy", options={}, model={}, seed=3,

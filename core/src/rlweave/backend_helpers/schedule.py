@@ -1,9 +1,13 @@
-"""Learning-rate schedule: linear warm-up, then constant or cosine to a floor."""
+"""Learning-rate schedule: linear warm-up, then constant or cosine to a floor
+(:class:`WarmupSchedule`), and how a checkpoint stores and restores it
+(:func:`schedule_state`, :func:`restore_schedule`: the one way every backend resumes its
+schedule). No torch import: the functions take the ``LambdaLR`` they are given."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -32,3 +36,22 @@ class WarmupSchedule:
         span = max(1, int(self.total_steps) - self.warmup_steps)
         progress = min(1.0, (step - self.warmup_steps) / span)
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def schedule_state(scheduler: Any) -> dict[str, Any] | None:
+    """What a checkpoint stores of ``scheduler`` (a ``LambdaLR``; None: the role has no
+    optimizer): its ``state_dict()``, JSON values (the multiplier functions are not saved)."""
+    return scheduler.state_dict() if scheduler is not None else None
+
+
+def restore_schedule(scheduler: Any, state: dict[str, Any] | None) -> None:
+    """Restore ``scheduler`` (a ``LambdaLR``; None: nothing to restore) from ``state``, what
+    :func:`schedule_state` returned (None: nothing was saved), and set each parameter group's
+    learning rate to the schedule's last one: a checkpoint that does not hold the optimizer's
+    param groups would otherwise leave them at the first step's, and one that does holds the
+    same value."""
+    if scheduler is None or state is None:
+        return
+    scheduler.load_state_dict(state)
+    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
+        group["lr"] = lr

@@ -2,40 +2,42 @@
 
 A backend's worker subclasses it and keeps only what differs between backends: building and
 sharding the model (``init_model``), planning micro-batches (``_plan``), running them forward
-and backward (``_accumulate``), reducing and clipping gradients (``_clip``), which ranks
-report metrics (``_reports_metrics``) and the checkpoint format. The skeleton holds the rest:
+and backward (``_accumulate``), reducing and clipping gradients (``_clip``, or the whole
+optimizer step, ``_update``), which ranks report metrics (``_reports_metrics``) and the
+checkpoint format. The skeleton holds the rest:
 
 * :meth:`TrainingSkeleton.train_step`: checks (an optimizer, not offloaded, the loss
   function's temperature), the micro-batch count all-reduced to the maximum (every rank runs
   as many forwards, as sharded collectives need), the non-finite skip agreed by all ranks
   (:mod:`.finite`), the optimizer and LR-schedule step, and the metrics merged over ranks;
 * the optimizer (AdamW, fused where torch has it, with :class:`.schedule.WarmupSchedule`),
-  built from the role's typed ``OptimSection``;
+  built from the role's typed ``OptimSection``, and its schedule's state in checkpoints
+  (:meth:`TrainingSkeleton._schedule_state`, :meth:`TrainingSkeleton._load_schedule`);
 * offload/onload of parameters and optimizer state between phases (CUDA; a no-op that still
   counts bytes on a CPU device);
 * the readiness check, moving a :class:`~rlweave.data.batch.Batch` to the device, the
   ``model.dtype`` table.
 
-Subclasses set, in ``init_model``: ``cfg`` (options with ``max_tokens_per_micro_batch`` and
-``max_tokens_per_forward``),
-``kind``, ``device``, ``model``, ``step = 0``, ``offloaded = False`` and, for a role with
-``optim``, call :meth:`TrainingSkeleton._build_optimizer`. ``backend`` names the backend in
-every error message.
+What a backend must provide is declared on the class: its abstract methods (instantiating a
+worker that lacks one raises TypeError naming them) and the attributes ``init_model`` sets
+(listed in :class:`TrainingSkeleton`'s docstring). ``backend`` names the backend in every
+error message.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from abc import ABCMeta, abstractmethod
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 import torch
 import torch.distributed as dist
 
 from rlweave.backend_helpers.device import move_optimizer_state
 from rlweave.backend_helpers.finite import any_rank, local_shard
-from rlweave.backend_helpers.schedule import WarmupSchedule
+from rlweave.backend_helpers.schedule import WarmupSchedule, restore_schedule, schedule_state
 from rlweave.data.batch import Batch
 from rlweave.interfaces.backend import LossFn, TrainingWorker, merge_metric
 
@@ -70,15 +72,75 @@ def on_device(b: Batch, device: torch.device) -> Batch:
     return Batch(cu_seqlens=b.cu_seqlens, token=mv(b.token), sample=mv(b.sample), ids=b.ids, meta=b.meta)
 
 
-class TrainingSkeleton(TrainingWorker):
-    """What training backends share (see the module docstring); a subclass implements
-    ``init_model``, ``_plan``, ``_accumulate`` and ``_clip``, and may override the hooks
-    ``_update``, ``_step_metrics`` and ``_reports_metrics``."""
+class TrainingSkeleton(TrainingWorker, metaclass=ABCMeta):
+    """What training backends share (see the module docstring).
+
+    A backend implements the abstract methods: ``init_model`` and the operations of
+    :class:`~rlweave.interfaces.backend.TrainingWorker` (``compute_logprobs``,
+    ``named_weights``, ``save_checkpoint``, ``load_checkpoint``, ``save_hf``), and the train
+    step's ``_plan`` and ``_accumulate``; and either ``_clip`` (the default ``_update``'s
+    gradient reduction and clipping) or ``_update`` itself (an optimizer that reduces, clips
+    and skips by itself). Instantiating a worker that lacks one raises TypeError naming what
+    is missing. It may override the hooks ``_step_metrics``, ``_reports_metrics``,
+    ``_move_extra_state`` and ``_state_bytes``.
+
+    ``init_model`` sets these attributes, which the skeleton reads:
+
+    * ``cfg``: the backend's options, with ``max_tokens_per_micro_batch`` and
+      ``max_tokens_per_forward`` (None: twice the former);
+    * ``kind``: ``ctx.model['model_type']`` (``causal_lm``, ``value`` or ``reward``);
+    * ``device``: this rank's ``torch.device``;
+    * ``model``: the module whose parameters are trained, offloaded and counted;
+    * ``step = 0`` and ``offloaded = False``;
+    * for a role with ``optim``: :meth:`_build_optimizer` (sets ``optimizer``, ``scheduler``
+      and ``optim_cfg``; a backend may then replace ``optimizer`` by a wrapper with the same
+      ``param_groups``)."""
 
     backend: ClassVar[str] = "training"
+    cfg: Any
+    kind: str
+    device: torch.device
     model: torch.nn.Module
+    step: int
+    offloaded: bool
+    optim_cfg: Any = None
     optimizer: torch.optim.Optimizer | None = None
     scheduler: Any = None
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        self = super().__new__(cls)  # TypeError naming the abstract methods a backend lacks
+        if cls._update is TrainingSkeleton._update and cls._clip is TrainingSkeleton._clip:
+            raise TypeError(f"Can't instantiate training backend {cls.__name__}: it implements neither _clip "
+                            "(gradient reduction and clipping, for the skeleton's _update) nor _update (the whole "
+                            "optimizer step)")
+        return self
+
+    # ------------------------------------------------------ what a backend provides
+    @abstractmethod
+    def init_model(self) -> None:
+        """Build the model, shard it, and set the attributes listed in the class docstring."""
+
+    @abstractmethod
+    def compute_logprobs(self, batch: Batch, temperature: float = 1.0,
+                         with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """See :class:`~rlweave.interfaces.backend.TrainingWorker`."""
+
+    @abstractmethod
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """See :class:`~rlweave.interfaces.backend.TrainingWorker`."""
+
+    @abstractmethod
+    def save_checkpoint(self, path: str) -> None:
+        """See :class:`~rlweave.interfaces.backend.TrainingWorker`; store
+        :meth:`_schedule_state` and restore it with :meth:`_load_schedule`."""
+
+    @abstractmethod
+    def load_checkpoint(self, path: str) -> None:
+        """See :class:`~rlweave.interfaces.backend.TrainingWorker`."""
+
+    @abstractmethod
+    def save_hf(self, path: str) -> None:
+        """See :class:`~rlweave.interfaces.backend.TrainingWorker`."""
 
     # ------------------------------------------------------------------ build
     def _build_optimizer(self, o: Any, params: Iterable[torch.nn.Parameter] | None = None) -> None:
@@ -95,15 +157,15 @@ class TrainingSkeleton(TrainingWorker):
         sched = WarmupSchedule(o.warmup_steps, o.schedule, o.total_steps or self.ctx.optim_total_steps, o.min_lr_ratio)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, sched)
 
+    def _schedule_state(self) -> dict[str, Any] | None:
+        """What a checkpoint stores of the LR schedule (None: the role has none); JSON values."""
+        return schedule_state(self.scheduler)
+
     def _load_schedule(self, state: dict[str, Any] | None) -> None:
-        """Restore the LR schedule from its ``state_dict`` (None: nothing saved) and set each
-        parameter group's learning rate to the schedule's last one, which a checkpoint that
-        does not hold the optimizer's param groups would otherwise leave at the first step's."""
-        if self.scheduler is None or state is None:
-            return
-        self.scheduler.load_state_dict(state)
-        for group, lr in zip(self.scheduler.optimizer.param_groups, self.scheduler.get_last_lr()):
-            group["lr"] = lr
+        """Restore the LR schedule from a checkpoint's :meth:`_schedule_state` (None: nothing
+        saved), the one way every backend resumes its schedule
+        (:func:`.schedule.restore_schedule`)."""
+        restore_schedule(self.scheduler, state)
 
     def _refuse_nonfinite(self, path: str, bad: str | None) -> None:
         """Before a checkpoint is written (collective): ``bad`` is this rank's first non-finite
@@ -142,22 +204,24 @@ class TrainingSkeleton(TrainingWorker):
         return self.cfg.max_tokens_per_forward or 2 * self.cfg.max_tokens_per_micro_batch
 
     # ------------------------------------------------------------ train step
+    @abstractmethod
     def _plan(self, batch: Batch, budget: int) -> list[list[int]]:
         """Micro-batches (lists of sample indices) of a non-empty ``batch`` within ``budget`` tokens."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _accumulate(self, batch: Batch, groups: list[list[int]], n_micro: int, loss_fn: LossFn,
                     temperature: float, entropy: bool) -> tuple[float, dict[str, float]]:
         """Forward and backward of ``n_micro`` micro-batches: ``groups[i]`` for ``i <
         len(groups)``, then empty ones (zero loss, same collectives). Gradients accumulate in
         the parameters; returns this rank's summed loss and its loss-function metrics merged
         with :func:`~rlweave.interfaces.backend.merge_metric`."""
-        raise NotImplementedError
 
     def _clip(self) -> float:
         """Reduce the gradients as the backend needs, clip them to ``optim.grad_clip`` (0: no
-        clipping) and return the global gradient norm (the same on every rank)."""
-        raise NotImplementedError
+        clipping) and return the global gradient norm (the same on every rank). Called by the
+        default :meth:`_update` only: a backend overriding :meth:`_update` without calling it
+        need not implement it (one of the two is required)."""
+        raise NotImplementedError(f"{self.backend} backend: {type(self).__name__} implements no _clip")
 
     def _update(self, loss_sum: float) -> tuple[float, bool]:
         """Clip (:meth:`_clip`), then step the optimizer and the LR schedule unless the gradient

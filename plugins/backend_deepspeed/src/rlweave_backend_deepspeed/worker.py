@@ -194,7 +194,7 @@ class DeepSpeedWorker(FSDPWorker):
         the role, the ranks and each rank's first non-finite tensor)."""
         self._check_ready("save_checkpoint")
         self._refuse_nonfinite(path, finite.first_nonfinite(self.model, self.base_optimizer))
-        extra = {"step": self.step, "scheduler": self.scheduler.state_dict() if self.scheduler else None}
+        extra = {"step": self.step, "scheduler": self._schedule_state()}
         checkpoint.save(path, self.model, self.base_optimizer, extra, self.rank, self.cfg.zero_stage,
                         self.cfg.checkpoint_shard_bytes)
 

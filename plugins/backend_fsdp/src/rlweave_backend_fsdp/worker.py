@@ -362,12 +362,11 @@ class FSDPWorker(TrainingSkeleton):
         checkpoint (a resume would only repeat the failure)."""
         self._check_ready("save_checkpoint")
         self._refuse_nonfinite(path, finite.first_nonfinite(self.model, self.optimizer))
-        extra = {"step": self.step, "scheduler": self.scheduler.state_dict() if self.scheduler else None}
+        extra = {"step": self.step, "scheduler": self._schedule_state()}
         checkpoint.save(path, self.model, self.optimizer, extra, self.rank, frozen=not lora.is_peft(self.model))
 
     def load_checkpoint(self, path: str) -> None:
         self._check_ready("load_checkpoint")
         extra = checkpoint.load(path, self.model, self.optimizer, self.rank, frozen=not lora.is_peft(self.model))
         self.step = extra.get("step", 0)
-        if self.scheduler is not None and extra.get("scheduler") is not None:
-            self.scheduler.load_state_dict(extra["scheduler"])
+        self._load_schedule(extra.get("scheduler"))

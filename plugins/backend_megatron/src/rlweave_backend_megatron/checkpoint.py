@@ -154,7 +154,7 @@ def save(w: "MegatronWorker", path: str) -> None:
     if with_optim:
         state["optim/step"] = torch.tensor(steps)
     dcp.save(state, checkpoint_id=path)
-    extra = {"step": w.step, "scheduler": w.scheduler.state_dict() if w.scheduler else None,
+    extra = {"step": w.step, "scheduler": w._schedule_state(),
              "layout": {"tp": w.tp, "pp": w.pp, "dp": w.dp, "ep": w.ep}, "optimizer_state": with_optim}
     save_extra(path, w.rank, extra, "megatron")
     dist.barrier()
