@@ -131,7 +131,7 @@ def _grid_tokens(w, name: str, lens: list[int], budget: int) -> int:
                                                               and w.cfg.use_packing):  # packed rows
         return sum(lens)
     if CONFIGS[name][0] == "fsdp":
-        from rlweave_backend_fsdp import micro
+        from rlweave.backend_helpers.hf_model import micro
 
         groups = micro.plan(lens, budget)
     else:

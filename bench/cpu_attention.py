@@ -39,8 +39,8 @@ def run(q_len: int, k_len: int, mask, dtype, mode: str, samples: int, reps: int)
 
     def attend():
         if mode in ("mixed", "low", "flash32"):
-            from rlweave_backend_fsdp.attention import _attend
-            from rlweave_backend_fsdp.cpu.attention import Modes
+            from rlweave.backend_helpers.hf_model.attention import _attend
+            from rlweave.backend_helpers.hf_model.cpu.attention import Modes
 
             modes = Modes(forward="fp32" if mode == "flash32" else "input", backward="bf16" if mode == "low" else "fp32")
             return _attend(q, k, v, mask, None, 0.0, True, modes)

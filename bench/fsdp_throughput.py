@@ -103,7 +103,7 @@ def make_batch(rng: random.Random, vocab: int, tokens: int, lo: int, hi: int):
 def fixed_count_plan(batches, budget: int):
     """``micro.plan`` replacement for ``padded-fixed``: consecutive samples, ``k`` per micro-batch,
     ``k`` = the token-budget plan's mean samples per micro-batch over ``batches``."""
-    from rlweave_backend_fsdp import micro
+    from rlweave.backend_helpers.hf_model import micro
 
     n_samples = sum(len(b) for b in batches)
     n_micro = sum(len(micro.plan(b.seqlens.tolist(), budget)) for b in batches)
@@ -137,7 +137,7 @@ def run_one(args, model_dir, preset, mode, prec, port) -> dict:
     import torch
 
     from rlweave.interfaces.worker import WorkerContext
-    from rlweave_backend_fsdp import micro
+    from rlweave.backend_helpers.hf_model import micro
     from rlweave_backend_fsdp.worker import FSDPWorker
 
     cfg = {"mixed_precision": "bf16" if prec == "bf16" else "none", "use_packing": mode == "packed",

@@ -24,7 +24,7 @@ OPTIONAL = {
     ("core", "pytest"): "rlweave.testing: contract suites for plugin authors' own tests",
     ("core", "safetensors"): "rlweave.testing: the engine contract suite",
     ("core", "tensorboardX"): "fallback TensorBoard writer when torch's is missing",
-    ("backend_fsdp", "flash_attn"): "attention: used when installed on CUDA, else SDPA",
+    ("core", "flash_attn"): "backend_helpers.hf_model.attention: used when installed on CUDA, else SDPA",
 }
 #: modules whose distribution is not installed here (so metadata cannot name it)
 KNOWN = {"vllm": "vllm", "flash_attn": "flash-attn", "tensorboardX": "tensorboardX", "sglang": "sglang",

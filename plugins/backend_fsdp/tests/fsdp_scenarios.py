@@ -161,7 +161,7 @@ def _compiled_run(ctx_kw: dict, model: dict, optim: dict, **cfg) -> dict:
     per process: the runs before it compiled their own)."""
     from torch._dynamo.utils import counters
 
-    from rlweave_backend_fsdp.modeling import decoder_layers
+    from rlweave.backend_helpers.hf_model.modeling import decoder_layers
 
     before = int(counters["stats"]["unique_graphs"])
     w = _worker(ctx_kw, model, optim, max_tokens_per_micro_batch=32, **cfg)
@@ -186,16 +186,16 @@ def compile_scenario(ctx_kw: dict, model_dir: str, work: str, scope: str = "auto
 
 def shared_prompt_attention(dtype: str, backward: str) -> dict:
     """Attention over one row carrying each group's prompt once (mixed prompt and response
-    lengths, a group of one, an empty response; ``rlweave_backend_fsdp.prefix.share``) beside
+    lengths, a group of one, an empty response; ``rlweave.backend_helpers.hf_model.prefix.share``) beside
     causal attention of every sample on its own, with the same leaves and output weights:
     ``row`` (the shared row), ``got``/``ref`` (outputs per original token, fp32) and
     ``grads``/``ref_grads`` (q, k, v gradients, fp32). ``backward`` is the CPU attention backward
     (``fp32``, or ``bf16``: the compiled bf16 one with bf16 inputs)."""
     import torch.nn.functional as F
 
-    from rlweave_backend_fsdp.attention import planned_sdpa
-    from rlweave_backend_fsdp.cpu.attention import Modes
-    from rlweave_backend_fsdp.prefix import share
+    from rlweave.backend_helpers.hf_model.attention import planned_sdpa
+    from rlweave.backend_helpers.hf_model.cpu.attention import Modes
+    from rlweave.backend_helpers.hf_model.prefix import share
 
     dt = getattr(torch, dtype)
     torch.manual_seed(0)
@@ -250,8 +250,8 @@ def compiled_cpu_scenario(ctx_kw: dict, model_dir: str, work: str, scopes: list[
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
     from rlweave.devices.cpu import ENV
-    from rlweave_backend_fsdp.cpu.attention import _bf16_backward_math, modes_of
-    from rlweave_backend_fsdp.modeling import decoder_layers
+    from rlweave.backend_helpers.hf_model.cpu.attention import _bf16_backward_math, modes_of
+    from rlweave.backend_helpers.hf_model.modeling import decoder_layers
 
     model = {"path": model_dir, "dtype": "float32", "model_type": "causal_lm"}
     optim = {"lr": 3e-3, "grad_clip": 1.0}
@@ -294,8 +294,8 @@ def cpu_choices_scenario(ctx_kw: dict, model_dir: str, work: str, ratios: list[f
     import torch.distributed as dist
 
     from rlweave.devices.cpu import ENV
-    from rlweave_backend_fsdp.cpu.attention import modes_of
-    from rlweave_backend_fsdp.modeling import decoder_layers
+    from rlweave.backend_helpers.hf_model.cpu.attention import modes_of
+    from rlweave.backend_helpers.hf_model.modeling import decoder_layers
 
     os.environ[ENV] = str(ratios[ctx_kw["rank"]])
     logged: list[str] = []

@@ -1,4 +1,4 @@
-"""The FSDP backend's device choices (rlweave_backend_fsdp.cpu.choices) with an injected bf16
+"""The FSDP backend's device choices (rlweave.backend_helpers.hf_model.cpu.choices) with an injected bf16
 speed: unchanged on CPUs with fast bf16, fp32 paths and a warning on CPUs with slow bf16;
 and the CPU attention's fp32 forward for bf16 inputs."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlweave.devices.cpu import Bf16Speed
-from rlweave_backend_fsdp.cpu import choices as cpu_choices
+from rlweave.backend_helpers.hf_model.cpu import choices as cpu_choices
 from rlweave_backend_fsdp.config import FSDPConfig
 
 FAST = Bf16Speed(ratio=0.15, capability="AVX512", onednn_bf16=True)  # AMX-like
@@ -49,7 +49,7 @@ def test_fast_bf16_cpu_resolves_as_before(no_probe, kernels, backward, compile, 
     assert (got.kernels, got.attention_backward, got.compile_scope) == _before(cfg, device, bf16)
     assert got.compiled_logprobs == (compile and device == "cpu")  # the log-prob kernels: compile on CPU
     assert got.attention_forward == "input" and not got.bf16_slow
-    assert cpu_choices.warning(got, cfg, "float32", "policy", 0) is None
+    assert cpu_choices.warning(got, cfg, "float32", "policy", 0, backend="fsdp") is None
 
 
 def test_slow_bf16_cpu_takes_the_fp32_path_for_every_auto_choice(no_probe):
@@ -68,7 +68,7 @@ def test_slow_bf16_cpu_keeps_explicit_choices(no_probe):
     got = cpu_choices.resolve(FSDPConfig(cpu={"attention_backward": "bf16"}), "cpu", True, SLOW)
     # the bf16 backward recomputes from the bf16 forward
     assert got.attention_backward == "bf16" and got.attention_forward == "input"
-    msg = cpu_choices.warning(got, FSDPConfig(cpu={"attention_backward": "bf16"}), "bfloat16", "ref", 1)
+    msg = cpu_choices.warning(got, FSDPConfig(cpu={"attention_backward": "bf16"}), "bfloat16", "ref", 1, backend="fsdp")
     assert "cpu.attention_backward: bf16 assume fast bf16" in msg and "model.dtype: bfloat16" in msg
 
 
@@ -86,19 +86,19 @@ def test_cpu_bf16_without_injection_probes(monkeypatch):
 
 def test_warning_names_the_slowdown_what_asked_for_bf16_and_the_fix():
     cfg = FSDPConfig(mixed_precision="bf16")
-    msg = cpu_choices.warning(cpu_choices.resolve(cfg, "cpu", True, SLOW), cfg, "float32", "policy", 0)
+    msg = cpu_choices.warning(cpu_choices.resolve(cfg, "cpu", True, SLOW), cfg, "float32", "policy", 0, backend="fsdp")
     assert msg.startswith("fsdp backend: role policy rank 0 computes in bf16 on CPU (mixed_precision: bf16)")
     assert "run 97x slower than fp32 on this CPU (AVX2, no bf16 kernels in oneDNN)" in msg
     assert "use mixed_precision: none and model.dtype: float32" in msg and "assume fast bf16" not in msg
-    assert cpu_choices.warning(cpu_choices.resolve(cfg, "cpu", True, FAST), cfg, "float32", "policy", 0) is None
+    assert cpu_choices.warning(cpu_choices.resolve(cfg, "cpu", True, FAST), cfg, "float32", "policy", 0, backend="fsdp") is None
 
 
 @pytest.mark.parametrize("mask_prefix", [0, 8])
 def test_cpu_attention_fp32_forward_attends_bf16_inputs_in_fp32(mask_prefix):
     """``Modes(forward="fp32")``: bf16 inputs give fp32 attention of the same values, rounded to
     bf16 once, and bf16 gradients equal to the fp32 ones rounded."""
-    from rlweave_backend_fsdp.attention import _attend
-    from rlweave_backend_fsdp.cpu.attention import Modes
+    from rlweave.backend_helpers.hf_model.attention import _attend
+    from rlweave.backend_helpers.hf_model.cpu.attention import Modes
 
     torch.manual_seed(0)
     g, n, h, hk, d = 3, 24, 4, 2, 16
@@ -120,7 +120,7 @@ def test_cpu_attention_fp32_forward_attends_bf16_inputs_in_fp32(mask_prefix):
 
 
 def test_cpu_attention_modes_reject_unknown_kinds():
-    from rlweave_backend_fsdp.cpu.attention import Modes
+    from rlweave.backend_helpers.hf_model.cpu.attention import Modes
 
     with pytest.raises(ValueError, match="input or fp32"):
         Modes(forward="bf16")

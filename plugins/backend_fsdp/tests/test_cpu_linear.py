@@ -1,4 +1,4 @@
-"""CPU-friendly linear layers (:mod:`rlweave_backend_fsdp.cpu.linear`): same values and
+"""CPU-friendly linear layers (:mod:`rlweave.backend_helpers.hf_model.cpu.linear`): same values and
 gradients as ``nn.Linear``, and which modules :func:`install` patches."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlweave_backend_fsdp.cpu.linear import install, linear
+from rlweave.backend_helpers.hf_model.cpu.linear import install, linear
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

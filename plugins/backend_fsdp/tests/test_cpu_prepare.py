@@ -1,4 +1,4 @@
-"""The CPU fast paths' one entry (:func:`rlweave_backend_fsdp.cpu.prepare`): what it applies
+"""The CPU fast paths' one entry (:func:`rlweave.backend_helpers.hf_model.cpu.prepare`): what it applies
 to a model, to that model alone, and that it applies nothing on CUDA."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlweave_backend_fsdp import cpu
+from rlweave.backend_helpers.hf_model import cpu
 from rlweave_backend_fsdp.config import FSDPConfig
-from rlweave_backend_fsdp.cpu import attention, rotary
+from rlweave.backend_helpers.hf_model.cpu import attention, rotary
 
 QWEN2 = "transformers.models.qwen2.modeling_qwen2"
 
@@ -35,8 +35,8 @@ def _patched_linears(model) -> int:
 
 def test_two_models_in_one_process_keep_their_own_choices():
     policy, reference = _tiny(0), _tiny(1)
-    fast = cpu.prepare(policy, FSDPConfig(cpu={"kernels": "rlweave"}, compile=True), "cpu", False, 1)
-    plain = cpu.prepare(reference, FSDPConfig(cpu={"kernels": "torch"}), "cpu", False, 1)
+    fast = cpu.prepare(policy, FSDPConfig(cpu={"kernels": "rlweave"}, compile=True), "cpu", False, 1, backend="fsdp")
+    plain = cpu.prepare(reference, FSDPConfig(cpu={"kernels": "torch"}), "cpu", False, 1, backend="fsdp")
     assert (fast.kernels, fast.attention_backward, fast.compiled_logprobs) == (True, "bf16", True)
     assert (plain.kernels, plain.attention_backward, plain.compiled_logprobs) == (False, "fp32", False)
     assert _patched_linears(policy) == 2 * 3 + 1 and _patched_linears(reference) == 0  # MLPs and the LM head
@@ -51,7 +51,7 @@ def test_two_models_in_one_process_keep_their_own_choices():
 
 def test_cuda_ranks_get_their_choices_and_an_untouched_model():
     model = _tiny(0)
-    got = cpu.prepare(model, FSDPConfig(cpu={"kernels": "rlweave"}), "cuda", True, 1)
+    got = cpu.prepare(model, FSDPConfig(cpu={"kernels": "rlweave"}), "cuda", True, 1, backend="fsdp")
     assert got.compile_scope == "layer" and got.speed is None and not got.compiled_logprobs
     assert _patched_linears(model) == 0 and rotary.original(QWEN2) is None
     assert attention.modes_of(model.model.layers[0].self_attn) is attention.DEFAULT

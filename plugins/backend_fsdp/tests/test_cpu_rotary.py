@@ -1,4 +1,4 @@
-"""Rotary embedding as one autograd function (:mod:`rlweave_backend_fsdp.cpu.rotary`): the
+"""Rotary embedding as one autograd function (:mod:`rlweave.backend_helpers.hf_model.cpu.rotary`): the
 values and gradients of transformers' ``apply_rotary_pos_emb``, and that it applies to the
 models prepared with it alone."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlweave_backend_fsdp.cpu import rotary
-from rlweave_backend_fsdp.cpu.rotary import Rotary, _wrap, running
+from rlweave.backend_helpers.hf_model.cpu import rotary
+from rlweave.backend_helpers.hf_model.cpu.rotary import Rotary, _wrap, running
 
 QWEN2 = "transformers.models.qwen2.modeling_qwen2"
 
@@ -146,7 +146,7 @@ def test_works_inside_torch_compile():
     """Inside a compiled region (compile_scope: layer) the fast path is a graph break, not an error."""
     from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb as original
 
-    from rlweave_backend_fsdp.cpu.linear import linear
+    from rlweave.backend_helpers.hf_model.cpu.linear import linear
 
     fast = _wrap(original)
     gen = torch.Generator().manual_seed(2)

@@ -59,7 +59,7 @@ def _close_to_exact(got, exact, rel: float = 1e-2) -> None:
 def test_fused_varlen_attention_equals_per_sample_bf16():
     """Packed row on CUDA in bf16 takes the fused path (one call) and equals per-sample causal
     attention, forward and backward; mixed lengths including a length-1 sample."""
-    from rlweave_backend_fsdp.attention import _varlen_fused, varlen_attention_forward
+    from rlweave.backend_helpers.hf_model.attention import _varlen_fused, varlen_attention_forward
 
     if _varlen_fused()[0] is None:
         pytest.skip("this torch has no torch.nn.attention.varlen.varlen_attn")
@@ -83,8 +83,8 @@ def test_fused_varlen_attention_equals_per_sample_bf16():
 def test_shared_prompt_attention_on_cuda_equals_unshared_bf16():
     """A shared-prompt row (planned SDPA with prefix masks) on CUDA in bf16 gives every
     original token its unshared attention output and gradients."""
-    from rlweave_backend_fsdp.attention import planned_sdpa
-    from rlweave_backend_fsdp.prefix import share
+    from rlweave.backend_helpers.hf_model.attention import planned_sdpa
+    from rlweave.backend_helpers.hf_model.prefix import share
 
     torch.manual_seed(0)
     prompts = {0: list(range(1, 33)), 1: list(range(40, 57))}

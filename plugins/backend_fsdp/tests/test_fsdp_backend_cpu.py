@@ -208,7 +208,8 @@ def test_compile_units_of_each_scope(tiny):
     an unknown scope and ``mlp_norms`` on a layer without ``self_attn`` are refused by name."""
     from transformers import AutoModelForCausalLM
 
-    from rlweave_backend_fsdp.modeling import compile_units, decoder_layers
+    from rlweave.backend_helpers.hf_model.modeling import decoder_layers
+    from rlweave_backend_fsdp.parallelize import compile_units
 
     layer = decoder_layers(AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32))[0]
     assert compile_units(layer, "layer") == [layer]

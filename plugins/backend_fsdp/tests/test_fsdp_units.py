@@ -33,7 +33,7 @@ def test_config_is_strict():
 
 
 def test_micro_batch_plan_respects_budget_and_covers_all():
-    from rlweave_backend_fsdp.micro import plan
+    from rlweave.backend_helpers.hf_model.micro import plan
 
     lens = [5, 17, 9, 30, 3, 12, 40, 1]
     groups = plan(lens, 32)
@@ -66,9 +66,9 @@ def test_grouped_varlen_attention_equals_per_sample(dtype, backward, monkeypatch
     import torch
     import torch.nn.functional as F
 
-    from rlweave_backend_fsdp import inductor
-    from rlweave_backend_fsdp.attention import packed_plan, planned_sdpa
-    from rlweave_backend_fsdp.cpu.attention import Modes
+    from rlweave.backend_helpers.hf_model import inductor
+    from rlweave.backend_helpers.hf_model.attention import packed_plan, planned_sdpa
+    from rlweave.backend_helpers.hf_model.cpu.attention import Modes
 
     monkeypatch.setattr(inductor, "compiled", lambda fn: fn)
 
@@ -111,7 +111,7 @@ def test_shared_prompt_attention_equals_unshared(dtype, backward, monkeypatch):
     import torch
 
     from rlweave.testing.helper_modules import import_helper
-    from rlweave_backend_fsdp import inductor
+    from rlweave.backend_helpers.hf_model import inductor
 
     monkeypatch.setattr(inductor, "compiled", lambda fn: fn)
     sc = import_helper(Path(__file__).with_name("fsdp_scenarios.py"))
@@ -133,7 +133,7 @@ def test_cpu_bf16_attention_backward_matches_fp64(prefix):
     for causal buckets and prefix buckets, with grouped key/value heads."""
     import torch
 
-    from rlweave_backend_fsdp.cpu.attention import _CPUFlash
+    from rlweave.backend_helpers.hf_model.cpu.attention import _CPUFlash
 
     torch.manual_seed(0)
     g, n, h, hk, d = 6, 40, 4, 2, 32
@@ -159,7 +159,7 @@ def test_cpu_bf16_attention_backward_matches_fp64(prefix):
 def test_shared_prompt_micro_batches_keep_groups_together():
     import torch
 
-    from rlweave_backend_fsdp.prefix import plan_units, share
+    from rlweave.backend_helpers.hf_model.prefix import plan_units, share
 
     # 3 groups of 4 samples: prompt 4 tokens, responses 6 -> a group costs 4 + 4*6 = 28 shared tokens
     seqs = [[10 + g] * 4 + [1] * 6 for g in range(3) for _ in range(4)]

@@ -1,4 +1,4 @@
-"""Chunked log-probs and entropy (:mod:`rlweave_backend_fsdp.logprob`) against the plain
+"""Chunked log-probs and entropy (:mod:`rlweave.backend_helpers.hf_model.logprob`) against the plain
 fp32 ``log_softmax`` computation: values and gradients, shared rows, temperature, dtypes."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlweave_backend_fsdp.logprob import selected_logprobs
+from rlweave.backend_helpers.hf_model.logprob import selected_logprobs
 
 
 def _reference(logits, rows, targets, temperature):

@@ -13,7 +13,8 @@ import torch
 from rlweave.config.errors import ConfigError
 from rlweave.config.loader import load_config
 from rlweave.plugins.manager import PluginManager
-from rlweave_backend_fsdp import attention, sequence_parallel
+from rlweave.backend_helpers.hf_model import attention
+from rlweave_backend_fsdp import sequence_parallel
 from rlweave_backend_fsdp.checks import kv_repeat
 
 

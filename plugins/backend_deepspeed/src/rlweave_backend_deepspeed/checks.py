@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlweave_backend_fsdp.checks import moe_experts, text_config
+from rlweave.backend_helpers.hf_model.config_json import moe_experts, text_config
 
 from rlweave_backend_deepspeed import ds_json
 from rlweave_backend_deepspeed.config import DeepSpeedConfig

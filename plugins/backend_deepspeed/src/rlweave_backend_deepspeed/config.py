@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from rlweave_backend_fsdp.config import CPUOptions
+from rlweave.backend_helpers.hf_model.options import CPUOptions
 
 
 class DeepSpeedConfig(BaseModel):
@@ -40,7 +40,8 @@ class DeepSpeedConfig(BaseModel):
     )
     attn_implementation: Literal["auto", "varlen", "flash_attention_2", "sdpa"] = Field(
         "auto", description="auto: flash_attention_2 if installed on GPU, else rlweave's exact varlen attention.")
-    cpu: CPUOptions = Field(default_factory=CPUOptions, description="CPU fast paths, as the fsdp backend's (CPU ranks only).")
+    cpu: CPUOptions = Field(default_factory=CPUOptions,
+                            description="CPU fast paths of the HF model layer, as the fsdp backend's (CPU ranks only).")
     seed: int | None = Field(None, description="Seed of head initialisation and dropout (null: the run seed).")
     hf_shard_bytes: int = Field(2 << 30, ge=1 << 20, description="Max bytes per safetensors file in save_hf.")
     checkpoint_shard_bytes: int = Field(

@@ -1,10 +1,10 @@
 """``DeepSpeedWorker``: one rank of a role trained or scored inside a DeepSpeed ZeRO engine.
 
 Contract: :class:`rlweave.interfaces.backend.TrainingWorker`, as the ``fsdp`` backend keeps it:
-the Hugging Face model layer is the FSDP plugin's (:class:`~rlweave_backend_fsdp.worker.FSDPWorker`:
+the Hugging Face model layer is the core's (:class:`~rlweave.backend_helpers.hf_model.worker.HFModelWorker`:
 token-budgeted micro-batches, packed rows with exact varlen attention, shared prompts, empty
 micro-batches so every rank runs as many forwards, ``causal_lm``/``value``/``reward`` heads,
-HF export); what differs lives here:
+HF export, the CPU fast paths); what differs lives here:
 
 * the model runs inside ``deepspeed.initialize`` (:mod:`.engine`) with the role's torch AdamW
   (``optim``) and the config of :mod:`.ds_json`: ZeRO stage 1/2/3 over the role's ranks,
@@ -21,8 +21,9 @@ HF export); what differs lives here:
 * weights leave one full parameter at a time (:mod:`.weights`), checkpoints hold full fp32
   tensors and load at any world size (:mod:`.checkpoint`).
 
-Not supported (refused by validation, :mod:`.checks`): LoRA, sequence parallelism,
-mixture-of-experts models, ``model.dtype`` other than float32.
+Not supported (refused by validation, :mod:`.checks`, and again by ``init_model`` with a
+config error naming the setting): LoRA, sequence parallelism, mixture-of-experts models,
+``model.dtype`` other than float32.
 """
 
 from __future__ import annotations
@@ -33,16 +34,17 @@ from typing import Any
 import torch
 from rlweave.backend_helpers import finite
 from rlweave.backend_helpers.device import rank_device
+from rlweave.backend_helpers.hf_model import attention, modeling, prepare
+from rlweave.backend_helpers.hf_model.moe_blocks import find_blocks
+from rlweave.backend_helpers.hf_model.options import FixedPaths
+from rlweave.backend_helpers.hf_model.worker import HFModelWorker
 from rlweave.backend_helpers.training import model_dtype
-from rlweave_backend_fsdp import attention, modeling, moe, parallelize
-from rlweave_backend_fsdp.config import FSDPConfig
-from rlweave_backend_fsdp.worker import FSDPWorker
 
 from rlweave_backend_deepspeed import checkpoint, ds_json, engine, weights
 from rlweave_backend_deepspeed.config import DeepSpeedConfig
 
 
-class DeepSpeedWorker(FSDPWorker):
+class DeepSpeedWorker(HFModelWorker):
     """Trains and/or scores one model on one rank under DeepSpeed ZeRO (see module docstring)."""
 
     backend = "deepspeed"
@@ -55,7 +57,12 @@ class DeepSpeedWorker(FSDPWorker):
         self.kind = ctx.model.get("model_type", "causal_lm")
         self.device = rank_device(ctx, "deepspeed")
         self.init_distributed(force=True)
-        self.sp = None
+        sp = int((ctx.parallel or {}).get("sp", 1))
+        if sp > 1:
+            raise ValueError(f"deepspeed backend: roles.{ctx.role}.parallel.sp={sp}: sequence parallelism is not "
+                             "supported; use backend: fsdp")
+        if ctx.lora is not None:
+            raise ValueError(f"deepspeed backend: roles.{ctx.role}.lora: LoRA is not supported; use backend: fsdp")
         dtype_name, _ = model_dtype(ctx, "deepspeed")
         if dtype_name != "float32":
             raise ValueError(f"deepspeed backend: role {ctx.role}: model.dtype {dtype_name!r}; the backend loads float32 "
@@ -66,18 +73,17 @@ class DeepSpeedWorker(FSDPWorker):
         bf16 = self.cfg.mixed_precision == "bf16"
         self.attn_impl = attention.choose(self.cfg.attn_implementation, ctx.device)
         self.packing = self.cfg.use_packing
-        model = modeling.load_model(ctx.model, self.attn_impl, torch.float32, seed)
-        if moe.find_blocks(model):
+        model = modeling.load_model(ctx.model, self.attn_impl, torch.float32, seed, backend=self.backend)
+        if find_blocks(model):
             raise ValueError(f"deepspeed backend: role {ctx.role}: mixture-of-experts models are not supported; "
                              "use backend: fsdp")
-        cpu_options = FSDPConfig(mixed_precision=self.cfg.mixed_precision, cpu=self.cfg.cpu)
-        self.choices = parallelize.apply_cpu_paths(model, cpu_options, self.device.type, bf16, self.world_size,
-                                                   dtype_name=dtype_name, role=ctx.role, rank=self.rank)
-        parallelize.apply_activation_checkpointing(model, self.cfg.activation_checkpointing)
+        paths = FixedPaths(mixed_precision=self.cfg.mixed_precision, cpu=self.cfg.cpu)
+        self.choices = prepare.apply_cpu_paths(model, paths, self.device.type, bf16, self.world_size,
+                                               backend=self.backend, dtype_name=dtype_name, role=ctx.role,
+                                               rank=self.rank)
+        prepare.apply_activation_checkpointing(model, self.cfg.activation_checkpointing)
         self.skip_names = {"lm_head.weight"} if modeling.tied_lm_head(model) else set()
         self.model = model
-        self.moe_state = None
-        self.moe_kernel = None
         self.step = 0
         self.offloaded = False
         self.stream_stats = weights.StreamStats()
@@ -99,6 +105,8 @@ class DeepSpeedWorker(FSDPWorker):
 
     # ------------------------------------------------------- the HF model layer's hooks
     def _forward(self, **kw: Any):
+        """Through the engine (ZeRO-3 gathers parameters in its hooks); the bare model for a
+        scoring role without one."""
         module = self.engine if self.engine is not None else self.model
         return module(**kw, use_cache=False)
 

@@ -6,9 +6,9 @@ before any worker starts, after the role's options were validated.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
+
+from rlweave.backend_helpers.hf_model.config_json import moe_experts, text_config
 
 
 def kv_repeat(n_heads: int, n_kv: int, sp: int) -> int:
@@ -25,16 +25,6 @@ def kv_repeat(n_heads: int, n_kv: int, sp: int) -> int:
     return sp // n_kv
 
 
-def text_config(model: Any) -> dict[str, Any] | None:
-    """A local model directory's config.json (its ``text_config`` where it has one), or None."""
-    path = getattr(model, "path", None)
-    cfg = Path(path) / "config.json" if path else None
-    if cfg is None or not cfg.is_file():
-        return None
-    data = json.loads(cfg.read_text())
-    return data.get("text_config", data)
-
-
 def _heads(model: Any) -> tuple[int, int] | None:
     """``(attention heads, key/value heads)`` from a local model directory's config.json."""
     data = text_config(model) or {}
@@ -42,14 +32,6 @@ def _heads(model: Any) -> tuple[int, int] | None:
     if not heads:
         return None
     return int(heads), int(data.get("num_key_value_heads") or heads)
-
-
-def moe_experts(model: Any) -> int | None:
-    """Routed experts per MoE layer from a local model directory's config.json
-    (``num_experts`` or ``num_local_experts``); None for a dense model or no readable config."""
-    data = text_config(model) or {}
-    n = data.get("num_experts") or data.get("num_local_experts")
-    return int(n) if isinstance(n, int) and n > 0 else None
 
 
 def moe_problems(sp: int, experts: int | None) -> list[tuple[str, str]]:

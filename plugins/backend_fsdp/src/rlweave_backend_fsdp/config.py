@@ -5,26 +5,7 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
-
-
-class CPUOptions(BaseModel):
-    """``roles.<role>.options.cpu``: the CPU fast paths (:mod:`rlweave_backend_fsdp.cpu`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kernels: Literal["auto", "rlweave", "torch"] = Field(
-        "auto", description="'rlweave': CPU fast paths: rotary embeddings as one autograd function in the projections' "
-        "layout, and the weight gradients of Llama-style MLP projections and the LM head with their narrower operand "
-        "transposed first (the layout oneDNN's bf16 weight-gradient matmul runs fast); 'torch': transformers' "
-        "code as is. auto: rlweave on CPU with bf16 compute where this CPU runs bf16 fast (probed: "
-        "rlweave.devices.cpu), torch elsewhere. Applies to this role's model only.",
-    )
-    attention_backward: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="CPU attention backward with bf16 compute: 'fp32' runs PyTorch's flash kernel in fp32; 'bf16' "
-        "recomputes the probabilities and runs bf16 matmuls around an fp32 softmax gradient, compiled by inductor "
-        "(faster where the CPU has fast bf16 matmuls: bench/RESULTS.md; gradients within bf16 rounding, as on GPU). "
-        "auto: bf16 when compile is on, kernels resolves to rlweave and this CPU runs bf16 fast, else fp32.",
-    )
+from rlweave.backend_helpers.hf_model.options import CPUOptions
 
 
 class FSDPConfig(BaseModel):

@@ -1,9 +1,7 @@
 """Mixture-of-experts models in the FSDP backend: their MoE blocks, the grouped-experts
 kernel, the router load-balancing loss and the expert-load metrics.
 
-An MoE block is a module with a router child ``gate`` (a ``(num_experts, hidden)`` weight;
-its forward returns the router logits, alone or first of a tuple) and an ``experts`` child:
-the sparse blocks of transformers' Qwen2-MoE, Qwen3-MoE and Mixtral.
+The MoE blocks are the HF model layer's (:mod:`rlweave.backend_helpers.hf_model.moe_blocks`).
 
 Kernel: when the role selected ``moe_groupgemm``, :func:`apply_kernel` lets the kernel object
 replace the experts' forward in place (same parameters and names) before the model is
@@ -24,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlweave.backend_helpers.hf_model.moe_blocks import MoEBlock, find_blocks
 from rlweave.backend_helpers.moe import AuxLoss, expert_counts, load_balancing_loss, load_metrics, router_topk
 
 __all__ = ["KERNEL_NAME", "MoEBlock", "MoETraining", "RouterTap", "apply_kernel", "expert_counts", "find_blocks",
@@ -31,35 +30,6 @@ __all__ = ["KERNEL_NAME", "MoEBlock", "MoETraining", "RouterTap", "apply_kernel"
 
 log = logging.getLogger("rlweave.backend_fsdp")
 KERNEL_NAME = "moe_groupgemm"
-
-
-@dataclass(frozen=True)
-class MoEBlock:
-    """One sparse block: its module path, router, experts, expert count and top-k."""
-
-    name: str
-    router: nn.Module
-    experts: nn.Module
-    num_experts: int
-    top_k: int
-
-
-def find_blocks(model: nn.Module) -> list[MoEBlock]:
-    """The MoE blocks of ``model`` in module order (empty for a dense model)."""
-    cfg = getattr(model, "config", None)
-    out = []
-    for name, m in model.named_modules():
-        router, experts = getattr(m, "gate", None), getattr(m, "experts", None)
-        if not isinstance(router, nn.Module) or not isinstance(experts, nn.Module):
-            continue
-        w = getattr(router, "weight", None)
-        if not isinstance(w, torch.Tensor) or w.dim() != 2:
-            continue
-        top_k = getattr(router, "top_k", None) or getattr(m, "top_k", None) or getattr(cfg, "num_experts_per_tok", 0)
-        if not top_k:
-            continue
-        out.append(MoEBlock(name, router, experts, int(w.shape[0]), int(top_k)))
-    return out
 
 
 def apply_kernel(model: nn.Module, kernel: Any, device: str, blocks: Sequence[MoEBlock], *,

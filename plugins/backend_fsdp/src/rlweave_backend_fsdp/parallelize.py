@@ -5,8 +5,9 @@ step per concern, in the order :meth:`FSDPWorker.init_model` applies them.
    (same parameters);
 2. :func:`apply_sequence_parallel`: checks the attention heads split over the ``sp`` group
    (the split itself happens per forward, :mod:`.sequence_parallel`);
-3. :func:`apply_cpu_paths`: the CPU fast paths and device-dependent choices (:mod:`.cpu`);
-4. :func:`apply_activation_checkpointing`;
+3. :func:`apply_cpu_paths`: the CPU fast paths and device-dependent choices
+   (:mod:`rlweave.backend_helpers.hf_model.cpu`; a step of the shared HF model layer);
+4. :func:`apply_activation_checkpointing` (the HF model layer's too);
 5. :func:`apply_lora`: PEFT adapters wrap the targeted linear layers (:mod:`.lora`);
 6. :func:`apply_compile`: ``torch.compile`` of parts of each decoder layer, in place;
 7. :func:`apply_fsdp`: FSDP2 ``fully_shard`` of each decoder layer, then of the model.
@@ -22,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlweave_backend_fsdp import checks, cpu, lora, modeling, moe
-from rlweave_backend_fsdp.config import FSDPConfig
+from rlweave.backend_helpers.hf_model.prepare import apply_activation_checkpointing, apply_cpu_paths  # noqa: F401
+from rlweave_backend_fsdp import checks, lora, moe
 
 
 def apply_moe_kernel(model: nn.Module, blocks: list, ctx: Any, device_type: str, rank: int) -> dict | None:
@@ -42,23 +43,24 @@ def apply_sequence_parallel(model: nn.Module, sp: int) -> list[tuple[str, str]]:
     return checks.sp_problems(sp, {}, heads)
 
 
-def apply_cpu_paths(model: nn.Module, options: FSDPConfig, device_type: str, bf16: bool, world_size: int,
-                    **kw: Any) -> cpu.DeviceChoices:
-    """The device-dependent choices, with the CPU paths applied to ``model`` on a CPU rank
-    (:func:`.cpu.prepare`; collective on CPU ranks computing in bf16)."""
-    return cpu.prepare(model, options, device_type, bf16, world_size, **kw)
-
-
-def apply_activation_checkpointing(model: nn.Module, enabled: bool) -> None:
-    """Recompute each decoder layer's activations in backward (non-reentrant) when ``enabled``."""
-    if enabled:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
 def apply_lora(model: nn.Module, section: Any, kind: str, role: str) -> nn.Module:
     """``model`` with PEFT adapters on the targets of ``section`` (a role's ``lora``), or
     ``model`` itself without one."""
     return model if section is None else lora.apply_lora(model, section, kind, role)
+
+
+def compile_units(layer: nn.Module, scope: str) -> list[nn.Module]:
+    """What ``compile`` compiles in one decoder layer: the layer itself (``layer``), or its
+    children other than the attention block (``mlp_norms``: norms and MLP in Llama-style
+    layers)."""
+    if scope == "layer":
+        return [layer]
+    if scope != "mlp_norms":
+        raise ValueError(f"fsdp backend: compile_scope {scope!r}; choose auto, layer or mlp_norms")
+    attn = getattr(layer, "self_attn", None)
+    if attn is None:
+        raise ValueError(f"fsdp backend: compile_scope mlp_norms: {type(layer).__name__} has no self_attn; use layer")
+    return [m for m in layer.children() if m is not attn]
 
 
 def apply_compile(layers: list[nn.Module], enabled: bool, scope: str) -> None:
@@ -67,7 +69,7 @@ def apply_compile(layers: list[nn.Module], enabled: bool, scope: str) -> None:
     if not enabled:
         return
     for layer in layers:
-        for part in modeling.compile_units(layer, scope):
+        for part in compile_units(layer, scope):
             part.compile(dynamic=True)
 
 

@@ -41,6 +41,11 @@ class SPGroup:
     rank: int
     group: Any
 
+    def attend(self, module, query, key, value, attention_mask, inner, **kwargs):
+        """:func:`attend` in this group: what the HF model layer's varlen attention calls for
+        a model run with ``rlweave_sp`` (:class:`rlweave.backend_helpers.hf_model.attention.SequenceSplit`)."""
+        return attend(module, query, key, value, attention_mask, inner, self, **kwargs)
+
 
 def new_group(world: int, rank: int, sp: int) -> SPGroup | None:
     """Create the groups of ``sp`` consecutive ranks (every rank must call this, in the same

@@ -18,7 +18,7 @@ itself, which is exactly what the unshared sample's attention computes for those
 
 On CPU (without dropout) the kernels are those of :mod:`.cpu.attention`, run as the registry
 there says for the calling attention module (how a prepared model's modules run is chosen by
-:func:`rlweave_backend_fsdp.cpu.prepare`).
+:func:`rlweave.backend_helpers.hf_model.cpu.prepare`).
 
 Without ``cu_seq_lens_q`` (padded rows) the call is plain SDPA with the padding mask, so
 the same model serves both layouts.
@@ -29,15 +29,26 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn.functional as F
 
-from rlweave_backend_fsdp import sequence_parallel
-from rlweave_backend_fsdp.cpu import attention as cpu_attention
+from rlweave.backend_helpers.hf_model.cpu import attention as cpu_attention
 
 NAME = "rlweave_varlen"
 _registered = False
+
+
+class SequenceSplit(Protocol):
+    """What the model is called with as ``rlweave_sp`` when each rank holds a slice of the
+    row (a backend's sequence parallelism, e.g. the FSDP backend's Ulysses group)."""
+
+    def attend(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
+               inner: Callable[..., tuple[torch.Tensor, None]], **kwargs: Any) -> tuple[torch.Tensor, None]:
+        """Attention of this rank's slice ``(1, H, T/N, D)`` through ``inner`` (this module's
+        :func:`varlen_attention_forward`) over the whole row that ``kwargs`` describe; returns
+        ``((1, T/N, H, D), None)``."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -55,13 +66,13 @@ def _varlen_fused():
 @torch.compiler.disable
 def varlen_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention-interface signature; q/k/v are ``(B, H, T, D)``; returns
-    ``((B, T, H, D), None)``. With ``rlweave_sp`` (an :class:`.sequence_parallel.SPGroup`),
-    the inputs are this rank's slice of the row and the plan or ``cu_seq_lens_q`` describe the
-    whole padded row (:func:`.sequence_parallel.attend`)."""
+    ``((B, T, H, D), None)``. With ``rlweave_sp`` (a :class:`SequenceSplit`), the inputs are
+    this rank's slice of the row and the plan or ``cu_seq_lens_q`` describe the whole padded
+    row."""
     sp = kwargs.pop("rlweave_sp", None)
     if sp is not None:
-        return sequence_parallel.attend(module, query, key, value, attention_mask, varlen_attention_forward, sp,
-                                        scaling=scaling, dropout=dropout, **kwargs)
+        return sp.attend(module, query, key, value, attention_mask, varlen_attention_forward, scaling=scaling,
+                         dropout=dropout, **kwargs)
     plan = kwargs.get("rlweave_plan")
     cu = kwargs.get("cu_seq_lens_q")
     if plan is None and cu is None:

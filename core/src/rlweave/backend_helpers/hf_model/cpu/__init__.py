@@ -1,6 +1,6 @@
-"""The FSDP backend's CPU fast paths, behind one entry: :func:`prepare`.
+"""The HF model layer's CPU fast paths, behind one entry: :func:`prepare`.
 
-The worker calls :func:`prepare` once per model, after loading it and before compiling or
+A backend's worker calls :func:`prepare` once per model, after loading it and before compiling or
 sharding it, on every device: it resolves the device-dependent choices (:mod:`.choices`) and,
 on a CPU rank, applies them to that model alone:
 
@@ -22,29 +22,28 @@ import logging
 
 from torch import nn
 
-from rlweave_backend_fsdp.config import FSDPConfig
-from rlweave_backend_fsdp.cpu import attention, linear, rotary
-from rlweave_backend_fsdp.cpu.choices import DeviceChoices, resolve, role_bf16_speed, warning
+from rlweave.backend_helpers.hf_model.cpu import attention, linear, rotary
+from rlweave.backend_helpers.hf_model.cpu.choices import DeviceChoices, resolve, role_bf16_speed, warning
+from rlweave.backend_helpers.hf_model.options import PathOptions
 
 __all__ = ["DeviceChoices", "prepare"]
-log = logging.getLogger("rlweave.backend_fsdp")
 
 
-def prepare(model: nn.Module, options: FSDPConfig, device: str, bf16_compute: bool, world_size: int, *,
-            dtype_name: str = "float32", role: str = "policy", rank: int = 0) -> DeviceChoices:
+def prepare(model: nn.Module, options: PathOptions, device: str, bf16_compute: bool, world_size: int, *,
+            backend: str, dtype_name: str = "float32", role: str = "policy", rank: int = 0) -> DeviceChoices:
     """Resolve ``options``' device-dependent choices for a rank on ``device`` (``"cpu"`` or
     ``"cuda"``) of a ``world_size``-rank role computing in bf16 or not, and apply the CPU ones
     to ``model`` (see the module docstring). Collective when ``world_size > 1`` on a CPU
     computing in bf16 (every rank takes the slowest rank's bf16 speed): call it on every rank.
     On a CPU where bf16 is slow, rank 0 logs a warning naming the role (``dtype_name``: the
-    model's dtype, named in it)."""
-    from rlweave_backend_fsdp.modeling import decoder_layers
+    model's dtype, named in it) to the logger ``rlweave.backend_<backend>``."""
+    from rlweave.backend_helpers.hf_model.modeling import decoder_layers
 
     speed = role_bf16_speed(device, bf16_compute, world_size)
     choices = resolve(options, device, bf16_compute, speed)
-    message = warning(choices, options, dtype_name, role, rank)
+    message = warning(choices, options, dtype_name, role, rank, backend=backend)
     if message and rank == 0:
-        log.warning(message)
+        logging.getLogger(f"rlweave.backend_{backend}").warning(message)
     if device != "cpu":
         return choices
     layers = decoder_layers(model)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rlweave_backend_fsdp import inductor
+from rlweave.backend_helpers.hf_model import inductor
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""CPU attention kernels of rlweave's varlen attention (:mod:`rlweave_backend_fsdp.attention`),
+"""CPU attention kernels of rlweave's varlen attention (:mod:`rlweave.backend_helpers.hf_model.attention`),
 and which of them each attention module of a prepared model runs.
 
 The kernel is PyTorch's CPU flash attention with the forward in the inputs' dtype and the
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlweave_backend_fsdp import inductor
+from rlweave.backend_helpers.hf_model import inductor
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from typing import Sequence
 
 import torch
 
-from rlweave_backend_fsdp import micro
-from rlweave_backend_fsdp.attention import AttentionPlan, plan_segments
+from rlweave.backend_helpers.hf_model import micro
+from rlweave.backend_helpers.hf_model.attention import AttentionPlan, plan_segments
 
 
 @dataclass(frozen=True)

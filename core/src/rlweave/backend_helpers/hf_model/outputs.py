@@ -6,7 +6,7 @@ With ``rows`` (a shared-prompt row, :mod:`.prefix`), the raw outputs are per row
 ``rows[t]`` is the row position of original token ``t``; the results are still per original
 token (a prompt's last position predicts the first response token of every sample sharing it).
 
-With ``window`` (sequence parallelism, :mod:`.sequence_parallel`), the raw outputs are those
+With ``window`` (a backend's sequence parallelism, e.g. the FSDP backend's), the raw outputs are those
 of row positions ``[window.lo, window.lo + window.n)`` only: each token whose predicting
 position lies there is computed here, the others are zero, and ``window.combine`` (the sum
 over the sequence-parallel group) completes them."""
@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from rlweave_backend_fsdp.logprob import selected_logprobs
+from rlweave.backend_helpers.hf_model.logprob import selected_logprobs
 
 
 @dataclass

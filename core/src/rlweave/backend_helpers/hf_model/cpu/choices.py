@@ -1,4 +1,4 @@
-"""The FSDP backend's device-dependent choices, resolved in one place.
+"""The HF model layer's device-dependent choices, resolved in one place.
 
 Each ``auto`` option that depends on the device is decided here, once per worker, from the
 config, the device type, whether the role computes in bf16, and on a CPU rank computing in
@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlweave.devices.cpu import Bf16Speed, bf16_speed
-from rlweave_backend_fsdp.config import FSDPConfig
+from rlweave.backend_helpers.hf_model.options import PathOptions
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class DeviceChoices:
         return self.speed is not None and self.speed.slow
 
 
-def resolve(cfg: FSDPConfig, device: str, bf16_compute: bool, speed: Bf16Speed | None = None) -> DeviceChoices:
+def resolve(cfg: PathOptions, device: str, bf16_compute: bool, speed: Bf16Speed | None = None) -> DeviceChoices:
     """Resolve ``cfg``'s device-dependent options for a rank on ``device`` (``"cpu"`` or
     ``"cuda"``). ``speed`` is consulted only for a CPU rank computing in bf16; when it is
     needed and None, this CPU is probed (:func:`rlweave.devices.cpu.bf16_speed`)."""
@@ -105,7 +105,8 @@ def role_bf16_speed(device: str, bf16_compute: bool, world_size: int) -> Bf16Spe
     return dataclasses.replace(mine, ratio=float(t.item()))
 
 
-def warning(choices: DeviceChoices, cfg: FSDPConfig, dtype_name: str, role: str, rank: int) -> str | None:
+def warning(choices: DeviceChoices, cfg: PathOptions, dtype_name: str, role: str, rank: int, *,
+            backend: str) -> str | None:
     """The log message for a role computing in bf16 on a CPU where bf16 is slow (naming the
     measured slowdown, what asked for bf16 and what to set instead), or None."""
     if not choices.bf16_slow:
@@ -118,7 +119,7 @@ def warning(choices: DeviceChoices, cfg: FSDPConfig, dtype_name: str, role: str,
     explicit = [f"{k}: {v}" for k, v in (("cpu.kernels", cfg.cpu.kernels),
                                          ("cpu.attention_backward", cfg.cpu.attention_backward))
                 if v in ("rlweave", "bf16")]
-    msg = (f"fsdp backend: role {role} rank {rank} computes in bf16 on CPU ({', '.join(asked)}), but "
+    msg = (f"{backend} backend: role {role} rank {rank} computes in bf16 on CPU ({', '.join(asked)}), but "
            f"{choices.speed.describe()}; use mixed_precision: none and model.dtype: float32 on this CPU. "
            "The auto CPU options take their fp32 paths")
     if explicit:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from rlweave_backend_fsdp import inductor
+from rlweave.backend_helpers.hf_model import inductor
 
 #: values per chunk: ~1 MiB of fp32 on CPU (fits a core's L2), 64 MiB on GPU (few launches)
 CPU_CHUNK = 1 << 18
