@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlweave.interfaces.environment import Environment, EnvStep
+from rlweave.targets import absolute_reference
 
 
 class ToolSpec(BaseModel):
@@ -36,6 +37,14 @@ class ToolSpec(BaseModel):
     target: str = Field(..., description="The function, as module:function or path/to/file.py:function (typed "
                         "keyword arguments), e.g. rlweave.environments.calculator:calculate.")
     description: str | None = Field(None, description="What the tool does; null: its docstring's first line.")
+
+    @field_validator("target")
+    @classmethod
+    def _importable(cls, v: str) -> str:
+        from rlweave.plugins.references import user_function
+
+        user_function(v, "tool")  # a missing file, module or function fails validation (TargetError: a ValueError)
+        return v
 
 
 class ToolsArgs(BaseModel):
@@ -59,8 +68,8 @@ class ToolsArgs(BaseModel):
     def _known_parser(cls, v: str) -> str:
         from rlweave.environments.parsers import resolve_parser
 
-        try:
-            resolve_parser(v, load=False)  # an unknown name fails validation, before any worker starts
+        try:  # an unknown name or a bad reference fails validation, before any worker starts
+            resolve_parser(v, load=False)
         except LookupError as exc:
             raise ValueError(str(exc)) from None
         return v
@@ -68,9 +77,9 @@ class ToolsArgs(BaseModel):
 
 def _signature(target: str) -> tuple[str, str]:
     """``(arguments with their types, first docstring line)`` of the tool function ``target``."""
-    from rlweave.sandbox.worker import import_reward_target
+    from rlweave.plugins.references import user_function
 
-    fn = import_reward_target(target)
+    fn = user_function(target, "tool")
     params = []
     for p in inspect.signature(fn).parameters.values():
         ann = p.annotation
@@ -98,7 +107,7 @@ class ToolRunner:
     def __init__(self, args: ToolsArgs):
         from rlweave.sandbox.limits import SandboxLimits
 
-        self.targets = [t.target for t in args.tools]
+        self.targets = [absolute_reference(t.target) for t in args.tools]  # the workers run in their own folders
         self.timeout_s = args.timeout_s
         self.limits = SandboxLimits(memory_mb=args.memory_mb, cpu_s=None, private_dir=True, network=args.network,
                                     processes=False)
