@@ -47,6 +47,7 @@ from rlweave.commands import export as _export
 from rlweave.commands import generate as _generate
 from rlweave.commands import plugins
 from rlweave.deps import check_installed, missing_dependency
+from rlweave.interfaces.failures import PluginCodeError
 from rlweave.rewards.failures import RewardFailureError
 from rlweave.runner.shared_fs import SharedFilesystemError
 from rlweave.weight_sync.interface import WeightSyncError
@@ -236,6 +237,9 @@ def train(config: Path = typer.Argument(..., help="Run config YAML."),
         typer.echo(f"error: {exc}", err=True)
         typer.echo(f"the checkpoints in {target / 'checkpoints'} are left as they are; put back intact copies of the "
                    "files named above, or start a fresh run (in another run directory, or with --overwrite)", err=True)
+        raise typer.Exit(1) from None
+    except PluginCodeError as exc:  # an environment's step() raised...; all is shut down already
+        typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     except _RUN_FAILURES as exc:  # a dead, hung or failing worker, or failing rewards; all is shut down already
         missing = missing_dependency(exc)
