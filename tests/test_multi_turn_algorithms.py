@@ -79,26 +79,6 @@ def test_multi_turn_config_errors_come_before_any_worker(grpo_workspace):
     assert rc != 0 and "rollout.partial" in out, out[-2000:]
 
 
-def test_an_environment_whose_step_raises_ends_the_run_with_one_line(grpo_workspace):
-    ws = grpo_workspace
-    env = ENV.replace(":Countdown", ":Failing")
-    cfg = ws.config("mt-failing", 2, run={"scheduler": "in_process"},
-                    algorithm={"multi_turn": {**EPISODES["multi_turn"], "env": {"name": env}}})
-    rc, out, pids = run_cli(["train", str(cfg)], cli_env())
-    run_dir = ws.root / "runs" / "mt-failing"
-    log = run_dir / "logs" / "errors.log"
-    assert rc == 1, out[-4000:]
-    assert "Traceback" not in out, out[-4000:]
-    errors = [line for line in out.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and errors[0] == out.strip().splitlines()[-1], out[-4000:]
-    assert errors[0].startswith(f"error: environment '{env}' (algorithm.multi_turn.env.name) failed in step() on "
-                                "record '"), errors[0]
-    assert "': ValueError: no move after " in errors[0] and errors[0].endswith(f"; full traceback in {log}"), errors[0]
-    text = log.read_text()
-    assert "Traceback (most recent call last)" in text and "in step" in text and "ValueError: no move after" in text
-    assert not leftovers(pids)
-
-
 def test_one_step_off_runs_the_next_steps_episodes_while_a_step_trains(grpo_workspace):
     """GRPO in ``one_step_off`` with episodes: the first step trains episodes of the current
     weights, every later one episodes of the weights one update old; the episode metrics are
