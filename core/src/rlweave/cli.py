@@ -20,6 +20,10 @@
 
 * ``rlweave generate``, ``rlweave export``, ``rlweave eval``: offline generation, checkpoint export
   and evaluation of a trained model (:mod:`rlweave.commands`).
+An invalid config prints one line per problem (``invalid config: <file>: <key>: <message>`` for
+one), unknown names and bad references to the user's own code included. User code that fails
+inside a run (an environment's ``step()``, a reward failing too often) ends it with one ``error:``
+line naming it, its key, the record and ``<run_dir>/logs/errors.log``, which holds the traceback.
 Exit codes: 0 ok, 1 run failure / not implemented, 2 invalid config or usage, or a missing dependency
 (one line naming the package to install, :mod:`rlweave.deps`; ``train`` checks torch,
 transformers and, unless ``run.scheduler`` is in_process, ray before it writes anything), 128+N stopped by signal N (SIGTERM: 143, SIGINT: 130)

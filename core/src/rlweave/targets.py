@@ -162,9 +162,9 @@ def _import_module(ref: str, module_name: str, dirs: tuple[str, ...], kind: Refe
     except ModuleNotFoundError as exc:
         if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise TargetError(f"module '{exc.name}' of {kind.label} '{ref}' not found") from None
-        raise _import_failed(ref, module_name, exc, kind) from None
+        raise _import_failed(ref, module_name, exc, kind) from exc
     except Exception as exc:  # noqa: BLE001 - the user's module raised while importing: say so
-        raise _import_failed(ref, module_name, exc, kind) from None
+        raise _import_failed(ref, module_name, exc, kind) from exc
 
 
 def file_module_name(path: str | os.PathLike[str], prefix: str = "rlweave_user_") -> str:
@@ -196,7 +196,7 @@ def _import_file(ref: str, file: str, dirs: tuple[str, ...], kind: ReferenceKind
         spec.loader.exec_module(module)
     except Exception as exc:  # noqa: BLE001 - the user's file raised while importing: say so
         sys.modules.pop(module_name, None)
-        raise _import_failed(ref, str(path), exc, kind) from None
+        raise _import_failed(ref, str(path), exc, kind) from exc
     return module
 
 

@@ -1,8 +1,9 @@
 """Naming an algorithm part in YAML, and resolving the name.
 
-A part is written as a name (``rloo``), a ``module:function`` of the user's own
-(``my_estimators:median_baseline``, imported from ``PYTHONPATH`` or the current directory), or
-a mapping with its options (``{name: gspo, clip_low: 3.0e-4, clip_high: 4.0e-4}``).
+A part is written as a name (``rloo``), a reference to a function of the user's own
+(``my_estimators:median_baseline``, imported from ``PYTHONPATH`` or the current directory, or
+``path/to/file.py:function``; resolved as every kind's references are,
+:func:`rlweave.targets.import_reference`), or a mapping with its options (``{name: gspo, clip_low: 3.0e-4, clip_high: 4.0e-4}``).
 :class:`PartSpec` parses the three forms; :func:`resolve` looks the name up among the
 installed plugins' records of that kind (built-ins included), validates the options against
 the record's ``config_model``, and returns a :class:`ResolvedPart`. An unknown name is an
@@ -20,6 +21,7 @@ from typing import Any, Callable, Union
 from pydantic import RootModel, ValidationError, model_validator
 
 from rlweave.plugins.status import KIND_LABELS
+from rlweave.targets import absolute_reference
 
 
 class PartSpec(RootModel[Union[str, dict[str, Any]]]):
@@ -77,8 +79,9 @@ def resolve(kind: str, spec: "PartSpec | str | dict", pm: Any = None) -> Resolve
     label = KIND_LABELS.get(kind, kind)
     if ":" in spec.name:
         fn = _import(spec.name, kind)  # TargetError (a ValueError) says what is wrong
-        return ResolvedPart(kind, spec.name, spec.name, dict(spec.options), tuple(getattr(fn, "needs", ())),
-                            getattr(fn, "loss_agg", None))
+        # a file's absolute path: the ranks that load it may run in another directory
+        return ResolvedPart(kind, spec.name, absolute_reference(spec.name), dict(spec.options),
+                            tuple(getattr(fn, "needs", ())), getattr(fn, "loss_agg", None))
     if pm is None:
         from rlweave.plugins.manager import get_plugin_manager
 

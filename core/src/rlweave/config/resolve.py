@@ -9,7 +9,13 @@ it failed, see :mod:`rlweave.config.loader`), this
   ``roles.<r>.backend`` / ``.engine``, every
   ``rewards[].name`` and every enabled ``kernels.<name>`` / ``roles.<r>.kernels.<name>`` through the plugin manager
   (unknown names get the choices, their distributions and a "did you mean"; a record whose
-  ``probe()`` says it cannot run here is refused with that reason);
+  ``probe()`` says it cannot run here is refused with that reason). A reference to the user's own
+  code in place of a plugin (``module:Name``, ``path/file.py:Name``) is imported through the one
+  resolver every kind shares (:func:`rlweave.targets.import_reference`, via
+  :mod:`rlweave.plugins.references`): what is wrong with it is one issue at its key;
+* runs the selected rollout's ``check`` on its settings (``RolloutRecord.check``: the multi-turn
+  rollout resolves ``algorithm.multi_turn.env`` and validates its arguments, each problem at its
+  own key);
 * validates the algorithm's own keys, ``rollout.args``, each ``roles.<r>.options`` and each reward's
   ``args`` against the record's ``config_model`` and writes the result (defaults filled,
   keys as the model reads them) back into the config, so the resolved config shows every

@@ -75,5 +75,5 @@ def resolve_parser(name: str, load: bool = True) -> tuple[Parser | None, str]:
         return fn, str(getattr(fn, "call_format", ""))
     from rlweave.plugins.manager import get_plugin_manager
 
-    record = get_plugin_manager().get("tool_parser", name, where="algorithm.multi_turn.env.args.parser")
+    record = get_plugin_manager().get("tool_parser", name)
     return (record.load() if load else None), record.call_format

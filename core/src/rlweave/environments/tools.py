@@ -25,7 +25,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rlweave.interfaces.environment import Environment, EnvStep
-from rlweave.targets import absolute_reference
 
 
 class ToolSpec(BaseModel):
@@ -107,7 +106,7 @@ class ToolRunner:
     def __init__(self, args: ToolsArgs):
         from rlweave.sandbox.limits import SandboxLimits
 
-        self.targets = [absolute_reference(t.target) for t in args.tools]  # the workers run in their own folders
+        self.targets = [t.target for t in args.tools]
         self.timeout_s = args.timeout_s
         self.limits = SandboxLimits(memory_mb=args.memory_mb, cpu_s=None, private_dir=True, network=args.network,
                                     processes=False)

@@ -15,7 +15,8 @@ The class says what a plugin's record would: its docstring's first line is the s
 ``config_model`` validates the keys beside ``algorithm.name``, and ``required_roles(config)``
 names the roles it needs (see :class:`~rlweave.interfaces.algorithm.Algorithm`).
 
-Validation imports the module (that is how its roles and keys are known) and refuses a bad
+Validation imports the module (that is how its roles and keys are known) through the resolver
+every kind of reference shares (:func:`rlweave.targets.import_reference`) and refuses a bad
 name with one clear message: malformed, module or file not found, import failed, attribute
 missing, not an ``Algorithm`` subclass, abstract, bad ``config_model``. A module that was
 found only through the config's folder or the current directory is pickled by value when its

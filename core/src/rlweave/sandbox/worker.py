@@ -59,7 +59,8 @@ def _run(conn: Any, targets: list[str], limits: SandboxLimits, workdir: str | No
         subreaper = enter(limits, workdir)
         fns = [import_reward_target(t) for t in targets]
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
-        conn.send(("load_error", traceback.format_exc() + explain(exc, limits)))
+        cause = getattr(exc, "cause", None)  # what the module raised (a TargetError says which reference)
+        conn.send(("load_error", traceback.format_exc() + explain(cause if cause is not None else exc, limits)))
         return
     kill_children(scan=not subreaper)  # processes a reward module started at import
     conn.send(("ready", None))
