@@ -47,6 +47,7 @@ tokens; ``response_ids`` in a sample's meta is its last model turn (what rule re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -197,7 +198,7 @@ class MultiTurnRollout(Rollout):
                     g, k = waiting.pop()
                     rid = records[g].get("id", g)
                     env = self._guarded(lambda: self.env_cls(self.env_args), rid, "its constructor")
-                    opening = self._guarded(lambda: env.reset(records[g]), rid, "reset()")
+                    opening = self._guarded(lambda: env.reset(records[g]), rid, "reset()", closing=env)
                     t = Trajectory(*chat.prompt_ids(self.tok, opening), env, order=len(started), record_id=rid)
                     groups[g][k] = t
                     started.append(t)
@@ -239,11 +240,15 @@ class MultiTurnRollout(Rollout):
         name = getattr(getattr(self.cfg, "env", None), "name", None) or getattr(self.env_cls, "__name__", "?")
         return PluginCodeError.wrap(exc, f"environment '{name}'", f"{ENV_KEY}.name", record_id, phase)
 
-    def _guarded(self, call: Callable[[], Any], record_id: Any, phase: str) -> Any:
-        """``call()``; what it raises becomes :class:`PluginCodeError` naming the environment."""
+    def _guarded(self, call: Callable[[], Any], record_id: Any, phase: str, closing: Environment | None = None) -> Any:
+        """``call()``; what it raises becomes :class:`PluginCodeError` naming the environment (after
+        ``closing.close()``: the episode it could not open)."""
         try:
             return call()
         except Exception as exc:  # noqa: BLE001 - the environment's code: reported with its name and key
+            if closing is not None:
+                with contextlib.suppress(Exception):  # the first failure is the one to report
+                    closing.close()
             raise self._failure(exc, record_id, phase) from exc
 
     @staticmethod
