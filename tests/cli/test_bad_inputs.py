@@ -109,7 +109,7 @@ CASES = [
     ("tool-import-error", [_tools("broken_mod.py:calc")], f"{TOOLS}.0.target",
      ["of tool 'broken_mod.py:calc' failed: ZeroDivisionError"]),
     ("tool-not-callable", [_tools("user_objs.py:CONST")], f"{TOOLS}.0.target",
-     ["tool 'user_objs.py:CONST' is a int, not a function"]),
+     ["tool 'user_objs.py:CONST' is not callable (type int)"]),
     # -- tool-call parsers (env.args.parser)
     ("parser-unknown-name", [f"{KEY_ENV}.args.parser=hermez"], f"{KEY_ENV}.args.parser",
      ["unknown tool-call parser 'hermez'", "hermes"]),
@@ -133,7 +133,7 @@ CASES = [
     ("reward-import-error", ["rewards.0.name=broken_mod.py:f"], "rewards.0.name",
      ["of reward 'broken_mod.py:f' failed: ZeroDivisionError"]),
     ("reward-not-callable", ["rewards.0.name=user_objs.py:CONST"], "rewards.0.name",
-     ["reward 'user_objs.py:CONST' is a int, not a function"]),
+     ["reward 'user_objs.py:CONST' is not callable (type int)"]),
     # -- algorithm parts: advantage estimator, policy loss, loss aggregation, KL estimator, correction
     ("advantage-unknown-name", ["algorithm.advantage=rlooo"], "algorithm.advantage",
      ["unknown advantage estimator 'rlooo'", "Did you mean 'rloo'?"]),
@@ -148,7 +148,7 @@ CASES = [
     ("policy-loss-missing-module", ["algorithm.policy_loss=no_such_loss_mod:fn"], "algorithm.policy_loss",
      ["module 'no_such_loss_mod' of policy loss 'no_such_loss_mod:fn' not found"]),
     ("policy-loss-not-callable", ["algorithm.policy_loss=user_objs.py:CONST"], "algorithm.policy_loss",
-     ["policy loss 'user_objs.py:CONST' is a int, not a function"]),
+     ["policy loss 'user_objs.py:CONST' is not callable (type int)"]),
     ("loss-agg-unknown-name", ["algorithm.loss_agg=seq_avg"], "algorithm.loss_agg",
      ["unknown loss aggregation 'seq_avg'"]),
     ("loss-agg-missing-file", ["algorithm.loss_agg=no_such_agg.py:fn"], "algorithm.loss_agg",

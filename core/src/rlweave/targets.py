@@ -96,7 +96,7 @@ class ReferenceKind:
 
 def callable_check(obj: Any) -> str | None:
     """The default check of function references: the object must be callable."""
-    return None if callable(obj) else f"is a {type(obj).__name__}, not a function"
+    return None if callable(obj) else f"is not callable (type {type(obj).__name__})"
 
 
 def _search(dirs: Sequence[str] | None) -> tuple[str, ...]:

@@ -28,19 +28,16 @@ class RewardFailureError(RuntimeError):
     run's error log, setting ``log_file``) and what was being scored (``context``); its message is
     composed from them."""
 
-    def __init__(self, message: str, reward: str = "", failed: int = 0, total: int = 0, first: str = "",
-                 **fields: Any) -> None:
+    def __init__(self, message: str, reward: str = "", failed: int = 0, total: int = 0, first: str = "", *,
+                 key: str = "", index: int | None = None, record_id: Any = None, details: str = "",
+                 log_file: str | None = None, context: str = "", how: str = "", tail: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.reward, self.failed, self.total, self.first = reward, failed, total, first
-        self.key: str = fields.get("key", "")
-        self.index: int | None = fields.get("index")
-        self.record_id: Any = fields.get("record_id")
-        self.details: str = fields.get("details", "")
-        self.log_file: str | None = fields.get("log_file")
-        self.context: str = fields.get("context", "")
-        self.how: str = fields.get("how", "")  # failed calls by outcome (``3 error, 1 timeout``)
-        self.tail: str = fields.get("tail", "")  # what follows the first failure (the hint, the option)
+        self.key, self.index, self.record_id, self.details, self.log_file = key, index, record_id, details, log_file
+        self.context = context
+        self.how = how  # failed calls by outcome (``3 error, 1 timeout``); set: the message is composed
+        self.tail = tail  # what follows the first failure (the hint, the option)
 
     def __str__(self) -> str:
         if self.how:  # composed (failure_stop): the fields say it
