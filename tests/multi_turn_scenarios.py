@@ -40,6 +40,15 @@ class Marked(Countdown):
         return super().step(action)
 
 
+class Failing(Countdown):
+    """:class:`Countdown` whose second step raises (a bug in an environment)."""
+
+    def step(self, action):
+        if self.left < 3:
+            raise ValueError(f"no move after {action!r}")
+        return super().step(action)
+
+
 class Hooked:
     """A loss function that records d loss / d log-prob of every token it sees."""
 

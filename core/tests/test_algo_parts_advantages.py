@@ -103,6 +103,10 @@ def test_reinforce_pp_baseline_centres_in_groups_then_whitens():
     mu, sd = statistics.fmean(on), statistics.stdev(on)
     assert adv.tolist() == pytest.approx([(c - mu) / (sd + EPS) if m else 0.0 for c, m in zip(centred, flat_mask)],
                                          abs=1e-6)
+    # the batch's token mean is not 0 (responses differ in length), so the singleton (sample 5) and the
+    # equal-reward group (samples 3, 4) get -mean/std on each token, not 0, as in verl
+    assert mu == pytest.approx(-0.05)
+    assert adv[-1].item() == pytest.approx(-mu / (sd + EPS), abs=1e-6) and adv[-1].item() > 0.05
 
 
 def test_remax_subtracts_the_greedy_reward():

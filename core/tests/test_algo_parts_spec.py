@@ -41,7 +41,8 @@ def test_a_user_function_carries_its_own_metadata(tmp_path, monkeypatch):
     part = resolve("advantage", {"name": "user_parts:est", "alpha": 2})
     assert part.needs == ("baseline",) and part.loss_agg == "token_sum" and part.options == {"alpha": 2}
     assert part.load()(scores=3)[0] == 3
-    with pytest.raises(ValueError, match="could not be imported"):
+    with pytest.raises(ValueError, match=r"advantage estimator 'user_parts:nope': module 'user_parts' has no "
+                                         r"attribute 'nope' \(its functions: est\)"):
         resolve("advantage", "user_parts:nope")
 
 

@@ -120,14 +120,14 @@ def test_user_rewards_are_called_with_the_records_fields_and_their_args():
                {"name": "missing.py:f"}, {"name": "broken_rw.py:f"}, {"name": "rw.py:exact"}]
     head = "on the first record of data.train (train.jsonl line 1) with an empty response"
     assert errors(config(rewards=rewards, data={"train": "train.jsonl"})) == [
-        "c.yaml: rewards.3.name: reward file 'missing.py' does not exist",
+        f"c.yaml: rewards.3.name: file 'missing.py' of reward 'missing.py:f' not found (looked for {Path.cwd()}/missing.py)",
+        f"c.yaml: rewards.4.name: importing '{Path.cwd()}/broken_rw.py' of reward 'broken_rw.py:f' failed: this run "
+        "needs 'not_there', which is not installed",
         f"c.yaml: rewards.0: reward 'rw.py:exact' fails {head}: TypeError: exact() got an unexpected keyword "
         "argument 'scale'",
         f"c.yaml: rewards.1: reward 'rw.py:needs_label' fails {head}: TypeError: needs_label() missing 1 required "
         "positional argument: 'label'",
-        f"c.yaml: rewards.2: reward 'rw.py:boom' fails {head}: RuntimeError: no luck with ['answer']",
-        "c.yaml: rewards.4: reward 'broken_rw.py:f' cannot be imported in a reward worker: ModuleNotFoundError: "
-        "No module named 'not_there'"]
+        f"c.yaml: rewards.2: reward 'rw.py:boom' fails {head}: RuntimeError: no luck with ['answer']"]
 
 
 def test_a_reward_that_hangs_times_out():

@@ -48,7 +48,10 @@ def errors(data=None, overrides=(), text=None, pm=None) -> list[str]:
         load_config("c.yaml", overrides, pm or fakes.make_pm())
     lines = str(err.value).splitlines()
     n = len(err.value.issues)
-    assert lines[0] == f"invalid config ({n} error{'s' if n != 1 else ''}):"
+    if n == 1:  # one problem: one line
+        assert lines == [f"invalid config: {err.value.issues[0]}"]
+        return [str(err.value.issues[0])]
+    assert lines[0] == f"invalid config ({n} errors):"
     return [line.strip() for line in lines[1:]]
 
 
@@ -101,7 +104,7 @@ def test_duplicate_yaml_key_is_an_error():
 
 def test_top_level_must_be_a_mapping_and_file_must_exist():
     assert errors(text="- run\n") == ["c.yaml: the top level must be a mapping of sections, got list"]
-    with pytest.raises(ConfigError, match=r"^invalid config \(1 error\):\n  missing.yaml: file not found$"):
+    with pytest.raises(ConfigError, match=r"^invalid config: missing.yaml: file not found$"):
         load_config("missing.yaml", (), fakes.make_pm())
 
 

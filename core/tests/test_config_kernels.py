@@ -67,7 +67,7 @@ def _errors(**changes) -> list[str]:
     _write(**changes)
     with pytest.raises(ConfigError) as err:
         load_config("c.yaml", (), _pm())
-    return [line.strip() for line in str(err.value).splitlines()[1:]]
+    return [str(issue) for issue in err.value.issues]
 
 
 def test_a_top_level_kernel_reaches_only_the_roles_whose_backend_uses_it():

@@ -18,19 +18,14 @@ _spec.loader.exec_module(site_helpers)
 
 USE = """
 import json
-from pydantic import ValidationError
 from rlweave.algo_helpers.multi_turn import MultiTurnRollout, episodes_to_batch
-from rlweave.algo_helpers.multi_turn_config import MultiTurnConfig
+from rlweave.algo_helpers.multi_turn_config import MultiTurnConfig, check_multi_turn
 from rlweave.interfaces.engine import Generation, SamplingParams
 from rlweave.plugins.manager import get_plugin_manager
 from rlweave.testing.tiny_tokenizer import char_tokenizer
 
 cfg = MultiTurnConfig.model_validate({"env": {"name": "guess", "args": {"bonus": 2.0}}, "max_turns": 6})
-try:
-    MultiTurnConfig.model_validate({"env": {"name": "guess", "args": {"bonsu": 2.0}}})
-    bad = "accepted"
-except ValidationError as exc:
-    bad = str(exc)
+bad = check_multi_turn(None, MultiTurnConfig.model_validate({"env": {"name": "guess", "args": {"bonsu": 2.0}}}))
 record = get_plugin_manager().get("environment", "guess")
 tok = char_tokenizer(["0123456789 abcdefghijklmnopqrstuvwxyz,"])
 guesses = iter("5318")
@@ -74,7 +69,7 @@ def test_third_party_environment_is_validated_and_used(site):
     proc = site_helpers.run_python(USE, site=site)
     assert proc.returncode == 0, proc.stderr
     res = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT="))[len("RESULT="):])
-    assert "bonsu" in res["bad"]
+    assert res["bad"] == [["algorithm.multi_turn.env.args.bonsu", "unknown key. Did you mean 'bonus'?"]]
     assert res["turns"] == 4 and res["ended_by"] == "done" and res["reward"] == pytest.approx(2.0 - 0.3)
     assert res["text"] == "guess a digit5<eos>higher3<eos>higher1<eos>higher8<eos>"
     # the tools environment with the package's parser: its call format in the system message, its calls run

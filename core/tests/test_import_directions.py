@@ -31,9 +31,11 @@ CORE = Path(__file__).resolve().parents[1] / "src" / "rlweave"
 #: units of lower layers only, never one of a higher layer or of its own layer. Every unit is
 #: listed, so a new package or module gets its place on purpose.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # leaves: import no other unit ("rlweave" is the package's own __init__: version constants;
-    # "sandbox": the worker processes that run rewards and tools, stdlib only)
-    ("rlweave", "deps", "devices", "residency", "targets", "worker_errors", "loggers", "rendezvous", "sandbox"),
+    # "targets": import targets and the references to a user's objects, stdlib only
+    ("targets",),
+    # leaves: import no other unit but targets ("rlweave" is the package's own __init__: version
+    # constants; "sandbox": the worker processes that run rewards and tools, stdlib only)
+    ("rlweave", "deps", "devices", "residency", "worker_errors", "loggers", "rendezvous", "sandbox"),
     # -- the kernel: contracts, plugins, config, scheduling, the run loop
     ("data",),  # data records (jsonl, parquet, chat) and the batch between roles
     ("weight_sync",),  # transports and the WeightSync service; role handles by duck type only

@@ -139,6 +139,54 @@ def test_limits_end_episodes(tok):
     assert episode_metrics([{"episode": {"ended_by": "max_turns", "turns": 2}}])["episode/limit_frac"] == 1
 
 
+class Breaks(Echo):
+    """:class:`Echo` that raises in ``args`` (``"reset"`` or ``"step"``) on the record whose prompt
+    is 'bad'; keeps count of the environments built and closed."""
+
+    built: list = []
+    closed: list = []
+
+    def __init__(self, args):
+        super().__init__(args)
+        Breaks.built.append(self)
+
+    def reset(self, record):
+        self.bad = record["prompt"] == "bad"
+        if self.args == "reset" and self.bad:
+            raise KeyError("no 'secret' field")
+        return super().reset(record)
+
+    def step(self, action):
+        if self.args == "step" and self.bad:
+            raise ValueError("cannot parse the move")
+        return super().step(action)
+
+    def close(self):
+        Breaks.closed.append(self)
+
+
+@pytest.mark.parametrize("phase", ["reset", "step"])
+def test_an_environment_that_raises_stops_the_rollout_naming_it_its_key_and_the_record(tok, phase):
+    from rlweave.interfaces.failures import PluginCodeError
+
+    engine = Script(tok, ["abc", "de", "done"])
+    r = MultiTurnRollout(_rollout(tok).cfg, Breaks, phase, tok)
+    Breaks.built.clear()
+    Breaks.closed.clear()
+    records = [{"id": "train:4", "prompt": "ok"}, {"id": "train:5", "prompt": "bad"}]
+    try:
+        with pytest.raises(PluginCodeError) as info:
+            r.episodes(records, 2, SamplingParams(max_new_tokens=8), engine)
+    finally:
+        r.close()
+    err = info.value
+    assert str(err).startswith(f"environment 'tools' (algorithm.multi_turn.env.name) failed in {phase}() on record "
+                               "'train:5': ")
+    assert err.error == ("KeyError: \"no 'secret' field\"" if phase == "reset" else "ValueError: cannot parse the move")
+    assert "Traceback (most recent call last)" in err.details and f"in {phase}" in err.details
+    assert Breaks.built and sorted(map(id, Breaks.closed)) == sorted(map(id, Breaks.built))  # each one closed
+
+
 @pytest.mark.parametrize("scheduling", ["independent", "lockstep"])
 def test_a_slow_step_holds_only_its_own_episode(tok, scheduling):
     engine = Script(tok, ["abc", "done"])

@@ -46,12 +46,13 @@ def test_records_without_the_needed_field_stop_the_scoring():
         rs.score(samples(8))
     err = info.value
     text = str(err)
-    assert text.startswith("reward 'arith_exact': 8 of 8 calls failed (8 error; first: ValueError: arith_exact "
-                           "needs an 'answer' field in the data record)")
+    assert text.startswith("reward 'arith_exact' (rewards.0.name): 8 of 8 calls failed (8 error; first, on record "
+                           "'s0': ValueError: arith_exact needs an 'answer' field in the data record)")
     assert "the samples have fields ['id', 'prompt', 'response']" in text
     assert "the data records may lack a field the reward needs" in text
     assert text.endswith("reward_runtime.max_failed_share is 0.5 (1.0: never stop)")
-    assert (err.reward, err.failed, err.total) == ("arith_exact", 8, 8)
+    assert (err.reward, err.failed, err.total, err.key, err.record_id) == ("arith_exact", 8, 8, "rewards.0.name", "s0")
+    assert "Traceback" in err.details and "needs an 'answer' field" in err.details  # the worker's, for the error log
     assert isinstance(err, RuntimeError)
 
 
@@ -67,7 +68,7 @@ def test_share_one_never_stops_and_a_minority_of_failures_goes_on(user_module):
         totals, _ = rs.score(batch)
         assert totals == [0.0, 0.0, 1.0, 1.0]
         batch[2]["response"] = "bad"  # 3 of 4 is
-        with pytest.raises(RewardFailureError, match=r"flaky': 3 of 4 calls failed \(3 error; first: KeyError"):
+        with pytest.raises(RewardFailureError, match=r"flaky' \(rewards.0.name\): 3 of 4 calls failed \(3 error; first, on record 's0': KeyError"):
             rs.score(batch)
 
 
@@ -77,7 +78,7 @@ def test_the_stop_names_the_failing_reward_among_several(user_module):
         batch = samples(3, answer=0)
         for s in batch:
             s["response"] = "bad" + s["response"]
-        with pytest.raises(RewardFailureError, match=f"^reward '{user_module}:flaky': 3 of 3 calls failed") as info:
+        with pytest.raises(RewardFailureError, match=f"^reward '{user_module}:flaky' \\(rewards.1.name\\): 3 of 3 calls failed") as info:
             rs.score(batch)
         assert info.value.reward == f"{user_module}:flaky"
         assert rs.stats["error"] == 3 and rs.stats["calls"] == 6  # counted before the stop
@@ -125,8 +126,9 @@ def test_held_out_evaluation_stops_too():
 
     records = [{"id": str(k), "prompt": "1+1="} for k in range(3)]  # no 'answer'
     with RewardSet([{"name": "arith_exact"}], RewardsRuntime(workers=1)) as rs:
-        with pytest.raises(RewardFailureError, match=r"^held-out evaluation on 3 records: reward 'arith_exact': "
-                                                     r"3 of 3 calls failed") as info:
+        with pytest.raises(RewardFailureError, match=r"^held-out evaluation on 3 records: reward 'arith_exact' "
+                                                     r"\(rewards.0.name\): 3 of 3 calls failed \(3 error; first, "
+                                                     r"on record '0': ValueError") as info:
             exact_match(Echo(), Tok(), records, rs)
         assert info.value.reward == "arith_exact"
         assert exact_match(Echo(), Tok(), [dict(r, answer="2") for r in records], rs)["accuracy"] == 1.0

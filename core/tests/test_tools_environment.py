@@ -80,3 +80,16 @@ def test_tool_call_limit(env):
     env.args.max_tool_calls = 1
     out = env.step(_call("add", a=1, b=2) + _call("add", a=3, b=4))
     assert [m["content"] for m in out.messages] == ["3", "error: tool call limit reached (max_tool_calls=1)"]
+
+
+def test_a_tool_in_a_file_relative_to_the_run_directory_runs_in_its_sandboxed_worker(tmp_path, monkeypatch):
+    """The workers run in private directories of their own: a relative ``file.py`` target is taken
+    from where the run starts (the pool makes it absolute before they import it)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_tools.py").write_text("def twice(x: int) -> int:\n    return 2 * x\n")
+    env = ToolsEnvironment(ToolsArgs(tools=[{"name": "twice", "target": "my_tools.py:twice"}], timeout_s=5.0))
+    try:
+        step = env.step(_call("twice", x=21))
+        assert [m["content"] for m in step.messages] == ["42"] and step.info["tool_errors"] == 0.0
+    finally:
+        close_runners()

@@ -102,29 +102,31 @@ def test_its_keys_are_checked_like_a_plugins(setup):
     ("ualgo_nowhere:MyAlgorithm", "module 'ualgo_nowhere' of algorithm 'ualgo_nowhere:MyAlgorithm' not found: "
                                   "not on PYTHONPATH, nor in {cfg} or {elsewhere}"),
     ("ualgo_mod.sub:MyAlgorithm", "module 'ualgo_mod.sub' of algorithm 'ualgo_mod.sub:MyAlgorithm' not found"),
-    ("ualgo_mod:MyAlgo", "module 'ualgo_mod' has no attribute 'MyAlgo'. Did you mean 'MyAlgorithm'?"),
-    ("ualgo_mod:Zzz", "module 'ualgo_mod' has no attribute 'Zzz' (its Algorithm subclasses: BadModel, MyAlgorithm)"),
-    ("ualgo_mod:helper", "'ualgo_mod:helper' is a function, not a subclass of rlweave.interfaces.algorithm.Algorithm"),
-    ("ualgo_mod:NotAnAlgorithm", "'ualgo_mod:NotAnAlgorithm' is not a subclass of "
+    ("ualgo_mod:MyAlgo", "algorithm 'ualgo_mod:MyAlgo': module 'ualgo_mod' has no attribute 'MyAlgo'. "
+                         "Did you mean 'MyAlgorithm'?"),
+    ("ualgo_mod:Zzz", "algorithm 'ualgo_mod:Zzz': module 'ualgo_mod' has no attribute 'Zzz' (its Algorithm "
+                      "subclasses: BadModel, MyAlgorithm)"),
+    ("ualgo_mod:helper", "algorithm 'ualgo_mod:helper' is a function, not a subclass of "
+                         "rlweave.interfaces.algorithm.Algorithm"),
+    ("ualgo_mod:NotAnAlgorithm", "algorithm 'ualgo_mod:NotAnAlgorithm' is not a subclass of "
                                  "rlweave.interfaces.algorithm.Algorithm"),
-    ("ualgo_mod:Abstract", "'ualgo_mod:Abstract' does not implement step()"),
-    ("ualgo_mod:BadModel", "'ualgo_mod:BadModel': config_model must be a pydantic BaseModel subclass or None, "
-                           "got <class 'dict'>"),
+    ("ualgo_mod:Abstract", "algorithm 'ualgo_mod:Abstract' does not implement step()"),
+    ("ualgo_mod:BadModel", "algorithm 'ualgo_mod:BadModel' has a config_model that is not a pydantic BaseModel "
+                           "subclass or None: <class 'dict'>"),
     ("ualgo_broken:X", "importing 'ualgo_broken' of algorithm 'ualgo_broken:X' failed: "
                        "ZeroDivisionError: division by zero"),
     ("ualgo_needs:X", "importing 'ualgo_needs' of algorithm 'ualgo_needs:X' failed: this run needs "
                       "'rlw_not_installed_anywhere', which is not installed"),
     ("algos/missing.py:X", "file 'algos/missing.py' of algorithm 'algos/missing.py:X' not found (looked for "
                            "{cfg}/algos/missing.py, {elsewhere}/algos/missing.py)"),
-    ("ualgo_mod:", "'ualgo_mod:' must be an algorithm plugin's name, or 'module:Class' or 'path/file.py:Class' "
-                   "of an Algorithm subclass"),
+    ("ualgo_mod:", "algorithm 'ualgo_mod:' must look like 'module:Class' or 'path/file.py:Class'"),
 ])
 def test_bad_names_are_config_errors(setup, name, message):
     result = validate(setup, {"name": name})
     assert result.exit_code == 2, result.output
     expected = message.format(cfg=setup / "cfg", elsewhere=setup / "elsewhere")
-    line = f"  {setup / 'cfg' / 'c.yaml'}: algorithm.name: {expected}"
-    assert result.output.splitlines() == ["invalid config (1 error):", line], result.output
+    line = f"invalid config: {setup / 'cfg' / 'c.yaml'}: algorithm.name: {expected}"
+    assert result.output.splitlines() == [line], result.output
 
 
 def test_the_record_loads_the_class_and_says_where_it_was_found(setup, monkeypatch):

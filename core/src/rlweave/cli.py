@@ -20,6 +20,10 @@
 
 * ``rlweave generate``, ``rlweave export``, ``rlweave eval``: offline generation, checkpoint export
   and evaluation of a trained model (:mod:`rlweave.commands`).
+An invalid config prints one line per problem (``invalid config: <file>: <key>: <message>`` for
+one), unknown names and bad references to the user's own code included. User code that fails
+inside a run (an environment's ``step()``, a reward failing too often) ends it with one ``error:``
+line naming it, its key, the record and ``<run_dir>/logs/errors.log``, which holds the traceback.
 Exit codes: 0 ok, 1 run failure / not implemented, 2 invalid config or usage, or a missing dependency
 (one line naming the package to install, :mod:`rlweave.deps`; ``train`` checks torch,
 transformers and, unless ``run.scheduler`` is in_process, ray before it writes anything), 128+N stopped by signal N (SIGTERM: 143, SIGINT: 130)
@@ -47,6 +51,7 @@ from rlweave.commands import export as _export
 from rlweave.commands import generate as _generate
 from rlweave.commands import plugins
 from rlweave.deps import check_installed, missing_dependency
+from rlweave.interfaces.failures import PluginCodeError
 from rlweave.rewards.failures import RewardFailureError
 from rlweave.runner.shared_fs import SharedFilesystemError
 from rlweave.weight_sync.interface import WeightSyncError
@@ -236,6 +241,9 @@ def train(config: Path = typer.Argument(..., help="Run config YAML."),
         typer.echo(f"error: {exc}", err=True)
         typer.echo(f"the checkpoints in {target / 'checkpoints'} are left as they are; put back intact copies of the "
                    "files named above, or start a fresh run (in another run directory, or with --overwrite)", err=True)
+        raise typer.Exit(1) from None
+    except PluginCodeError as exc:  # an environment's step() raised...; all is shut down already
+        typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     except _RUN_FAILURES as exc:  # a dead, hung or failing worker, or failing rewards; all is shut down already
         missing = missing_dependency(exc)

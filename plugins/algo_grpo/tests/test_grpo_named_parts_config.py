@@ -35,7 +35,7 @@ def test_estimator_configs_validate(path):
     ("algorithm.kl={estimator: k4, beta: 0.1}", "algorithm.kl.estimator", ["unknown KL estimator 'k4'"]),
     ("algorithm.clip_high=0.3", "algorithm.clip_high", ["no longer a key", "policy_loss: {name: ppo_clip"]),
     ("algorithm.kl_beta=0.1", "algorithm.kl_beta", ["no longer a key", "kl: {beta"]),
-    ("algorithm.advantage=my_missing_module:estimator", "algorithm.advantage", ["could not be imported"]),
+    ("algorithm.advantage=my_missing_module:estimator", "algorithm.advantage", ["module 'my_missing_module' of advantage estimator 'my_missing_module:estimator' not found"]),
 ])
 def test_bad_parts_are_refused_at_their_key(override, where, words):
     with pytest.raises(ConfigError) as err:

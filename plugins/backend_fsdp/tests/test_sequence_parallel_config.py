@@ -42,7 +42,7 @@ def _errors(tmp_path, heads: int, kv: int, sp: int, devices: int, policy_options
     try:
         load_config(path, pm=PluginManager(), check_inputs=False)
     except ConfigError as exc:
-        return [line.strip() for line in str(exc).splitlines()[1:]]
+        return [str(issue) for issue in exc.issues]
     return []
 
 

@@ -59,7 +59,7 @@ def _errors(tmp_path, parallel, devices, options=None, role_model=False, **chang
     try:
         load_config(path, pm=PluginManager(), check_inputs=False)
     except ConfigError as exc:
-        return [line.strip() for line in str(exc).splitlines()[1:]]
+        return [str(issue) for issue in exc.issues]
     return []
 
 

@@ -80,8 +80,8 @@ def exact_match(
         try:
             scores = list(reward_fn.score(samples)[0])
         except RewardFailureError as exc:
-            raise RewardFailureError(f"held-out evaluation on {len(samples)} records: {exc}", exc.reward,
-                                     exc.failed, exc.total, exc.first) from exc
+            raise exc.within(f"held-out evaluation on {len(samples)} records: ").on_records(
+                [r.get("id", i) for i, r in enumerate(records)])
     else:
         scores = [float(reward_fn(**s)) for s in samples]
     n = len(samples)

@@ -15,6 +15,13 @@ cut by its token budget (``finish_reason`` ``length``: the episode's ``max_total
 sampling ``max_new_tokens`` unless ``end_on_length`` is off), or when an observation would pass
 ``max_total_tokens``.
 
+An environment whose constructor, ``reset`` or ``step`` raises stops the rollout (and so the run)
+with :class:`~rlweave.interfaces.failures.PluginCodeError`: the environment's name, its key
+(``algorithm.multi_turn.env.name``), the record's id, the phase and the exception's first line,
+the traceback kept for the run's error log. Every episode under way is ended (``error``) and
+closed first. (The ``tools`` environment turns a failing tool into an error message to the
+model and goes on: a tool never stops the run.)
+
 Scheduling (``scheduling``): ``independent`` (default) sends every episode whose environment
 step has finished to the engine together, while slower steps go on in their threads: a slow tool
 holds only its own episode. ``lockstep`` waits for every step of a turn before the next. With
@@ -40,6 +47,7 @@ tokens; ``response_ids`` in a sample's meta is its last model turn (what rule re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -49,10 +57,12 @@ from typing import Any
 import torch
 
 from rlweave.algo_helpers import chat
+from rlweave.algo_helpers.multi_turn_config import ENV_KEY
 from rlweave.data.batch import Batch
 from rlweave.devices.openmp import releasing
 from rlweave.interfaces.engine import Generation, SamplingParams
 from rlweave.interfaces.environment import Environment, EnvStep
+from rlweave.interfaces.failures import PluginCodeError
 from rlweave.interfaces.rollout import GenerateFn, Rollout
 from rlweave.rewards.fields import reward_fields
 
@@ -85,6 +95,7 @@ class Trajectory:
     budget: int | None = None  # model tokens it may still make in this round (None: no limit)
     paused: bool = False  # stopped by the round's budget; a later round continues it
     cut_turn: bool = False  # the pause is inside a model turn (the next round continues that turn)
+    record_id: Any = None  # the data record's id (named when its environment fails)
 
     @property
     def length(self) -> int:
@@ -185,8 +196,10 @@ class MultiTurnRollout(Rollout):
                 live = sum(t.ended_by is None and not t.paused for t in started)
                 while waiting and live < limit:  # start episodes while there is room
                     g, k = waiting.pop()
-                    env = self.env_cls(self.env_args)
-                    t = Trajectory(*chat.prompt_ids(self.tok, env.reset(records[g])), env, order=len(started))
+                    rid = records[g].get("id", g)
+                    env = self._guarded(lambda: self.env_cls(self.env_args), rid, "its constructor")
+                    opening = self._guarded(lambda: env.reset(records[g]), rid, "reset()", closing=env)
+                    t = Trajectory(*chat.prompt_ids(self.tok, opening), env, order=len(started), record_id=rid)
                     groups[g][k] = t
                     started.append(t)
                     self._enter_round(t, budget, max_rounds)
@@ -221,6 +234,22 @@ class MultiTurnRollout(Rollout):
                 if t.ended_by is None and not t.paused:
                     t.end("error")
         return groups  # type: ignore[return-value]  # every slot was started
+
+    def _failure(self, exc: BaseException, record_id: Any, phase: str) -> PluginCodeError:
+        """The run's error for ``exc`` raised by the environment in ``phase`` on ``record_id``."""
+        name = getattr(getattr(self.cfg, "env", None), "name", None) or getattr(self.env_cls, "__name__", "?")
+        return PluginCodeError.wrap(exc, f"environment '{name}'", f"{ENV_KEY}.name", record_id, phase)
+
+    def _guarded(self, call: Callable[[], Any], record_id: Any, phase: str, closing: Environment | None = None) -> Any:
+        """``call()``; what it raises becomes :class:`PluginCodeError` naming the environment (after
+        ``closing.close()``: the episode it could not open)."""
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - the environment's code: reported with its name and key
+            if closing is not None:
+                with contextlib.suppress(Exception):  # the first failure is the one to report
+                    closing.close()
+            raise self._failure(exc, record_id, phase) from exc
 
     @staticmethod
     def _enter_round(t: Trajectory, budget: int | None, max_rounds: int) -> None:
@@ -270,7 +299,7 @@ class MultiTurnRollout(Rollout):
         """Apply a finished environment step to ``t``; whether it goes on to another model turn."""
         exc = f.exception()
         if exc is not None:
-            raise RuntimeError(f"environment step failed: {type(exc).__name__}: {exc}") from exc
+            raise self._failure(exc, t.record_id, "step()") from exc
         step: EnvStep = f.result()
         for k, v in step.info.items():
             t.stats[k] = t.stats.get(k, 0.0) + float(v)

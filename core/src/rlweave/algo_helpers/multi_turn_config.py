@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
+
+
+#: where the environment of a multi-turn run is named
+ENV_KEY = "algorithm.multi_turn.env"
 
 
 class EnvSpec(BaseModel):
-    """Which environment (plugin kind ``environment``) and its arguments."""
+    """Which environment (plugin kind ``environment``) and its arguments; both are checked by
+    :func:`check_multi_turn` (validation's pass two), where each problem gets its full key."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -20,30 +25,87 @@ class EnvSpec(BaseModel):
                       "Environment subclass as module:Class or path/to/file.py:Class.")
     args: dict[str, Any] = Field(default_factory=dict, description="The environment's arguments (its own schema).")
 
-    @model_validator(mode="after")
-    def _known(self) -> EnvSpec:
-        resolve_environment(self.name, self.args, load=False)  # unknown names and bad arguments raise here
-        return self
+
+def _environment_classes(module: Any) -> list[str]:
+    import inspect
+
+    from rlweave.interfaces.environment import Environment
+
+    return sorted(k for k, v in vars(module).items()
+                  if inspect.isclass(v) and issubclass(v, Environment) and not inspect.isabstract(v))
 
 
-def resolve_environment(name: str, args: dict[str, Any], load: bool = True) -> tuple[Any, Any]:
+def _environment_problem(obj: Any) -> str | None:
+    import inspect
+
+    from rlweave.interfaces.environment import Environment
+
+    if not (inspect.isclass(obj) and issubclass(obj, Environment)):
+        return "is not a subclass of rlweave.interfaces.environment.Environment"
+    if inspect.isabstract(obj):
+        return f"does not implement {', '.join(f'{m}()' for m in sorted(obj.__abstractmethods__))}"
+    return None
+
+
+def environment_kind() -> Any:
+    """What an environment reference (``module:Class``, ``path/to/file.py:Class``) must name."""
+    from rlweave.plugins.references import reference_kind
+
+    return reference_kind("environment", what="Class", members=_environment_classes,
+                          members_label="Environment subclasses", check=_environment_problem)
+
+
+def environment_record(name: str, pm: Any = None) -> Any:
+    """The environment ``name`` selects: a registered one's record, or for a reference
+    (``module:Class``, ``path/to/file.py:Class``) its class. Raises ``LookupError`` (an unknown
+    name: the plugin manager's message with the choices) or
+    :class:`~rlweave.targets.TargetError` (a reference that names nothing usable)."""
+    from rlweave.targets import import_reference, is_reference
+
+    if is_reference(name):
+        return import_reference(name, environment_kind())[0]
+    if pm is None:
+        from rlweave.plugins.manager import get_plugin_manager
+
+        pm = get_plugin_manager()
+    return pm.get("environment", name)
+
+
+def resolve_environment(name: str, args: dict[str, Any], load: bool = True, pm: Any = None) -> tuple[Any, Any]:
     """``(environment class, validated arguments)`` of ``algorithm.multi_turn.env``: a registered
     environment's class and its ``config_model`` instance, or a ``module:Class`` (or
     ``path/to/file.py:Class``) with ``args`` as they are. ``load=False`` checks without importing
-    a registered environment's class (the class is then None)."""
-    if ":" in name:
-        from rlweave.interfaces.environment import Environment
-        from rlweave.sandbox.worker import import_reward_target
+    a registered environment's class (the class is then None). Raises as
+    :func:`environment_record` does, or pydantic's ``ValidationError`` for bad arguments."""
+    found = environment_record(name, pm)
+    if isinstance(found, type):
+        return found, dict(args)
+    validated = found.config_model.model_validate(args) if found.config_model is not None else dict(args)
+    return (found.load() if load else None), validated
 
-        cls = import_reward_target(name)
-        if not (isinstance(cls, type) and issubclass(cls, Environment)):
-            raise ValueError(f"algorithm.multi_turn.env.name {name!r} is not an Environment subclass")
-        return cls, dict(args)
-    from rlweave.plugins.manager import get_plugin_manager
 
-    record = get_plugin_manager().get("environment", name, where="algorithm.multi_turn.env.name")
-    validated = record.config_model.model_validate(args) if record.config_model is not None else dict(args)
-    return (record.load() if load else None), validated
+def check_multi_turn(run_config: Any, settings: Any, pm: Any = None) -> list[tuple[str, str]]:
+    """``(key path, message)`` for each problem of ``algorithm.multi_turn`` (``settings``, a
+    :class:`MultiTurnConfig`): an environment name that is unknown or a reference that names
+    nothing usable (at ``...env.name``), and every unknown key or invalid value of ``env.args``
+    read as the environment's ``config_model`` (at its own key below ``...env.args``: the tools'
+    targets and the parser of the ``tools`` environment among them). The multi-turn rollout's
+    ``check`` (:class:`~rlweave.plugins.types.RolloutRecord`)."""
+    from rlweave.config.strict import validate_section
+    from rlweave.plugins.errors import PluginError
+    from rlweave.targets import TargetError
+
+    env = settings.env
+    try:
+        found = environment_record(env.name, pm)
+    except (PluginError, TargetError) as exc:
+        return [(f"{ENV_KEY}.name", str(exc))]
+    if isinstance(found, type):
+        return []  # a user's class takes env.args as they are
+    if found.config_model is None:
+        return [(f"{ENV_KEY}.args.{key}", f"unknown key: environment '{env.name}' takes no arguments")
+                for key in env.args]
+    return validate_section(found.config_model, dict(env.args), f"{ENV_KEY}.args")[1]
 
 
 class MultiTurnConfig(BaseModel):

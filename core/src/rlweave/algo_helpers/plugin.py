@@ -4,6 +4,7 @@ pyproject.toml). Light: the rollout classes and pipelines are imported by ``reco
 
 from __future__ import annotations
 
+from rlweave.algo_helpers.multi_turn_config import check_multi_turn
 from rlweave.algo_helpers.run_modes import async_mode, one_step_off, sync
 from rlweave.plugins import RolloutRecord, RunModeRecord, hookimpl
 
@@ -18,7 +19,7 @@ def rlweave_rollouts() -> list[RolloutRecord]:
         ),
         RolloutRecord(
             name="multi_turn", summary="episodes of model turns and environment steps (algorithm.multi_turn)",
-            target="rlweave.algo_helpers.multi_turn:MultiTurnRollout", resumable=True,
+            target="rlweave.algo_helpers.multi_turn:MultiTurnRollout", resumable=True, check=check_multi_turn,
         ),
     ]
 

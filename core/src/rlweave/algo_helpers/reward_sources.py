@@ -32,6 +32,7 @@ import torch
 from rlweave.algo_helpers import reward_models
 from rlweave.algo_helpers.rollout import reward_samples
 from rlweave.data.batch import Batch
+from rlweave.rewards.failures import RewardFailureError
 
 
 @dataclass
@@ -84,7 +85,10 @@ class RuleRewards(RewardSource):
         t0 = time.perf_counter()
         samples = reward_samples(self.tok, batch)
         t1 = time.perf_counter()
-        totals, breakdown = self.rules.score(samples)
+        try:
+            totals, breakdown = self.rules.score(samples)
+        except RewardFailureError as exc:  # name the failing sample's record
+            raise exc.on_records(batch.ids)
         scores = torch.tensor(totals, dtype=torch.float32)
         metrics = {"reward/rules": float(scores.mean()) if len(scores) else 0.0,
                    "time/reward/decode": t1 - t0, "time/reward/pool": time.perf_counter() - t1}

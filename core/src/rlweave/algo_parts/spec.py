@@ -1,8 +1,9 @@
 """Naming an algorithm part in YAML, and resolving the name.
 
-A part is written as a name (``rloo``), a ``module:function`` of the user's own
-(``my_estimators:median_baseline``, imported from ``PYTHONPATH`` or the current directory), or
-a mapping with its options (``{name: gspo, clip_low: 3.0e-4, clip_high: 4.0e-4}``).
+A part is written as a name (``rloo``), a reference to a function of the user's own
+(``my_estimators:median_baseline``, imported from ``PYTHONPATH`` or the current directory, or
+``path/to/file.py:function``; resolved as every kind's references are,
+:func:`rlweave.targets.import_reference`), or a mapping with its options (``{name: gspo, clip_low: 3.0e-4, clip_high: 4.0e-4}``).
 :class:`PartSpec` parses the three forms; :func:`resolve` looks the name up among the
 installed plugins' records of that kind (built-ins included), validates the options against
 the record's ``config_model``, and returns a :class:`ResolvedPart`. An unknown name is an
@@ -14,16 +15,13 @@ A ``module:function`` part takes its metadata from attributes of the function wh
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
 from pydantic import RootModel, ValidationError, model_validator
 
 from rlweave.plugins.status import KIND_LABELS
-from rlweave.targets import import_target
+from rlweave.targets import absolute_reference
 
 
 class PartSpec(RootModel[Union[str, dict[str, Any]]]):
@@ -61,18 +59,16 @@ class ResolvedPart:
 
     def load(self) -> Callable[..., Any]:
         """The tensor function (imported here: call on the controller or a rank)."""
-        return _import(self.target)
+        return _import(self.target, self.kind)
 
 
-def _import(target: str) -> Any:
-    try:
-        return import_target(target)
-    except ModuleNotFoundError:
-        if os.getcwd() not in sys.path:  # a module beside the config, run from its folder
-            sys.path.append(os.getcwd())
-            importlib.invalidate_caches()
-            return import_target(target)
-        raise
+def _import(target: str, kind: str = "part") -> Any:
+    """The function ``target`` names, through the references every kind shares
+    (:func:`rlweave.plugins.references.user_function`; a module beside the config is found from
+    the current directory)."""
+    from rlweave.plugins.references import user_function
+
+    return user_function(target, KIND_LABELS.get(kind, kind))
 
 
 def resolve(kind: str, spec: "PartSpec | str | dict", pm: Any = None) -> ResolvedPart:
@@ -82,14 +78,10 @@ def resolve(kind: str, spec: "PartSpec | str | dict", pm: Any = None) -> Resolve
     spec = spec if isinstance(spec, PartSpec) else PartSpec.model_validate(spec)
     label = KIND_LABELS.get(kind, kind)
     if ":" in spec.name:
-        try:
-            fn = _import(spec.name)
-        except Exception as exc:
-            raise ValueError(f"{label} '{spec.name}' could not be imported: {type(exc).__name__}: {exc}") from None
-        if not callable(fn):
-            raise ValueError(f"{label} '{spec.name}' is not a function")
-        return ResolvedPart(kind, spec.name, spec.name, dict(spec.options), tuple(getattr(fn, "needs", ())),
-                            getattr(fn, "loss_agg", None))
+        fn = _import(spec.name, kind)  # TargetError (a ValueError) says what is wrong
+        # a file's absolute path: the ranks that load it may run in another directory
+        return ResolvedPart(kind, spec.name, absolute_reference(spec.name), dict(spec.options),
+                            tuple(getattr(fn, "needs", ())), getattr(fn, "loss_agg", None))
     if pm is None:
         from rlweave.plugins.manager import get_plugin_manager
 

@@ -29,11 +29,17 @@ class ConfigIssue:
 
 
 class ConfigError(ValueError):
-    """The config is invalid; ``issues`` lists every problem found (never empty)."""
+    """The config is invalid; ``issues`` lists every problem found (never empty).
+
+    Its message is one line for one problem (``invalid config: <file>: <path>: <message>``), else
+    a head line counting them and one indented line per problem."""
 
     def __init__(self, issues: Sequence[ConfigIssue]) -> None:
         self.issues = list(issues)
         n = len(self.issues)
+        if n == 1:
+            super().__init__(f"invalid config: {self.issues[0]}")
+            return
         head = f"invalid config ({n} error{'s' if n != 1 else ''}):"
         super().__init__("\n".join([head] + [f"  {i}" for i in self.issues]))
 
@@ -112,7 +118,7 @@ def issues_from_validation(exc: ValidationError, source: str, model: type[BaseMo
                 message = message[len("Value error, "):]
             elif err["type"] == "assertion_error" and message.startswith("Assertion failed, "):
                 message = message[len("Assertion failed, "):]
-            if "input" in err and not isinstance(err["input"], (dict, list)):
+            if "input" in err and not isinstance(err["input"], (dict, list)) and str(err["input"]) not in message:
                 message += f" (got {_short(err['input'])})"
         issues.append(ConfigIssue(source, path, message))
     return issues

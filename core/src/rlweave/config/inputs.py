@@ -15,7 +15,6 @@ so that a missing path fails ``rlweave validate`` instead of a worker minutes la
   (``data.chat_template`` or the tokenizer's own);
 * metrics backends: each selected logger's package must be installed
   (:func:`rlweave.loggers.missing_packages`);
-* a user reward given as ``path/file.py:function`` must name an existing file;
 * rewards: each one is dry-run on the first record of the data it scores
   (:mod:`rlweave.config.reward_dryrun`).
 
@@ -157,15 +156,6 @@ def _chat_problem(cfg: RunConfig, head: DataHead) -> str | None:
             "messages with: set data.chat_template (a Jinja template, or a .jinja file) or use a tokenizer that has one")
 
 
-def _reward_files(cfg: RunConfig) -> list[tuple[str, str]]:
-    out = []
-    for i, entry in enumerate(cfg.rewards):
-        module, sep, _ = entry.name.partition(":")
-        if sep and module.endswith(".py"):
-            out.append((f"rewards.{i}.name", module))
-    return out
-
-
 def collect_input_issues(cfg: RunConfig, resolved: ResolvedPlugins, source: str,
                          skip: Callable[[str], bool] = lambda path: False) -> list[ConfigIssue]:
     """Every input problem of a validated (or repaired) config; none raised."""
@@ -186,9 +176,6 @@ def collect_input_issues(cfg: RunConfig, resolved: ResolvedPlugins, source: str,
 
         for hint in missing_packages(list(cfg.logging.backends)).values():
             issue("logging.backends", hint)
-    for key, path in _reward_files(cfg):
-        if not skip(key) and not Path(path).is_file():
-            issue(key, f"reward file '{path}' does not exist")
     heads: dict[str, DataHead] = {}
     for split in ("train", "eval"):
         key, path = f"data.{split}", getattr(cfg.data, split)

@@ -9,7 +9,13 @@ it failed, see :mod:`rlweave.config.loader`), this
   ``roles.<r>.backend`` / ``.engine``, every
   ``rewards[].name`` and every enabled ``kernels.<name>`` / ``roles.<r>.kernels.<name>`` through the plugin manager
   (unknown names get the choices, their distributions and a "did you mean"; a record whose
-  ``probe()`` says it cannot run here is refused with that reason);
+  ``probe()`` says it cannot run here is refused with that reason). A reference to the user's own
+  code in place of a plugin (``module:Name``, ``path/file.py:Name``) is imported through the one
+  resolver every kind shares (:func:`rlweave.targets.import_reference`, via
+  :mod:`rlweave.plugins.references`): what is wrong with it is one issue at its key;
+* runs the selected rollout's ``check`` on its settings (``RolloutRecord.check``: the multi-turn
+  rollout resolves ``algorithm.multi_turn.env`` and validates its arguments, each problem at its
+  own key);
 * validates the algorithm's own keys, ``rollout.args``, each ``roles.<r>.options`` and each reward's
   ``args`` against the record's ``config_model`` and writes the result (defaults filled,
   keys as the model reads them) back into the config, so the resolved config shows every
@@ -35,22 +41,23 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata as md
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from rlweave.config.errors import ConfigError, ConfigIssue, dotted, issues_from_validation
+from rlweave.config.errors import ConfigError, ConfigIssue
 from rlweave.config.schema import ROLE_NAMES, AlgorithmSection, RunConfig
-from rlweave.config.strict import split_unknown
+from rlweave.config.strict import validate_section
 from rlweave.plugins.errors import PluginError
 from rlweave.plugins.manager import PluginManager
 from rlweave.plugins.types import (AlgorithmRecord, KernelRecord, PluginRecord, RewardRecord, RolloutRecord,
                                    RunModeRecord)
+from rlweave.plugins.references import user_function
 from rlweave.plugins.user_algorithm import is_import_path, search_dirs, user_algorithm_record
+from rlweave.targets import TargetError, is_reference
 
 ROLLOUT_ROLE = "rollout"
 #: roles no algorithm trains, and why (an ``optim`` there is ignored, with a warning)
@@ -125,14 +132,9 @@ class _Pass:
             for key in data:
                 self.issue(f"{path}.{key}", f"unknown key: {record.kind} '{record.name}' takes no options")
             return None
-        clean, unknown = split_unknown(record.config_model, data)
-        parsed = None
-        try:
-            parsed = record.config_model.model_validate(clean)
-        except ValidationError as exc:
-            self.issues += issues_from_validation(exc, self.source, record.config_model, path.split("."))
-        for loc, message in unknown:
-            self.issue(f"{path}.{dotted(loc)}", message)
+        parsed, problems = validate_section(record.config_model, data, path)
+        for key, message in problems:
+            self.issue(key, message)
         return parsed
 
     # ------------------------------------------------------------------ parts
@@ -177,10 +179,20 @@ class _Pass:
         if record is None:
             return
         self.out.rollout = record
+        settings = getattr(algo_config, "multi_turn", None)
         if name != MULTI_TURN:
-            self.out.rollout_args = self.section(record, dict(self.cfg.rollout.args), "rollout.args")
+            settings = self.out.rollout_args = self.section(record, dict(self.cfg.rollout.args), "rollout.args")
             if self.out.rollout_args is not None:
                 self.cfg.rollout.args = self.out.rollout_args.model_dump(mode="json", by_alias=True)
+        if settings is None and (name == MULTI_TURN or record.config_model is not None):
+            return  # invalid: reported above
+        try:
+            problems = list(record.check(self.cfg, settings, self.pm))
+        except Exception as exc:  # a plugin bug: say whose
+            self.issue("rollout.name", f"rollout '{name}' failed to check its settings: {type(exc).__name__}: {exc}")
+            return
+        for path, message in problems:
+            self.issue(path, message)
 
     def run_mode(self, record: AlgorithmRecord, algo_config: Any) -> None:
         """``run.mode`` (a run-mode plugin) and ``rollout.partial`` must be ones the algorithm (as
@@ -308,14 +320,12 @@ class _Pass:
     def rewards(self) -> None:
         for i, entry in enumerate(self.cfg.rewards):
             path = f"rewards.{i}"
-            if ":" in entry.name:
-                module, _, attr = entry.name.partition(":")
-                if not module or not attr:
-                    self.issue(f"{path}.name", f"'{entry.name}' must look like 'module:function' or 'path/file.py:function'")
-                elif module.endswith(".py"):
-                    pass  # a file: the input checks look for it
-                elif importlib.util.find_spec(module.split(".")[0]) is None:
-                    self.issue(f"{path}.name", f"module '{module}' of reward function '{entry.name}' is not importable")
+            if is_reference(entry.name):
+                if not self.skip(f"{path}.name"):
+                    try:
+                        user_function(entry.name, "reward")
+                    except TargetError as exc:
+                        self.issue(f"{path}.name", str(exc))
                 self.out.rewards.append(None)
                 self.out.reward_args.append(None)
                 continue

@@ -129,3 +129,20 @@ def split_unknown(model: type[BaseModel], data: Any,
         clean[key], inner = _descend(model.model_fields[field].annotation, value, loc + (key,))
         found += inner
     return clean, found
+
+
+def validate_section(model: type[BaseModel], data: Any, path: str) -> tuple[BaseModel | None, list[tuple[str, str]]]:
+    """A plugin's own section ``data`` at dotted ``path`` read strictly as ``model``:
+    ``(the validated model or None, [(dotted key, message), ...])``, every unknown key and every
+    invalid value at its full key (``algorithm.multi_turn.env.args.max_tool_calls``)."""
+    from pydantic import ValidationError
+
+    from rlweave.config.errors import dotted, issues_from_validation
+
+    clean, unknown = split_unknown(model, data)
+    parsed, problems = None, []
+    try:
+        parsed = model.model_validate(clean)
+    except ValidationError as exc:
+        problems = [(i.path, i.message) for i in issues_from_validation(exc, "", model, path.split("."))]
+    return parsed, problems + [(f"{path}.{dotted(loc)}", message) for loc, message in unknown]

@@ -64,15 +64,16 @@ Parser = Callable[[str], tuple[list[ToolCall], list[str]]]
 
 def resolve_parser(name: str, load: bool = True) -> tuple[Parser | None, str]:
     """``(parser function, call format)`` of ``name``: a registered parser (plugin kind
-    ``tool_parser``) or a ``module:function``. ``load=False`` checks a registered name without
-    importing its function (which is then None). An unknown name raises the plugin manager's
-    ``LookupError`` naming the parsers there are."""
+    ``tool_parser``) or a ``module:function`` / ``path/to/file.py:function``. ``load=False`` checks
+    a registered name without importing its function (which is then None). An unknown name raises
+    the plugin manager's ``LookupError`` naming the parsers there are; a reference that names
+    nothing usable, :class:`~rlweave.targets.TargetError` (a ``ValueError``) saying why."""
     if ":" in name:
-        from rlweave.targets import import_target
+        from rlweave.plugins.references import user_function
 
-        fn = import_target(name)
+        fn = user_function(name, "tool parser")
         return fn, str(getattr(fn, "call_format", ""))
     from rlweave.plugins.manager import get_plugin_manager
 
-    record = get_plugin_manager().get("tool_parser", name, where="algorithm.multi_turn.env.args.parser")
+    record = get_plugin_manager().get("tool_parser", name)
     return (record.load() if load else None), record.call_format

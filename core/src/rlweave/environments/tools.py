@@ -37,6 +37,14 @@ class ToolSpec(BaseModel):
                         "keyword arguments), e.g. rlweave.environments.calculator:calculate.")
     description: str | None = Field(None, description="What the tool does; null: its docstring's first line.")
 
+    @field_validator("target")
+    @classmethod
+    def _importable(cls, v: str) -> str:
+        from rlweave.plugins.references import user_function
+
+        user_function(v, "tool")  # a missing file, module or function fails validation (TargetError: a ValueError)
+        return v
+
 
 class ToolsArgs(BaseModel):
     """``algorithm.multi_turn.env.args`` of the ``tools`` environment."""
@@ -59,8 +67,8 @@ class ToolsArgs(BaseModel):
     def _known_parser(cls, v: str) -> str:
         from rlweave.environments.parsers import resolve_parser
 
-        try:
-            resolve_parser(v, load=False)  # an unknown name fails validation, before any worker starts
+        try:  # an unknown name or a bad reference fails validation, before any worker starts
+            resolve_parser(v, load=False)
         except LookupError as exc:
             raise ValueError(str(exc)) from None
         return v
@@ -68,9 +76,9 @@ class ToolsArgs(BaseModel):
 
 def _signature(target: str) -> tuple[str, str]:
     """``(arguments with their types, first docstring line)`` of the tool function ``target``."""
-    from rlweave.sandbox.worker import import_reward_target
+    from rlweave.plugins.references import user_function
 
-    fn = import_reward_target(target)
+    fn = user_function(target, "tool")
     params = []
     for p in inspect.signature(fn).parameters.values():
         ann = p.annotation

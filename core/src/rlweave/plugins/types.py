@@ -249,6 +249,10 @@ class ToolParserRecord(PluginRecord):
     call_format: str = ""
 
 
+def _no_settings_to_check(run_config: Any, settings: Any, pm: Any) -> list[tuple[str, str]]:
+    return []
+
+
 def _modes_of_a_plain_rollout() -> tuple[str, ...]:
     return ("sync", "one_step_off")
 
@@ -269,12 +273,18 @@ class RolloutRecord(PluginRecord):
       rollout of single continuations need it.
     * ``resumable``: its trajectories can be cut at a token budget and continued in a later round
       (``episodes(..., budget)``, the multi-turn rollout): partial rollout of episodes needs it.
+
+    ``check`` is a light function ``(run config, settings, plugin manager) -> [(key path, message)]``
+    run by validation on the rollout's validated settings (``rollout.args``, or
+    ``algorithm.multi_turn`` for the multi-turn rollout): what only the rollout knows to refuse,
+    such as an environment it cannot find or arguments that environment does not take.
     """
 
     kind: ClassVar[str] = "rollout"
     run_modes: tuple[str, ...] = field(default_factory=_modes_of_a_plain_rollout)
     streams: bool = False
     resumable: bool = False
+    check: Callable[[Any, Any, Any], list[tuple[str, str]]] = field(default=_no_settings_to_check, kw_only=True)
 
     @property
     def partial(self) -> bool:

@@ -15,7 +15,8 @@ The class says what a plugin's record would: its docstring's first line is the s
 ``config_model`` validates the keys beside ``algorithm.name``, and ``required_roles(config)``
 names the roles it needs (see :class:`~rlweave.interfaces.algorithm.Algorithm`).
 
-Validation imports the module (that is how its roles and keys are known) and refuses a bad
+Validation imports the module (that is how its roles and keys are known) through the resolver
+every kind of reference shares (:func:`rlweave.targets.import_reference`) and refuses a bad
 name with one clear message: malformed, module or file not found, import failed, attribute
 missing, not an ``Algorithm`` subclass, abstract, bad ``config_model``. A module that was
 found only through the config's folder or the current directory is pickled by value when its
@@ -24,9 +25,6 @@ objects (a loss function, say) travel to the Ray workers, so the workers need no
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import importlib.util
 import inspect
 import os
 import sys
@@ -37,10 +35,10 @@ from typing import Any
 
 from rlweave.plugins.errors import PluginError
 from rlweave.plugins.types import AlgorithmRecord
+from rlweave.plugins.references import reference_kind
+from rlweave.targets import TargetError, import_reference
 
 FILE_MODULE_PREFIX = "rlweave_user_algorithm_"
-#: top-level modules found only through the config's folder or the current directory
-_FOUND_IN_DIRS: set[str] = set()
 
 
 class UserAlgorithmError(PluginError):
@@ -87,77 +85,6 @@ def user_algorithm_record(name: str, dirs: tuple[str, ...]) -> UserAlgorithmReco
                                rollout=bool(getattr(cls, "uses_rollout", False)))
 
 
-def import_algorithm(name: str, dirs: tuple[str, ...]) -> tuple[type, bool]:
-    """``(class, by_value)`` for ``name`` (``module:Class`` or ``file.py:Class``): ``by_value`` is
-    true when the module was found only in ``dirs`` (so Ray workers could not import it)."""
-    module_name, _, attr = name.partition(":")
-    if not module_name or not attr or ":" in attr:
-        raise UserAlgorithmError(f"'{name}' must be an algorithm plugin's name, or 'module:Class' or "
-                                 "'path/file.py:Class' of an Algorithm subclass")
-    if module_name.endswith(".py"):
-        module, by_value = _import_file(name, module_name, dirs), True
-    else:
-        module, by_value = _import_module(name, module_name, dirs)
-    obj: Any = module
-    for i, part in enumerate(attr.split(".")):
-        if not hasattr(obj, part):
-            where = f"module '{module_name}'" if i == 0 else f"'{module_name}:{'.'.join(attr.split('.')[:i])}'"
-            raise UserAlgorithmError(f"{where} has no attribute '{part}'{_candidates(module, part)}")
-        obj = getattr(obj, part)
-    _check_class(name, obj)
-    return obj, by_value
-
-
-def _import_module(name: str, module_name: str, dirs: tuple[str, ...]) -> tuple[ModuleType, bool]:
-    top = module_name.split(".")[0]
-    if importlib.util.find_spec(top) is None:
-        sys.path.extend(d for d in dirs if d not in sys.path)
-        importlib.invalidate_caches()
-        if importlib.util.find_spec(top) is None:
-            raise UserAlgorithmError(f"module '{top}' of algorithm '{name}' not found: not on PYTHONPATH, nor in "
-                                     f"{' or '.join(dirs)}")
-        _FOUND_IN_DIRS.add(top)
-    by_value = top in _FOUND_IN_DIRS
-    try:
-        return importlib.import_module(module_name), by_value
-    except ModuleNotFoundError as exc:
-        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise UserAlgorithmError(f"module '{exc.name}' of algorithm '{name}' not found") from None
-        raise _import_failed(name, module_name, exc) from None
-    except Exception as exc:  # noqa: BLE001 - the user's module raised while importing: say so
-        raise _import_failed(name, module_name, exc) from None
-
-
-def _import_file(name: str, file: str, dirs: tuple[str, ...]) -> ModuleType:
-    candidates = [Path(file)] if os.path.isabs(file) else [Path(d) / file for d in dirs]
-    path = next((p.resolve() for p in candidates if p.is_file()), None)
-    if path is None:
-        raise UserAlgorithmError(f"file '{file}' of algorithm '{name}' not found (looked for "
-                                 f"{', '.join(map(str, candidates))})")
-    module_name = FILE_MODULE_PREFIX + "".join(c if c.isalnum() else "_" for c in str(path))
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise UserAlgorithmError(f"file '{path}' of algorithm '{name}' is not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - the user's file raised while importing: say so
-        sys.modules.pop(module_name, None)
-        raise _import_failed(name, str(path), exc) from None
-    return module
-
-
-def _import_failed(name: str, module: str, exc: Exception) -> UserAlgorithmError:
-    from rlweave.deps import missing_dependency
-
-    missing = missing_dependency(exc)
-    why = str(missing) if missing is not None else f"{type(exc).__name__}: {exc}"
-    return UserAlgorithmError(f"importing '{module}' of algorithm '{name}' failed: {why}")
-
-
 def _algorithm_classes(module: ModuleType) -> list[str]:
     from rlweave.interfaces.algorithm import Algorithm
 
@@ -165,31 +92,36 @@ def _algorithm_classes(module: ModuleType) -> list[str]:
                   if inspect.isclass(v) and issubclass(v, Algorithm) and not inspect.isabstract(v))
 
 
-def _candidates(module: ModuleType, wanted: str) -> str:
-    names = _algorithm_classes(module)
-    close = difflib.get_close_matches(wanted, names, n=1, cutoff=0.6)
-    if close:
-        return f". Did you mean '{close[0]}'?"
-    return f" (its Algorithm subclasses: {', '.join(names)})" if names else " (it defines no Algorithm subclass)"
-
-
-def _check_class(name: str, obj: Any) -> None:
+def _class_problem(obj: Any) -> str | None:
     from pydantic import BaseModel
 
     from rlweave.interfaces.algorithm import Algorithm
 
     if not inspect.isclass(obj):
-        raise UserAlgorithmError(f"'{name}' is a {type(obj).__name__}, not a subclass of "
-                                 "rlweave.interfaces.algorithm.Algorithm")
+        return f"is a {type(obj).__name__}, not a subclass of rlweave.interfaces.algorithm.Algorithm"
     if not issubclass(obj, Algorithm):
-        raise UserAlgorithmError(f"'{name}' is not a subclass of rlweave.interfaces.algorithm.Algorithm")
+        return "is not a subclass of rlweave.interfaces.algorithm.Algorithm"
     if inspect.isabstract(obj):
-        missing = ", ".join(f"{m}()" for m in sorted(obj.__abstractmethods__))
-        raise UserAlgorithmError(f"'{name}' does not implement {missing}")
+        return f"does not implement {', '.join(f'{m}()' for m in sorted(obj.__abstractmethods__))}"
     model = obj.config_model
     if model is not None and not (inspect.isclass(model) and issubclass(model, BaseModel)):
-        raise UserAlgorithmError(f"'{name}': config_model must be a pydantic BaseModel subclass or None, "
-                                 f"got {model!r}")
+        return f"has a config_model that is not a pydantic BaseModel subclass or None: {model!r}"
+    return None
+
+
+#: what an algorithm reference must name (:func:`rlweave.targets.import_reference`)
+ALGORITHM = reference_kind("algorithm", what="Class", members=_algorithm_classes, members_label="Algorithm subclasses",
+                           check=_class_problem, module_prefix=FILE_MODULE_PREFIX)
+
+
+def import_algorithm(name: str, dirs: tuple[str, ...]) -> tuple[type, bool]:
+    """``(class, by_value)`` for ``name`` (``module:Class`` or ``file.py:Class``): ``by_value`` is
+    true when the module was found only in ``dirs`` or in a file (so Ray workers could not
+    import it). Raises :class:`UserAlgorithmError` saying what is wrong."""
+    try:
+        return import_reference(name, ALGORITHM, dirs)
+    except TargetError as exc:
+        raise UserAlgorithmError(str(exc)) from None
 
 
 def _pickle_by_value(module: ModuleType) -> None:

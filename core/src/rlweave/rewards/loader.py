@@ -11,10 +11,9 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
-import os
-
 from rlweave.plugins.types import RewardRecord
 from rlweave.sandbox.worker import import_reward_target
+from rlweave.targets import absolute_reference
 
 RewardFn = Callable[..., float]
 
@@ -51,10 +50,7 @@ def reward_records(pm: Any = None) -> dict[str, RewardRecord]:
 def resolve_reward_target(name: str, pm: Any = None) -> str:
     """The ``module:function`` import string for ``name`` (a plugin name or already one)."""
     if ":" in name:
-        module, _, attr = name.partition(":")
-        if module.endswith(".py"):
-            return f"{os.path.abspath(module)}:{attr}"
-        return name
+        return absolute_reference(name)
     records = reward_records(pm)
     if name in records:
         return records[name].target

@@ -8,7 +8,7 @@ sample's breakdown under ``"failed"``, and is reported by one warning per reward
 failure per ``score()``. The total is ``sum(weight * value)``. The run goes on, unless more
 than ``runtime.max_failed_share`` of one reward's calls in this ``score()`` failed: then
 ``score()`` raises :class:`~rlweave.rewards.failures.RewardFailureError` (how many of how
-many, which reward, the first failure), which stops the run (see
+many, which reward and its key, the first failure and its sample), which stops the run (see
 :mod:`rlweave.rewards.failures`).
 
 Calls run in sandboxed worker processes (``runtime.sandbox``, see
@@ -87,7 +87,7 @@ class RewardSet:
         totals: list[float] = []
         breakdown: list[dict[str, Any]] = []
         problems: dict[tuple[str, str], list[str]] = {}
-        first_failure: dict[str, str] = {}
+        first_failure: dict[str, tuple[str, int]] = {}  # name -> (message, sample index)
         m = len(self.entries)
         for n, sample in enumerate(samples):
             row: dict[str, Any] = {"failed": []}
@@ -101,7 +101,7 @@ class RewardSet:
                     value = float(self.runtime.failure_reward)
                     row["failed"].append(name)
                     problems.setdefault((name, status), []).append(f"{sample.get('id', n)}: {payload}")
-                    first_failure.setdefault(name, str(payload))
+                    first_failure.setdefault(name, (str(payload), n))
                     self.stats[status] += 1
                 row[name] = value
                 total += entry.weight * value
@@ -116,11 +116,12 @@ class RewardSet:
                 " | ".join(first[:1] + first[-1:]) if len(first) > 1 else first[0],
             )
         fields = sorted({k for sample in samples for k in sample})
-        for name in self.names:  # the failure-share stop, in the order of rewards[]
+        for j, name in enumerate(self.names):  # the failure-share stop, in the order of rewards[]
             if name in first_failure:
                 kinds = Counter({status: len(msgs) for (n, status), msgs in problems.items() if n == name})
-                error = failure_stop(name, kinds, len(samples), first_failure[name],
-                                     self.runtime.max_failed_share, fields)
+                first, index = first_failure[name]
+                error = failure_stop(name, kinds, len(samples), first, self.runtime.max_failed_share, fields,
+                                     key=f"rewards.{j}.name", index=index, record_id=samples[index].get("id"))
                 if error is not None:
                     raise error
         return totals, breakdown

@@ -26,7 +26,10 @@ recovers from such a *lost* worker (see :mod:`rlweave.runner.recovery`) instead:
 roles are rebuilt, every trained role, the algorithm, the data position and the controller
 RNGs go back to the newest complete checkpoint (one is written at step 0 for this), weights
 are synced again, and the run continues from there, so no prompt is skipped or trained on
-twice. ``<run_dir>/workers.json`` lists every rank's process (role, rank, pid, node).
+twice. ``<run_dir>/workers.json`` lists every rank's process (role, rank, pid, node). User or plugin
+code that fails inside the run (an environment's ``step``, a reward failing too often) ends it with
+one error naming it, its key and the record, its traceback appended to ``<run_dir>/logs/errors.log``
+(:mod:`rlweave.runner.error_log`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any
 
 from rlweave.config.schema import RunConfig
 from rlweave.runner import rng
+from rlweave.runner.error_log import LOGGED, write_error_log
 from rlweave.runner.checkpoint import CheckpointManager, write_json
 from rlweave.runner.metrics import MetricsLogger
 from rlweave.runner.progress import Progress, format_status
@@ -241,6 +245,8 @@ class _Run:
             return self._execute(t_start)
         except BaseException as exc:
             failure = exc
+            if isinstance(exc, LOGGED):  # its traceback to <run_dir>/logs/errors.log, named in its line
+                write_error_log(self.run_dir, exc)
             raise
         finally:
             self._shutdown(failure)

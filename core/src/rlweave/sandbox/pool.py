@@ -40,6 +40,7 @@ from typing import Any
 from rlweave.sandbox.limits import PREFIX, SandboxLimits
 from rlweave.sandbox.proctree import kill_tree
 from rlweave.sandbox.worker import worker_main
+from rlweave.targets import absolute_reference
 
 Outcome = tuple[str, Any]
 
@@ -99,7 +100,7 @@ class RewardPool:
     ) -> None:
         if workers < 1:
             raise ValueError(f"reward workers must be >= 1, got {workers}")
-        self.targets = [_absolute(t) for t in targets]  # workers may run in their own directory
+        self.targets = [absolute_reference(t) for t in targets]  # workers may run in their own directory
         self.workers = workers
         self.numeric = bool(numeric)
         self.timeout_s = float(timeout_s)
@@ -305,9 +306,3 @@ def _ending(pid: int | None, timeout_s: float = 2.0) -> tuple[int | None, str]:
             return None, "exit code unknown: still running"
         time.sleep(0.005)
     return None, "exit code unknown"
-
-
-def _absolute(target: str) -> str:
-    """``file.py:function`` with the file's absolute path (from this process's cwd)."""
-    module, sep, attr = target.partition(":")
-    return f"{os.path.abspath(module)}{sep}{attr}" if module.endswith(".py") else target

@@ -12,44 +12,27 @@ before the reply is sent, so nothing a call started outlives it.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import math
 import os
 import shutil
 import signal
-import sys
 import traceback
 from typing import Any
 
 from rlweave.sandbox.limits import CpuLimit, CpuTimeExceeded, SandboxLimits, enter, explain
 from rlweave.sandbox.proctree import kill_children
+from rlweave.targets import ReferenceKind, import_reference
+
+#: a reward's or tool's function, as the worker imports it (files by their absolute path)
+_USER_FUNCTION = ReferenceKind("function", module_prefix="rlweave_user_reward_")
 
 
 def import_reward_target(target: str) -> Any:
-    """``package.module:function`` or ``/path/to/file.py:function`` -> the object."""
-    module_name, _, attr = target.partition(":")
-    if module_name.endswith(".py"):
-        path = os.path.abspath(module_name)
-        name = "rlweave_user_reward_" + "".join(c if c.isalnum() else "_" for c in path)
-        obj = sys.modules.get(name)
-        if obj is None:
-            spec = importlib.util.spec_from_file_location(name, path)
-            if spec is None or spec.loader is None or not os.path.isfile(path):
-                raise ImportError(f"reward file not found: {path}")
-            obj = importlib.util.module_from_spec(spec)
-            sys.modules[name] = obj
-            try:
-                spec.loader.exec_module(obj)
-            except BaseException:
-                sys.modules.pop(name, None)
-                raise
-    else:
-        obj = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+    """``package.module:function`` or ``path/to/file.py:function`` (from the current directory)
+    -> the object, through the references every kind shares (:func:`rlweave.targets.import_reference`);
+    raises :class:`rlweave.targets.TargetError` saying what is wrong."""
+    return import_reference(target, _USER_FUNCTION)[0]
 
 
 def worker_main(conn: Any, targets: list[str], limits: SandboxLimits | None = None,
@@ -76,7 +59,8 @@ def _run(conn: Any, targets: list[str], limits: SandboxLimits, workdir: str | No
         subreaper = enter(limits, workdir)
         fns = [import_reward_target(t) for t in targets]
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
-        conn.send(("load_error", traceback.format_exc() + explain(exc, limits)))
+        cause = getattr(exc, "cause", None)  # what the module raised (a TargetError says which reference)
+        conn.send(("load_error", traceback.format_exc() + explain(cause if cause is not None else exc, limits)))
         return
     kill_children(scan=not subreaper)  # processes a reward module started at import
     conn.send(("ready", None))

@@ -1,4 +1,4 @@
-"""What the ``fsdp`` backend refuses at validation time (light: no torch).
+"""What the ``fsdp`` backend refuses at validation time (light at import: no torch).
 
 :func:`check_role` is the backend record's ``check``: it runs in ``rlweave validate`` and
 before any worker starts, after the role's options were validated.
@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from rlweave.backend_helpers.hf_model.config_json import moe_experts, text_config
+
+from rlweave_backend_fsdp.lora_check import lora_target_problems
 
 
 def kv_repeat(n_heads: int, n_kv: int, sp: int) -> int:
@@ -68,11 +70,12 @@ def sp_problems(sp: int, options: dict[str, Any], heads: tuple[int, int] | None)
 def check_role(role: str, section: Any, model: Any) -> list[tuple[str, str]]:
     """Sequence parallelism (``parallel.sp``) needs packed rows, rlweave's varlen attention and
     heads that split over the group (key/value heads repeated when fewer than ``sp``), and a
-    dense model (MoE models with ``sp > 1`` are not supported yet)."""
+    dense model (MoE models with ``sp > 1`` are not supported yet); LoRA target modules must be
+    linear layers of the model (:mod:`rlweave_backend_fsdp.lora_check`)."""
     sp = int(section.parallel.get("sp", 1))
     heads = _heads(model) if sp > 1 else None
     experts = moe_experts(model) if sp > 1 else None
     src = f" (model {model.path})" if heads is not None or experts else ""
     problems = sp_problems(sp, section.options or {}, heads) + moe_problems(sp, experts)
     return [(f"roles.{role}.{key}", f"role {role!r}: {msg}{src if key == 'parallel.sp' else ''}")
-            for key, msg in problems]
+            for key, msg in problems] + lora_target_problems(role, section, model)
