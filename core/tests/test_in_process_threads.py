@@ -111,6 +111,7 @@ def test_control_calls_pass_a_running_call_only_on_a_control_lane(lanes):
     with pytest.raises(WorkerTimeout) as timeout:
         plain.wait(queued, 0.3)
     assert (timeout.value.role, timeout.value.method, timeout.value.ranks) == ("rollout", "open", [0])
+    assert " in block" in timeout.value.stacks[0]  # where the lane is held up: the call before it
     assert not plain.done(queued)
     gate.set()
     assert plain.wait(running, WAIT_S) == ["unblocked"] and plain.wait(queued, WAIT_S) == ["opened"]

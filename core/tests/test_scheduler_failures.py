@@ -6,7 +6,9 @@ One Ray cluster for the module (start-up costs seconds); every test builds and e
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import signal
 import time
 
@@ -60,14 +62,51 @@ def test_a_hung_call_times_out_naming_role_ranks_method_and_setting(built):
     with pytest.raises(WorkerTimeout) as info:
         fut.result()  # no timeout given: the role's configured one applies
     took = time.monotonic() - t0
-    assert 1.9 <= took < 4.0, took
+    assert 1.9 <= took < 6.0, took  # the timeout, and reading the stuck rank's stack
     err = info.value
     assert (err.role, err.method, err.ranks) == ("policy", "nap", [1])
     assert "roles.policy.timeouts.other" in str(err) and "rank(s) 1" in str(err)
+    # where the stuck rank is: its sleeping frame, innermost first, under the rank's heading
+    assert list(err.stacks) == [1]
+    frames = err.stacks[1].splitlines()
+    assert frames[1].endswith("in nap") and "rlweave/testing/workers.py" in frames[1], err.stacks[1]
+    assert "--- where policy rank 1 was (most recent call first) ---" in str(err)
+    assert pickle.loads(pickle.dumps(err)).stacks == err.stacks
     assert lost_roles(err) == {"policy": "rank(s) 1 hung in nap()"}
     t0 = time.monotonic()
     policy.kill()  # a hung rank is ended at once, not asked to shut down
     assert time.monotonic() - t0 < 5
+
+
+def test_rlweave_stacks_prints_where_each_live_rank_is(built, tmp_path):
+    from typer.testing import CliRunner
+
+    from rlweave.cli import app
+
+    _, roles = built({"policy": {"devices": 2}})
+    policy = roles["policy"]
+    rows = policy.submit_ranks("placement", [0, 1], [((), {})] * 2, list, on_actor=True).result(timeout=60)
+    (tmp_path / "workers.json").write_text(json.dumps(
+        {"policy": [{"rank": r, "pid": i["pid"], "node_ip": i["node_ip"], "stack_fd": i["stack_fd"]}
+                    for r, i in enumerate(rows)]}))
+    fut = policy.submit_ranks("nap", [0, 1], [((0.0,), {}), ((30.0,), {})], list)
+    time.sleep(1.0)
+    out = CliRunner().invoke(app, ["stacks", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    rank1 = out.output.split("=== policy rank 1")[1]
+    assert " in nap" in rank1 and "=== policy rank 0" in out.output
+    policy.kill()
+    del fut
+    missing = CliRunner().invoke(app, ["stacks", str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and "workers.json: no such file" in missing.output
+
+
+def test_a_process_that_did_not_arm_itself_is_never_signalled():
+    from rlweave.scheduler.stacks import StackSource, dump
+
+    # this test process has no stacks file at fd 0: SIGUSR1 would end it, so it must not be sent
+    assert dump(StackSource(os.getpid(), 0, "10.0.0.9")).startswith(
+        f"(no stack: process {os.getpid()} is not running on this machine (it runs on 10.0.0.9")
 
 
 def test_timeout_keys_follow_the_method():

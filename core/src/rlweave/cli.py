@@ -20,6 +20,8 @@
 
 * ``rlweave generate``, ``rlweave export``, ``rlweave eval``: offline generation, checkpoint export
   and evaluation of a trained model (:mod:`rlweave.commands`).
+* ``rlweave stacks RUN_DIR``: the Python stacks of every live rank of a run on this machine
+  (:mod:`rlweave.commands.stacks`); a call past its timeout shows its ranks' stacks by itself.
 An invalid config prints one line per problem (``invalid config: <file>: <key>: <message>`` for
 one), unknown names and bad references to the user's own code included. User code that fails
 inside a run (an environment's ``step()``, a reward failing too often) ends it with one ``error:``
@@ -50,6 +52,7 @@ from rlweave.commands import evaluate as _evaluate
 from rlweave.commands import export as _export
 from rlweave.commands import generate as _generate
 from rlweave.commands import plugins
+from rlweave.commands import stacks as _stacks
 from rlweave.deps import check_installed, missing_dependency
 from rlweave.interfaces.failures import PluginCodeError
 from rlweave.rewards.failures import RewardFailureError
@@ -259,6 +262,7 @@ def train(config: Path = typer.Argument(..., help="Run config YAML."),
 app.command("generate")(_generate.generate)
 app.command("export")(_export.export)
 app.command("eval")(_evaluate.evaluate)
+app.command("stacks")(_stacks.stacks)
 
 
 def main() -> None:

@@ -59,15 +59,21 @@ class WorkerError(RuntimeError):
 
 class WorkerTimeout(TimeoutError):
     """A call on a role did not finish within its timeout; names the ranks still running and,
-    when the timeout came from the config, the setting (``roles.<role>.timeouts.<key>``)."""
+    when the timeout came from the config, the setting (``roles.<role>.timeouts.<key>``).
+    ``stacks``: rank -> where that rank was when the time ran out (the innermost frames of the
+    thread running the call, or a sentence saying why they could not be read), for the ranks
+    the scheduler could look at; the message shows them."""
 
-    def __init__(self, role: str, method: str, ranks: list[int], timeout_s: float, setting: str | None = None):
+    def __init__(self, role: str, method: str, ranks: list[int], timeout_s: float, setting: str | None = None,
+                 stacks: dict[int, str] | None = None):
         self.role, self.method, self.ranks, self.timeout_s = role, method, list(ranks), timeout_s
-        self.setting = setting
+        self.setting, self.stacks = setting, dict(stacks or {})
         text = f"role {role!r}: {method}() did not finish within {timeout_s:g} s on rank(s) {', '.join(map(str, ranks))}"
         if setting:
             text += f" (the worker may be hung; the limit is {setting})"
+        for rank, stack in sorted(self.stacks.items()):
+            text += f"\n--- where {role} rank {rank} was (most recent call first) ---\n{stack.rstrip()}"
         super().__init__(text)
 
     def __reduce__(self):
-        return (type(self), (self.role, self.method, self.ranks, self.timeout_s, self.setting))
+        return (type(self), (self.role, self.method, self.ranks, self.timeout_s, self.setting, self.stacks))

@@ -362,8 +362,9 @@ class _Run:
 
     def _write_workers(self) -> None:
         """``workers.json``: role -> per-rank ``{rank, pid, node_ip, node_id}`` (``node_id`` is Ray's: nodes
-        of one machine share an address), and ``device`` where the scheduler reports it (in process:
-        ``cuda`` or ``cpu``), for operators and tests."""
+        of one machine share an address), ``device`` where the scheduler reports it (in process:
+        ``cuda`` or ``cpu``) and ``stack_fd`` where the rank's stacks are read (Ray; ``rlweave
+        stacks``), for operators and tests."""
         rows: dict[str, list[dict[str, Any]]] = {}
         from rlweave.scheduler.views import is_view
 
@@ -374,7 +375,9 @@ class _Run:
             info = handle.submit_ranks("placement", ranks, [((), {})] * len(ranks), list, on_actor=True).result(
                 timeout=60)
             rows[role] = [{"rank": r, "pid": i.get("pid"), "node_ip": i.get("node_ip"), "node_id": i.get("node_id"),
-                           **({"device": i["device"]} if "device" in i else {})} for r, i in zip(ranks, info)]
+                           **({"device": i["device"]} if "device" in i else {}),
+                           **({"stack_fd": i["stack_fd"]} if i.get("stack_fd") is not None else {})}
+                          for r, i in zip(ranks, info)]
         write_json(self.run_dir / "workers.json", rows)
 
     def _restore(self) -> int:

@@ -43,7 +43,7 @@ class RoleFuture:
             except WorkerTimeout as exc:
                 if timeout is not None or exc.setting or not self.setting:
                     raise
-                raise WorkerTimeout(exc.role, exc.method, exc.ranks, exc.timeout_s, self.setting) from None
+                raise WorkerTimeout(exc.role, exc.method, exc.ranks, exc.timeout_s, self.setting, exc.stacks) from None
             finally:
                 self.wait_s += time.perf_counter() - t0
             t0 = time.perf_counter()

@@ -15,8 +15,8 @@ the run modes that overlap generation and training (``one_step_off``, ``async``)
   roles run control calls on their lane, in order.
 * **Futures.** ``submit`` returns at once; ``wait`` raises a rank's
   :class:`~rlweave.worker_errors.WorkerError` as soon as it fails and
-  :class:`~rlweave.worker_errors.WorkerTimeout` when ``timeout`` runs out (the call goes on:
-  nothing can stop a thread); ``wait_any`` sleeps until one call ends.
+  :class:`~rlweave.worker_errors.WorkerTimeout` when ``timeout`` runs out, with the stack of
+  the lane's thread (the call goes on: nothing can stop a thread); ``wait_any`` sleeps until one call ends.
 * **Devices.** A call runs with the CUDA device that was current in the submitting thread when
   this process uses CUDA (each thread has its own current device), and frees the OpenMP workers
   its thread started when it ends (:func:`rlweave.devices.openmp.releasing`).
@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import sys
+import threading
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any, Callable
 
@@ -63,12 +65,29 @@ class CallLane:
     def __init__(self, name: str):
         self.name = name
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"rlweave-{name}")
+        self._thread: int | None = None  # the lane thread's id, once it ran a call
 
     def run(self, call: Callable[[], Any]) -> cf.Future:
         """``call()`` on this lane, after the calls given before it, with the submitting thread's
         CUDA device; its future holds what it returns."""
         # then the OpenMP workers the lane's thread started are freed (rlweave.devices.openmp)
-        return self._pool.submit(releasing(_on_device), _current_cuda_device(), call)
+        return self._pool.submit(self._on_lane, releasing(_on_device), _current_cuda_device(), call)
+
+    def _on_lane(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self._thread = threading.get_ident()
+        return fn(*args)
+
+    def stack(self, frames: int = 12) -> str:
+        """Where the lane's thread is now: its ``frames`` innermost frames, most recent call
+        first (the layout of :mod:`rlweave.scheduler.stacks`)."""
+        frame = sys._current_frames().get(self._thread) if self._thread is not None else None
+        if frame is None:
+            return "(no stack: the lane runs no call)"
+        entries = traceback.extract_stack(frame)[::-1]
+        lines = [f'  File "{e.filename}", line {e.lineno} in {e.name}' for e in entries[:frames]]
+        more = len(entries) - frames
+        return "\n".join([f"Thread {self.name} (most recent call first):"] + lines
+                         + ([f"  ... {more} outer frame(s)"] if more > 0 else []))
 
     def close(self) -> None:
         """Drop the calls not started, let the running one end; idempotent."""
@@ -115,7 +134,7 @@ class ThreadedWorkerGroup(WorkerGroup):
                     raise value
             if left and deadline is not None and time.monotonic() >= deadline:
                 ranks = [rank for fut, rank, _ in pending if fut in left]
-                raise WorkerTimeout(self.name, pending[0][2], ranks, float(timeout))
+                raise WorkerTimeout(self.name, pending[0][2], ranks, float(timeout), stacks={ranks[0]: self.lane.stack()})
         return [fut.result()[1] for fut, _, _ in pending]
 
     def done(self, pending: list) -> bool:

@@ -10,6 +10,10 @@ role, rank, method and the formatted traceback, so the controller can name them.
 methods: the generic call of :mod:`rlweave.scheduler.group`, through which weight-sync
 transports run their rank-side ends (the actor knows nothing of weight sync).
 
+Stacks: the actor arms its process so that the controller can read every thread's stack
+from outside when a call hangs (:mod:`rlweave.scheduler.stacks`); :meth:`WorkerActor.placement`
+says where they are written (``stack_fd``).
+
 Control channel: for a worker class with ``control_plane = True`` the actor is made with a
 Ray concurrency group :data:`CONTROL_GROUP` of its own (:func:`remote_actor_class`), and
 :meth:`WorkerActor.control_apply` runs there, on another thread, never queued behind the
@@ -33,6 +37,7 @@ import traceback
 from typing import Any, Callable
 
 from rlweave.devices.openmp import release_off_main
+from rlweave.scheduler import stacks
 from rlweave.scheduler.faults import FaultPlan
 from rlweave.scheduler.ray_impl import process
 from rlweave.scheduler.ray_impl.process import ProcessSettings
@@ -54,6 +59,7 @@ class WorkerActor:
         self.worker: Any = None
         self.applied: ProcessSettings | None = None  # what setup applied to this process
         self._faults = FaultPlan(role, rank)  # test-only fault injection (rlweave.scheduler.faults)
+        self._stacks = stacks.install()  # the controller can read where a hung call is
 
     def _fail(self, method: str, exc: BaseException) -> RemoteFailure:
         import pickle
@@ -74,9 +80,10 @@ class WorkerActor:
 
     def placement(self) -> dict[str, Any]:
         """Where Ray put this rank: pid, node (address and Ray node id: several nodes may
-        share an address), placement group, GPU ids, CPU threads, and
+        share an address), placement group, GPU ids, CPU threads,
         whether this process keeps freed memory for reuse (``cpu_malloc_reuse``, as applied by
-        :meth:`setup`; None before it)."""
+        :meth:`setup`; None before it), and ``stack_fd``, the descriptor its stacks are written
+        to (:mod:`rlweave.scheduler.stacks`)."""
         import ray
 
         ctx = ray.get_runtime_context()
@@ -91,6 +98,7 @@ class WorkerActor:
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "torch_threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None,
             "cpu_malloc_reuse": None if self.applied is None else self.applied.cpu_malloc_reuse,
+            "stack_fd": self._stacks.fd,
         }
 
     def setup(self, ctx: Any, device_kind: str, settings: ProcessSettings | None = None) -> None:

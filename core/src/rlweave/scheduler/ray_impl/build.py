@@ -22,6 +22,7 @@ from rlweave.scheduler.ray_impl.actor import remote_actor_class
 from rlweave.scheduler.ray_impl.group import RayWorkerGroup
 from rlweave.scheduler.ray_impl.pools import PoolPlacement, create_pool
 from rlweave.scheduler.ray_impl.process import ProcessSettings
+from rlweave.scheduler.stacks import StackSource
 
 if TYPE_CHECKING:  # pragma: no cover
     from rlweave.config.schema import RunConfig
@@ -131,6 +132,11 @@ class RoleBuilder(BuilderInputs):
                                                   on_actor=True))
         for fut in setup_futs:
             fut.result(timeout=SETUP_TIMEOUT_S)
+        for handle in handles.values():  # where each rank's stacks are read when a call hangs
+            ranks = list(range(handle.world_size))
+            rows = handle.submit_ranks("placement", ranks, [((), {})] * len(ranks), list, on_actor=True).result(
+                timeout=ADDRESS_TIMEOUT_S)
+            handle.group.stack_sources = {r: StackSource.from_dict(row) for r, row in zip(ranks, rows)}
         if init:
             futs = []
             for role, handle in handles.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
+from rlweave.scheduler import stacks
 from rlweave.scheduler.group import RankArgs, WorkerGroup
 from rlweave.scheduler.ray_impl.actor import CONTROL_GROUP, GENERATE_GROUP
 from rlweave.scheduler.ray_impl.liveness import LIVENESS, DeadRank
@@ -32,6 +33,11 @@ def _method_call(worker: Any, rank: int, method: str, args: tuple, kwargs: dict)
     return getattr(worker, method)(*args, **kwargs)
 
 
+#: at most this many stuck ranks have their stacks read into a timeout's error
+STACKS_OF = 4
+#: the frames of a worker's stack that run its calls (see :mod:`rlweave.scheduler.stacks`)
+CALL_FRAMES = "scheduler/ray_impl/actor.py"
+
 #: longest single ``ray.wait`` inside :meth:`RayWorkerGroup.wait`; between two, dead ranks are looked up
 WAIT_SLICE_S = 1.0
 
@@ -47,7 +53,9 @@ def dead_rank_error(dead: list[DeadRank], waiting_for: str) -> WorkerError:
 class RayWorkerGroup(WorkerGroup):
     """Pending entries are ``(rank, method, ObjectRef)``. Its actors are watched by
     :data:`~rlweave.scheduler.ray_impl.liveness.LIVENESS` until :meth:`kill`: a wait on any
-    group raises :class:`WorkerError` (``lost``) as soon as a rank of any group is found dead."""
+    group raises :class:`WorkerError` (``lost``) as soon as a rank of any group is found dead.
+    ``stack_sources`` (rank -> :class:`~rlweave.scheduler.stacks.StackSource`, set by the
+    builder once the ranks are up) lets a timeout show where the stuck ranks are."""
 
     def __init__(self, name: str, actors: list[Any], control: bool = False, concurrent_calls: int = 1):
         self.name = name
@@ -58,6 +66,7 @@ class RayWorkerGroup(WorkerGroup):
         self.concurrent_calls = max(1, int(concurrent_calls))
         self.world_size = len(actors)
         self._killed = False
+        self.stack_sources: dict[int, stacks.StackSource | None] = {}
         for rank, actor in enumerate(actors):
             LIVENESS.register(name, rank, actor)
 
@@ -101,7 +110,8 @@ class RayWorkerGroup(WorkerGroup):
             if not ready:
                 if deadline is not None and time.monotonic() >= deadline:
                     ranks = sorted(by_ref[r][0] for r in left)
-                    raise WorkerTimeout(self.name, method, ranks, float(timeout or 0.0))
+                    raise WorkerTimeout(self.name, method, ranks, float(timeout or 0.0),
+                                        stacks=self.stacks_of(ranks[:STACKS_OF]))
                 dead = LIVENESS.dead()
                 if dead:
                     waiting = {by_ref[r][0] for r in left}
@@ -118,6 +128,10 @@ class RayWorkerGroup(WorkerGroup):
                 except Exception as exc:  # noqa: BLE001 - mapped to WorkerError
                     raise to_worker_error(exc, self.name, rank, method) from None
         return [results[p[2]] for p in pending]
+
+    def stacks_of(self, ranks: Sequence[int]) -> dict[int, str]:
+        """rank -> the frames of the thread running its call (or why they cannot be read)."""
+        return {r: stacks.calls_in(stacks.dump(self.stack_sources.get(r)), CALL_FRAMES) for r in ranks}
 
     def done(self, pending: list) -> bool:
         import ray
