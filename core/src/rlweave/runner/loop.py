@@ -266,6 +266,8 @@ class _Run:
     def _prepare(self) -> None:
         """Everything before Ray: plugins, run directory, seeds, tokenizer, data, rewards."""
         from rlweave.config.errors import ConfigError, ConfigIssue
+        from rlweave.config.gguf import GgufError
+        from rlweave.config.gguf_convert import localize_gguf
         from rlweave.config.hub import HubModelError, localize
         from rlweave.config.resolve import resolve_plugins
         from rlweave.runner.data import DataIterator, open_data
@@ -273,6 +275,10 @@ class _Run:
         try:  # hub names -> their snapshot directories in the Hugging Face cache
             self.cfg = localize(self.cfg)[0]
         except HubModelError as exc:
+            raise ConfigError([ConfigIssue(self.source, exc.key, str(exc))]) from None
+        try:  # GGUF files -> their converted directories (rlweave.config.gguf), once, before any worker
+            self.cfg = localize_gguf(self.cfg, say=self.say)[0]
+        except GgufError as exc:
             raise ConfigError([ConfigIssue(self.source, exc.key, str(exc))]) from None
         cfg = self.cfg
         self.resolved = resolve_plugins(cfg, source=self.source)
