@@ -125,11 +125,15 @@ def _gguf_converted(cfg: Any, say: Callable[[str], None]) -> Any:
 def export_gguf(gguf: Path, out: Path, overwrite: bool = False, say: Callable[[str], None] = print) -> Path:
     """Write the Hugging Face conversion of GGUF file ``gguf`` to ``out`` (whole or not at all;
     a non-empty ``out`` only with ``overwrite``, moved aside); returns ``out``."""
-    from rlweave.commands.source import gguf_dir
+    from rlweave.config.gguf import GgufError
+    from rlweave.config.gguf_convert import converted_dir
     from rlweave.runner.previous_run import move_aside
 
     check_out(out, overwrite)
-    converted = gguf_dir(gguf, say)
+    try:
+        converted = converted_dir(gguf, say)
+    except GgufError as exc:
+        raise CommandError(str(exc)) from None
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.export-tmp")
     shutil.rmtree(tmp, ignore_errors=True)

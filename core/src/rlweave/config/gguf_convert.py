@@ -84,12 +84,15 @@ def converted_dir(src: str | os.PathLike[str], say: Callable[[str], None] = prin
     """The Hugging Face directory of GGUF file ``src`` (cached or converted now; see the module
     docstring). Raises :class:`~rlweave.config.gguf.GgufError` naming the file or cache folder."""
     src = Path(src)
-    info = check_gguf(src)
-    sha = file_sha256(src)
+    try:
+        sha = file_sha256(src)
+    except OSError as exc:
+        raise GgufError(f"'{src}' cannot be read: {exc.strerror or exc}") from None
     hit = cached_conversion(sha)
     if hit is not None:
         say(f"GGUF {src}: using the cached conversion {hit}")
         return hit
+    info = check_gguf(src)
     entry = entry_dir(sha)
     if entry.exists():
         raise GgufError(f"'{src}': its cache folder {entry} exists but is not a finished conversion of this file; "

@@ -1,0 +1,84 @@
+"""GGUF model paths (:mod:`rlweave.config.gguf`, :mod:`rlweave.config.gguf_convert`), the parts that
+need no conversion: which path names a GGUF, where the cache is, that a cache folder which is not
+a finished conversion of ours is never overwritten, and that reading these modules imports
+neither torch nor transformers. Conversion and training from a GGUF: ``tests/test_gguf_input.py``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from rlweave.config.gguf import GgufError, cache_root, file_sha256, gguf_file
+
+
+def _write_gguf(path, arch: str = "llama"):
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_tensor("token_embd.weight", np.ones((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_which_paths_name_a_gguf(tmp_path):
+    one = tmp_path / "one"
+    one.mkdir()
+    f = _write_gguf(one / "m.Q4.gguf")
+    assert gguf_file(f) == f and gguf_file(one) == f and gguf_file(str(one)) == f
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    _write_gguf(hf / "extra.gguf")
+    assert gguf_file(hf) is None  # a Hugging Face directory stays one
+    assert gguf_file(tmp_path / "missing.gguf") is None and gguf_file(None) is None
+    (tmp_path / "notes.txt").write_text("x")
+    assert gguf_file(tmp_path / "notes.txt") is None
+    two = tmp_path / "two"
+    two.mkdir()
+    _write_gguf(two / "a.gguf")
+    _write_gguf(two / "b.gguf")
+    with pytest.raises(GgufError, match=r"holds 2 \.gguf files \(a\.gguf, b\.gguf\).*name the file"):
+        gguf_file(two)
+
+
+def test_cache_location(monkeypatch, tmp_path):
+    monkeypatch.setenv("RLWEAVE_CACHE", str(tmp_path / "c"))
+    assert cache_root() == tmp_path / "c" / "gguf"
+    monkeypatch.delenv("RLWEAVE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert cache_root() == tmp_path / "x" / "rlweave" / "gguf"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_root() == tmp_path / "home" / ".cache" / "rlweave" / "gguf"
+
+
+def test_a_cache_folder_that_is_not_ours_is_never_overwritten(monkeypatch, tmp_path):
+    from rlweave.config.gguf_convert import converted_dir
+
+    monkeypatch.setenv("RLWEAVE_CACHE", str(tmp_path / "cache"))
+    src = _write_gguf(tmp_path / "m.gguf")
+    entry = tmp_path / "cache" / "gguf" / file_sha256(src)[:16]
+    entry.mkdir(parents=True)
+    (entry / "mine.txt").write_text("keep me")
+    with pytest.raises(GgufError, match=f"{entry} exists but is not a finished conversion.*left as it is"):
+        converted_dir(src, say=lambda line: None)
+    assert [p.name for p in entry.iterdir()] == ["mine.txt"] and (entry / "mine.txt").read_text() == "keep me"
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # no temporary folder left
+
+
+def test_reading_gguf_paths_imports_neither_torch_nor_transformers_models(tmp_path):
+    src = _write_gguf(tmp_path / "m.gguf")
+    code = ("import sys\nfrom pathlib import Path\nimport rlweave.config.gguf_convert\n"
+            "from rlweave.config.gguf import check_gguf\n"
+            f"info = check_gguf(Path({str(src)!r}))\n"
+            "assert info.architecture == 'llama' and info.tensor_types == ('F32',), info\n"
+            "print(sorted(m for m in ('torch', 'transformers.modeling_utils') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
