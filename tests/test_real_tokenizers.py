@@ -8,7 +8,7 @@ its README), in two styles a tiny random model of its vocabulary is built with:
   a default system turn), EOS ``<|im_end|>``, and a ``generation_config.json`` naming two EOS ids
   (``<|im_end|>`` and ``<|endoftext|>``), as Qwen2.5-Instruct's does. No Qwen tokenizer is
   available offline; the template is the one shipped with SmolLM2, the same ChatML format;
-* **Llama-style**: Llama 3's special tokens added (``<|begin_of_text|>``, ``<|start_header_id|>``,
+* **Llama-style**: Llama 3's text split (pre-tokenizer regex) and special tokens added (``<|begin_of_text|>``, ``<|start_header_id|>``,
   ``<|end_header_id|>``, ``<|eot_id|>``, ``<|end_of_text|>``), its header/``<|eot_id|>`` template
   that writes the BOS itself, and its tokenizer's post-processor that *also* prepends the BOS
   when text is encoded with special tokens; EOS ``<|eot_id|>``, generation EOS ids
@@ -23,7 +23,8 @@ Checked per style: rlweave's data loader renders chat records (a last assistant 
 equal ``apply_chat_template(..., tokenize=True)`` (one BOS, not two); the HF engine's and the
 vLLM engine's greedy response ids, with the stop ids rlweave's rollout settings give, equal
 ``model.generate``'s (which ends on the first EOS id of the model's generation config), with
-``finish_reason`` ``stop`` exactly where that ends on an EOS id.
+``finish_reason`` ``stop`` exactly where that ends on an EOS id. ``rlweave generate``'s prompts are
+the same ids, and SFT trains on exactly the assistant turns' tokens (with their end-of-turn token).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ CHATS = [
     [{"role": "user", "content": "  Spaces, digits 12345 and ünïcödé  "}, {"role": "assistant", "content": "ok"}],
 ]
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+#: how Llama 3's tokenizer splits text before its byte-level BPE (its tokenizer.json's pre-tokenizer)
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' "
     "+ m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
@@ -125,7 +129,7 @@ def _build(root: Path, name: str, arch: str, tok, eos_ids: list[int], stopper: i
 
 @pytest.fixture(scope="module")
 def styles(tmp_path_factory) -> dict[str, Style]:
-    from tokenizers import processors
+    from tokenizers import Regex, pre_tokenizers, processors
     from transformers import AutoTokenizer
 
     root = tmp_path_factory.mktemp("real-tok")
@@ -138,6 +142,9 @@ def styles(tmp_path_factory) -> dict[str, Style]:
     llama_tok.add_special_tokens({"additional_special_tokens": LLAMA3_SPECIALS}, replace_extra_special_tokens=False)
     llama_tok.bos_token, llama_tok.eos_token, llama_tok.pad_token = "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>"
     bos = llama_tok.convert_tokens_to_ids("<|begin_of_text|>")
+    llama_tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence([  # Llama 3's split of the text
+        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     llama_tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
         single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
         special_tokens=[("<|begin_of_text|>", bos)])
@@ -148,6 +155,8 @@ def styles(tmp_path_factory) -> dict[str, Style]:
                    stopper=eot)
     llama.tokenizer = AutoTokenizer.from_pretrained(llama.model_dir)  # as saved with the model
     assert llama.tokenizer("hi")["input_ids"][0] == bos and llama.tokenizer.chat_template == LLAMA3_TEMPLATE
+    pieces = llama.tokenizer.convert_ids_to_tokens(llama.tokenizer("\n\nBlue", add_special_tokens=False)["input_ids"])
+    assert pieces[0] == "\u010a\u010a", pieces  # Llama 3's split kept: a blank line before a word is one token
     return {"qwen": qwen, "llama": llama}
 
 
@@ -176,12 +185,32 @@ def test_prompts_render_and_encode_as_transformers_does(styles, name, tmp_path):
     for chat, text, got in zip(CHATS, texts, ids):
         assert text == tok.apply_chat_template(_asked(chat), tokenize=False, add_generation_prompt=True)
         assert got == _template_ids(tok, chat), (text, got[:4])
+    # ``rlweave generate`` / ``eval`` make the same prompts
+    from rlweave.commands.records import encode_records as command_ids
+    from rlweave.commands.records import load_records as command_records
+    from rlweave.commands.records import prompt_texts
+
+    records = command_records(_records_file(tmp_path), tok)
+    assert command_ids(tok, prompt_texts(records, tok), records, tmp_path) == ids
     if name == "llama":
         assert texts[0].startswith("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\n")
         assert sum(t == tok.bos_token_id for t in ids[0]) == 1  # the template's BOS only
     else:
         assert texts[0].startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
         assert texts[0].endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("name", ["qwen", "llama"])
+def test_sft_trains_on_exactly_the_assistant_turns(styles, name):
+    pytest.importorskip("rlweave_algo_sft", reason="rlweave-algo-sft not installed")
+    from rlweave_algo_sft.data import encode_messages
+
+    tok = styles[name].tokenizer
+    chat = CHATS[1] + [{"role": "assistant", "content": "Red."}]
+    ids, mask = encode_messages(tok, chat)
+    assert ids == list(tok.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"])
+    trained = tok.decode([t for t, m in zip(ids, mask) if m])
+    assert trained == ("Blue.<|eot_id|>Red.<|eot_id|>" if name == "llama" else "Blue.<|im_end|>\nRed.<|im_end|>\n")
 
 
 def _params(tok):
@@ -228,6 +257,7 @@ def test_vllm_engine_generates_what_transformers_generates(styles, tmp_path):
                                           model={"path": str(style.model_dir), "dtype": "float32"}, seed=1))
         engine.init_engine()
         try:
+            (tmp_path / name).mkdir()
             _check_engine(style, engine, tmp_path / name)
         finally:
             engine.shutdown()
