@@ -11,6 +11,7 @@ tensors, tokenizer and ChatML template as metadata). The GGUF cache is a folder 
   and whose tokenizer encodes like the source's, with its chat template and EOS;
 * a second use (``rlweave generate`` on the same file) says it reuses the cache and converts
   nothing (the conversion's record is untouched); its greedy output is the source model's;
+  ``rlweave export FILE.gguf --out DIR`` writes the cached conversion to ``DIR``;
 * the file rewritten (float16 tensors) gets a new conversion beside the first, with weights equal
   to the source's after float16 rounding;
 * a corrupt file and a GGUF of an architecture transformers cannot read are one-line validation
@@ -127,6 +128,12 @@ def test_train_from_a_gguf_converts_it_once_and_reuses_the_cache(gguf_ws, tmp_pa
     rows = [json.loads(x) for x in outfile.read_text().splitlines()]
     ref = [json.loads(x) for x in (tmp_path / "ref.jsonl").read_text().splitlines()]
     assert [r["responses"] for r in rows] == [r["responses"] for r in ref] and len(rows) == 16
+
+    # export: the conversion copied out as a Hugging Face directory, still from the cache
+    rc, out, _ = run_cli(["export", str(gguf), "--out", str(tmp_path / "exported")], env)
+    assert rc == 0 and "using the cached conversion" in out and "converting" not in out, out[-3000:]
+    _same_weights(gguf_ws / "source", tmp_path / "exported")
+    assert json.loads((tmp_path / "exported" / "rlweave_export.json").read_text())["gguf"] == str(gguf.resolve())
 
     # a changed file is converted anew, beside the first conversion
     from rlweave.config.gguf_convert import converted_dir
