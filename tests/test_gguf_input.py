@@ -7,8 +7,9 @@ tensors, tokenizer and ChatML template as metadata). The GGUF cache is a folder 
 
 * ``rlweave train`` of 2 GRPO steps (FSDP policy, HF engine, in process) from the GGUF: one status
   line says it converts, the run trains (finite, non-zero losses), the cache holds one conversion
-  whose ``source.json`` names the file's sha256, whose weights equal the source model's exactly,
-  and whose tokenizer encodes like the source's, with its chat template and EOS;
+  whose ``source.json`` names the file's sha256 (so does the run's ``plugins.json``), whose
+  weights equal the source model's exactly, and whose tokenizer encodes like the source's, with
+  its chat template and EOS;
 * a second use (``rlweave generate`` on the same file) says it reuses the cache and converts
   nothing (the conversion's record is untouched); its greedy output is the source model's;
   ``rlweave export FILE.gguf --out DIR`` writes the cached conversion to ``DIR``;
@@ -108,6 +109,8 @@ def test_train_from_a_gguf_converts_it_once_and_reuses_the_cache(gguf_ws, tmp_pa
     assert record["sha256"] == file_sha256(gguf) and entry.name == record["sha256"][:16]
     assert record["source"] == str(gguf.resolve()) and record["architecture"] == "llama"
     hf = entry / "hf"
+    models = json.loads((gguf_ws / "runs" / "from-gguf" / "plugins.json").read_text())["models"]
+    assert models == {"model.path": {"gguf": str(gguf.resolve()), "sha256": record["sha256"], "path": str(hf)}}
     _same_weights(gguf_ws / "source", hf)
     src_tok, conv_tok = AutoTokenizer.from_pretrained(gguf_ws / "source"), AutoTokenizer.from_pretrained(hf)
     for text in ("3+4=7", "12-5=7 and 0+0=0", "<|im_start|>user\n6-2=<|im_end|>\n"):

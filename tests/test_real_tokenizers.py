@@ -8,11 +8,11 @@ its README), in two styles a tiny random model of its vocabulary is built with:
   a default system turn), EOS ``<|im_end|>``, and a ``generation_config.json`` naming two EOS ids
   (``<|im_end|>`` and ``<|endoftext|>``), as Qwen2.5-Instruct's does. No Qwen tokenizer is
   available offline; the template is the one shipped with SmolLM2, the same ChatML format;
-* **Llama-style**: Llama 3's text split (pre-tokenizer regex) and special tokens added (``<|begin_of_text|>``, ``<|start_header_id|>``,
-  ``<|end_header_id|>``, ``<|eot_id|>``, ``<|end_of_text|>``), its header/``<|eot_id|>`` template
-  that writes the BOS itself, and its tokenizer's post-processor that *also* prepends the BOS
-  when text is encoded with special tokens; EOS ``<|eot_id|>``, generation EOS ids
-  ``<|end_of_text|>`` and ``<|eot_id|>``.
+* **Llama-style**: Llama 3's text split (pre-tokenizer regex) and special tokens added
+  (``<|begin_of_text|>``, ``<|start_header_id|>``, ``<|end_header_id|>``, ``<|eot_id|>``,
+  ``<|end_of_text|>``), its header/``<|eot_id|>`` template that writes the BOS itself, and its
+  tokenizer's post-processor that *also* prepends the BOS when text is encoded with special
+  tokens; EOS ``<|eot_id|>``, generation EOS ids ``<|end_of_text|>`` and ``<|eot_id|>``.
 
 Each tiny model has one lm-head row swapped so that, greedily, one conversation ends on an EOS id
 within a few tokens (for Qwen-style the ``<|endoftext|>`` that only ``generation_config.json``

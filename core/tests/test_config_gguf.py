@@ -1,7 +1,8 @@
 """GGUF model paths (:mod:`rlweave.config.gguf`, :mod:`rlweave.config.gguf_convert`), the parts that
-need no conversion: which path names a GGUF, where the cache is, that a cache folder which is not
-a finished conversion of ours is never overwritten, and that reading these modules imports
-neither torch nor transformers. Conversion and training from a GGUF: ``tests/test_gguf_input.py``."""
+need no training: which path names a GGUF, where the cache is, that a cache folder which is not a
+finished conversion of ours is never overwritten, that every model key naming one file uses one
+conversion, and that reading these modules imports neither torch nor transformers. Training from
+a GGUF: ``tests/test_gguf_input.py``."""
 
 from __future__ import annotations
 
@@ -82,3 +83,42 @@ def test_reading_gguf_paths_imports_neither_torch_nor_transformers_models(tmp_pa
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_every_model_key_naming_one_gguf_uses_one_conversion(monkeypatch, tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    import yaml
+
+    from rlweave.config.gguf_convert import localize_gguf
+    from rlweave.config.loader import load_config
+    from rlweave.testing.tiny_gguf import byte_bpe_tokenizer, write_llama_gguf
+    from rlweave.testing.tiny_model import build_tiny
+
+    spec = importlib.util.spec_from_file_location("rlweave_test_fakes", Path(__file__).parent / "plugin_dists" /
+                                                  "fakes.py")
+    fakes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fakes)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLWEAVE_CACHE", str(tmp_path / "cache"))
+    arch = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                intermediate_size=32, max_position_embeddings=32)
+    texts = [f"{a}+{b}={a + b}" for a in range(10) for b in range(10)]
+    source = build_tiny("Llama", arch, tmp_path / "src", tokenizer=byte_bpe_tokenizer(texts))
+    (tmp_path / "models").mkdir()
+    write_llama_gguf(source, tmp_path / "models" / "m.gguf")
+    Path("train.jsonl").write_text('{"prompt": "1+1=", "answer": 2}\n')
+    data = {"resources": {"pools": {"default": {"devices_per_node": 2}}},
+            "roles": {"policy": {"backend": "fsdp", "model": {"path": "models"}}, "rollout": {"engine": "vllm"}},
+            "algorithm": {"name": "grpo"}, "model": {"path": "models/m.gguf", "tokenizer": "models/m.gguf"},
+            "data": {"train": "train.jsonl"}}
+    Path("c.yaml").write_text(yaml.safe_dump(data))
+    cfg, _ = load_config("c.yaml", pm=fakes.make_pm())  # validation reads the header: a usable GGUF
+    lines: list[str] = []
+    local, found = localize_gguf(cfg, lines.append)
+    assert sorted(found) == ["model.path", "model.tokenizer", "roles.policy.model.path"]
+    assert len(set(found.values())) == 1 and sum("converting" in line for line in lines) == 1, lines
+    hf = str(found["model.path"])
+    assert local.model.path == local.model.tokenizer == local.roles["policy"].model.path == hf
+    assert cfg.model.path == "models/m.gguf" and cfg.roles["policy"].model.path == "models"  # the config as written

@@ -270,6 +270,7 @@ class _Run:
         from rlweave.config.gguf_convert import localize_gguf
         from rlweave.config.hub import HubModelError, localize
         from rlweave.config.resolve import resolve_plugins
+        from rlweave.config.rundir import record_gguf
         from rlweave.runner.data import DataIterator, open_data
 
         try:  # hub names -> their snapshot directories in the Hugging Face cache
@@ -277,7 +278,7 @@ class _Run:
         except HubModelError as exc:
             raise ConfigError([ConfigIssue(self.source, exc.key, str(exc))]) from None
         try:  # GGUF files -> their converted directories (rlweave.config.gguf), once, before any worker
-            self.cfg = localize_gguf(self.cfg, say=self.say)[0]
+            self.cfg, gguf_models = localize_gguf(self.cfg, say=self.say)
         except GgufError as exc:
             raise ConfigError([ConfigIssue(self.source, exc.key, str(exc))]) from None
         cfg = self.cfg
@@ -285,6 +286,7 @@ class _Run:
         self.role_names = list(self.resolved.role_names)
         self.trained = _trained_roles(cfg, self.role_names)
         self._prepare_run_dir()
+        record_gguf(self.run_dir, gguf_models)
         _seed_everything(cfg.run.seed)
 
         self.tokenizer = _load_tokenizer(cfg)

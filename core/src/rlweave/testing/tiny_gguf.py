@@ -55,7 +55,8 @@ def _tokenizer_metadata(writer, model_dir: Path) -> None:
     tok = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
     conf = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
     if tok["model"]["type"] != "BPE":
-        raise ValueError(f"{model_dir}/tokenizer.json: a byte-level BPE tokenizer is needed, not {tok['model']['type']}")
+        raise ValueError(f"{model_dir}/tokenizer.json: a byte-level BPE tokenizer is needed, not "
+                         f"{tok['model']['type']}")
     vocab = dict(tok["model"]["vocab"])
     special = {a["content"]: a["id"] for a in tok.get("added_tokens", [])}
     vocab.update(special)
