@@ -1,8 +1,9 @@
 """GGUF model paths (:mod:`rlweave.config.gguf`, :mod:`rlweave.config.gguf_convert`), the parts that
-need no training: which path names a GGUF, where the cache is, that a cache folder which is not a
-finished conversion of ours is never overwritten, that every model key naming one file uses one
-conversion, and that reading these modules imports neither torch nor transformers. Training from
-a GGUF: ``tests/test_gguf_input.py``."""
+need no training: which path names a GGUF; that a tensor type the gguf package cannot dequantize
+is one config error naming the file (a quantised type it can, Q4_K, passes); where the cache is;
+that a cache folder which is not a finished conversion of ours is never overwritten; that every
+model key naming one file uses one conversion; and that reading these modules imports neither
+torch nor transformers. Training from a GGUF: ``tests/test_gguf_input.py``."""
 
 from __future__ import annotations
 
@@ -14,17 +15,35 @@ import pytest
 from rlweave.config.gguf import GgufError, cache_root, file_sha256, gguf_file
 
 
-def _write_gguf(path, arch: str = "llama"):
+def _write_gguf(path, arch: str = "llama", quant: str | None = None):
+    """A GGUF of one tensor: float32, or ``quant`` (a ggml type name) blocks of zeros."""
     import gguf
     import numpy as np
 
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_tensor("token_embd.weight", np.ones((4, 8), dtype=np.float32))
+    if quant is None:
+        w.add_tensor("token_embd.weight", np.ones((4, 8), dtype=np.float32))
+    else:
+        kind = gguf.GGMLQuantizationType[quant]
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+        w.add_tensor("token_embd.weight", np.zeros((4, 256 // block * size), dtype=np.uint8), raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _fakes():
+    """The core tests' fake plugins (``plugin_dists/fakes.py``)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("rlweave_test_fakes", Path(__file__).parent / "plugin_dists" /
+                                                  "fakes.py")
+    fakes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fakes)
+    return fakes
 
 
 def test_which_paths_name_a_gguf(tmp_path):
@@ -46,6 +65,29 @@ def test_which_paths_name_a_gguf(tmp_path):
     _write_gguf(two / "b.gguf")
     with pytest.raises(GgufError, match=r"holds 2 \.gguf files \(a\.gguf, b\.gguf\).*name the file"):
         gguf_file(two)
+
+
+def test_a_quantisation_that_cannot_be_dequantized_is_one_config_error_naming_the_file(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    import yaml
+
+    from rlweave.config.errors import ConfigError
+    from rlweave.config.loader import load_config
+
+    monkeypatch.chdir(tmp_path)
+    _write_gguf(tmp_path / "ok.gguf", quant="Q4_K")
+    _write_gguf(tmp_path / "q81.gguf", quant="Q8_1")
+    Path("train.jsonl").write_text('{"prompt": "1+1=", "answer": 2}\n')
+    data = {"resources": {"pools": {"default": {"devices_per_node": 2}}},
+            "roles": {"policy": {"backend": "fsdp"}, "rollout": {"engine": "vllm", "model": {"path": "ok.gguf"}}},
+            "algorithm": {"name": "grpo"}, "model": {"path": "q81.gguf"}, "data": {"train": "train.jsonl"}}
+    Path("c.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as err:
+        load_config("c.yaml", pm=_fakes().make_pm())
+    assert [str(i) for i in err.value.issues] == [
+        "c.yaml: model.path: 'q81.gguf': tensor 'token_embd.weight' is stored as Q8_1, which the gguf package cannot "
+        "dequantize; use a file in another quantisation"]
 
 
 def test_cache_location(monkeypatch, tmp_path):
@@ -86,7 +128,6 @@ def test_reading_gguf_paths_imports_neither_torch_nor_transformers_models(tmp_pa
 
 
 def test_every_model_key_naming_one_gguf_uses_one_conversion(monkeypatch, tmp_path):
-    import importlib.util
     from pathlib import Path
 
     import yaml
@@ -96,10 +137,7 @@ def test_every_model_key_naming_one_gguf_uses_one_conversion(monkeypatch, tmp_pa
     from rlweave.testing.tiny_gguf import byte_bpe_tokenizer, write_llama_gguf
     from rlweave.testing.tiny_model import build_tiny
 
-    spec = importlib.util.spec_from_file_location("rlweave_test_fakes", Path(__file__).parent / "plugin_dists" /
-                                                  "fakes.py")
-    fakes = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fakes)
+    fakes = _fakes()
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RLWEAVE_CACHE", str(tmp_path / "cache"))
     arch = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
