@@ -74,7 +74,7 @@ def test_every_missing_path_is_reported_by_its_key_with_both_passes_errors():
         f"c.yaml: model.tokenizer: model directory 'tok' {MISSING_MODEL}",
         f"c.yaml: roles.policy.model.path: {not_cached('models/policy')}",
         "c.yaml: roles.rollout.model.tokenizer: 'c.yaml' is not a directory (a local Hugging Face model directory "
-        "is expected)",
+        "or a .gguf file is expected)",
         "c.yaml: data.train: data file 'train.jsonl' does not exist",
         "c.yaml: data.eval: data file 'eval.jsonl' does not exist"]
     cfg, resolved = valid({**data, "run": {"total_steps": 1}, "algorithm": {"name": "grpo"}}, check_inputs=False)

@@ -50,12 +50,17 @@ def sampling_params(config: Any, tokenizer: Any, seed: int, ignore_eos: bool = F
 
 def encode_prompts(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     """Token ids of each prompt text, with the tokenizer's own special-token convention
-    (a BOS where the tokenizer adds one, never an EOS). Raises ``ValueError`` naming the
-    prompt index when a prompt encodes to no token (nothing to condition on)."""
+    (a BOS where the tokenizer adds one, never an EOS), and one BOS only for a text that starts
+    with the BOS itself (a chat template that writes it, as Llama 3's does: the ids then equal
+    ``apply_chat_template(..., tokenize=True)``'s). Raises ``ValueError`` naming the prompt
+    index when a prompt encodes to no token (nothing to condition on)."""
     out: list[list[int]] = []
     eos = getattr(tokenizer, "eos_token_id", None)
+    bos, bos_text = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "bos_token", None)
     for i, text in enumerate(texts):
         ids = list(tokenizer(text)["input_ids"])
+        if bos is not None and bos_text and text.startswith(str(bos_text)) and ids[:2] == [bos, bos]:
+            ids = ids[1:]  # the text's own BOS, and the one the tokenizer added in front of it
         if eos is not None and len(ids) > 1 and ids[-1] == eos and not text.endswith(str(tokenizer.eos_token)):
             ids = ids[:-1]  # tokenizers that append EOS: the prompt must stay open
         if not ids:

@@ -1,5 +1,9 @@
 """``rlweave export RUN_DIR [--step N] --out DIR [--role ROLE] [--overwrite]``.
 
+``RUN_DIR`` may also be a GGUF file (or a directory holding exactly one): its Hugging Face
+conversion (:mod:`rlweave.config.gguf`; from the cache, or made first) is copied to ``--out``.
+A run whose model paths name GGUF files exports on their cached conversions.
+
 Contract: the checkpoint (``--step``, default the newest complete one) must be complete and
 verify against its ``COMPLETE`` marker (:mod:`rlweave.commands.checkpoints`), else exit 2
 naming it. The role's own training backend plugin, as the run's ``config.resolved.yaml``
@@ -107,6 +111,47 @@ def _write_hf(record: Any, cfg: Any, role: str, checkpoint: Path, model: Any, de
     tokenizer.save_pretrained(str(dest))
 
 
+def _gguf_converted(cfg: Any, say: Callable[[str], None]) -> Any:
+    """``cfg`` with its GGUF model paths replaced by their cached conversions (converted now if needed)."""
+    from rlweave.config.gguf import GgufError
+    from rlweave.config.gguf_convert import localize_gguf
+
+    try:
+        return localize_gguf(cfg, say)[0]
+    except GgufError as exc:
+        raise CommandError(f"{exc.key}: {exc}" if exc.key else str(exc)) from None
+
+
+def export_gguf(gguf: Path, out: Path, overwrite: bool = False, say: Callable[[str], None] = print) -> Path:
+    """Write the Hugging Face conversion of GGUF file ``gguf`` to ``out`` (whole or not at all;
+    a non-empty ``out`` only with ``overwrite``, moved aside); returns ``out``."""
+    from rlweave.config.gguf import GgufError
+    from rlweave.config.gguf_convert import converted_dir
+    from rlweave.runner.previous_run import move_aside
+
+    check_out(out, overwrite)
+    try:
+        converted = converted_dir(gguf, say)
+    except GgufError as exc:
+        raise CommandError(str(exc)) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.export-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        shutil.copytree(converted, tmp)
+        info = {"gguf": str(gguf.resolve()), "converted": str(converted), "format": "hf_model"}
+        (tmp / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.is_dir() and any(out.iterdir()):
+        say(f"moved the earlier {out} aside to {move_aside(out)}")
+    elif out.is_dir():
+        out.rmdir()
+    tmp.rename(out)
+    return out
+
+
 def export_checkpoint(run_dir: Path, out: Path, step: int | None = None, role: str = "policy",
                       overwrite: bool = False, pm: Any = None, say: Callable[[str], None] = print,
                       merge: bool = False) -> Path:
@@ -124,6 +169,7 @@ def export_checkpoint(run_dir: Path, out: Path, step: int | None = None, role: s
     check_out(out, overwrite)
     checkpoint = select_checkpoint(run_dir, step)
     cfg, resolved = load_run_config(config, pm if pm is not None else plugins.plugin_manager())
+    cfg = _gguf_converted(cfg, say)
     record, model = _role_section(cfg, resolved, role, checkpoint, config)
     adapter = cfg.roles[role].lora is not None and not merge
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +193,8 @@ def export_checkpoint(run_dir: Path, out: Path, step: int | None = None, role: s
 
 
 def export(run_dir: Path = typer.Argument(..., metavar="RUN_DIR",
-                                            help="Run directory (holds config.resolved.yaml and checkpoints/)."),
+                                            help="Run directory (holds config.resolved.yaml and checkpoints/), or a "
+                                                 ".gguf file to convert."),
            out: Path = typer.Option(..., "--out", help="Hugging Face directory to write (must not exist, or be "
                                                        "empty)."),
            step: Optional[int] = typer.Option(None, "--step", help="Checkpoint step (default: the newest complete "
@@ -160,8 +207,18 @@ def export(run_dir: Path = typer.Argument(..., metavar="RUN_DIR",
                                                              "with the adapters merged (default: a PEFT adapter "
                                                              "directory). Other roles are full models anyway."),
            ) -> None:
-    """Export a run's checkpoint to a Hugging Face directory (weights, config, tokenizer)."""
+    """Export a run's checkpoint (or a GGUF file's conversion) to a Hugging Face directory."""
+    from rlweave.config.gguf import GgufError, gguf_file
+
     with user_errors():
+        try:
+            gguf = gguf_file(run_dir)
+        except GgufError as exc:
+            raise CommandError(str(exc)) from None
+        if gguf is not None:
+            path = export_gguf(gguf, out, overwrite=overwrite, say=typer.echo)
+            typer.echo(f"exported the GGUF {gguf} as a Hugging Face model to {path}")
+            return
         path = export_checkpoint(run_dir, out, step=step, role=role, overwrite=overwrite, say=typer.echo, merge=merge)
         info = json.loads((path / INFO_FILE).read_text(encoding="utf-8"))
     what = "LoRA adapter" if info["format"] == "peft_adapter" else info["model_type"]

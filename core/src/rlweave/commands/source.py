@@ -3,6 +3,8 @@
 The argument is one of:
 
 * a **Hugging Face directory** (holds ``config.json``): used as it is;
+* a **GGUF file** (``*.gguf``, or a directory holding exactly one and no ``config.json``): its
+  conversion in the GGUF cache (:mod:`rlweave.config.gguf`), made first when there is none;
 * a **run directory** (holds ``config.resolved.yaml``, written by ``rlweave train``);
 * a **run config** (a YAML file): its run directory is ``<run.output_dir>/<run.name>``.
 
@@ -37,6 +39,7 @@ class ModelSource:
         hf_dir: the Hugging Face directory to load, or None when a checkpoint must be exported.
         run_dir: the run directory (None for a plain Hugging Face directory).
         step: the checkpoint step the model comes from, when known.
+        gguf: the GGUF file to convert (then ``hf_dir`` is set by :func:`model_dir`).
         cfg / resolved: the run's config and plugin records (None for a plain directory).
     """
 
@@ -46,9 +49,12 @@ class ModelSource:
     step: int | None = None
     cfg: Any = None
     resolved: Any = None
+    gguf: Path | None = None
 
     def describe(self) -> str:
         """``runs/x/hf (step 3)``-style, for messages."""
+        if self.gguf is not None:
+            return f"{self.gguf} (GGUF" + (f", converted: {self.hf_dir})" if self.hf_dir is not None else ")")
         where = str(self.hf_dir) if self.hf_dir is not None else f"{self.run_dir} checkpoint"
         return where + (f" (step {self.step})" if self.step is not None else "")
 
@@ -83,9 +89,17 @@ def _from_run(src: ModelSource) -> ModelSource:
 def read_source(arg: Path, pm: Any) -> ModelSource:
     """Classify ``arg`` (see the module docstring). Raises :class:`CommandError` when it does not
     exist or is none of the three, and ``ConfigError`` for an invalid run config."""
+    from rlweave.config.gguf import GgufError, gguf_file
+
     path = Path(arg)
     if not path.exists():
         raise CommandError(f"CONFIG_OR_MODEL {arg}: no such file or directory")
+    try:
+        gguf = gguf_file(path)
+    except GgufError as exc:
+        raise CommandError(f"CONFIG_OR_MODEL {exc}") from None
+    if gguf is not None:
+        return ModelSource(str(arg), gguf=gguf)
     if path.is_file():
         cfg, resolved = load_run_config(path, pm)
         run_dir = Path(cfg.run.output_dir) / cfg.run.name
@@ -95,8 +109,8 @@ def read_source(arg: Path, pm: Any) -> ModelSource:
         return _from_run(ModelSource(str(arg), run_dir=path, cfg=cfg, resolved=resolved))
     if (path / "config.json").is_file():
         return ModelSource(str(arg), hf_dir=path)
-    raise CommandError(f"CONFIG_OR_MODEL {arg}: not a Hugging Face model directory (no config.json), a run "
-                       f"directory (no {RUN_CONFIG}) or a run config file")
+    raise CommandError(f"CONFIG_OR_MODEL {arg}: not a Hugging Face model directory (no config.json), a GGUF file, "
+                       f"a run directory (no {RUN_CONFIG}) or a run config file")
 
 
 def policy_model(src: ModelSource) -> Any:
@@ -115,8 +129,11 @@ def model_dtype(src: ModelSource, override: str | None) -> str:
 
 @contextmanager
 def model_dir(src: ModelSource, pm: Any, say: Callable[[str], None]) -> Iterator[Path]:
-    """The Hugging Face directory of ``src``: its ``hf_dir``, or its newest complete checkpoint
-    exported (verified) into a temporary directory that is removed on exit."""
+    """The Hugging Face directory of ``src``: its ``hf_dir``, its GGUF file's conversion (cached),
+    or its newest complete checkpoint exported (verified) into a temporary directory that is
+    removed on exit."""
+    if src.gguf is not None and src.hf_dir is None:
+        src.hf_dir = gguf_dir(src.gguf, say)
     if src.hf_dir is not None:
         yield src.hf_dir
         return
@@ -127,6 +144,18 @@ def model_dir(src: ModelSource, pm: Any, say: Callable[[str], None]) -> Iterator
         say(f"exporting checkpoint step {src.step} of {src.run_dir} to a temporary directory")
         export_checkpoint(src.run_dir, out, step=src.step, pm=pm)
         yield out
+
+
+def gguf_dir(gguf: Path, say: Callable[[str], None]) -> Path:
+    """The converted Hugging Face directory of GGUF file ``gguf`` (cached, or converted now);
+    a file transformers cannot convert is a :class:`CommandError` naming it."""
+    from rlweave.config.gguf import GgufError
+    from rlweave.config.gguf_convert import converted_dir
+
+    try:
+        return converted_dir(gguf, say)
+    except GgufError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def chat_template(src: ModelSource) -> str | None:

@@ -5,8 +5,10 @@ so that a missing path fails ``rlweave validate`` instead of a worker minutes la
 
 * model directories: ``model.path`` and ``model.tokenizer``, and ``roles.<r>.model.path`` /
   ``.tokenizer`` of the roles the algorithm uses (every configured role when the algorithm is
-  unknown) must be existing local directories, or hub names (``org/name``) already in the
-  Hugging Face cache at ``model.revision`` (:mod:`rlweave.config.hub`); nothing is downloaded;
+  unknown) must be existing local directories, hub names (``org/name``) already in the
+  Hugging Face cache at ``model.revision`` (:mod:`rlweave.config.hub`; nothing is downloaded), or
+  GGUF files transformers can convert (:func:`rlweave.config.gguf.check_gguf`: header, architecture,
+  tensor types);
   ``model.revision`` with a local directory is an error;
 * data files: ``data.train`` and ``data.eval`` must exist (jsonl, parquet, or a directory
   written by ``datasets``' ``save_to_disk``), and their first :data:`HEAD` records must be
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rlweave.config.errors import ConfigIssue, related
+from rlweave.config.gguf import GgufError, check_gguf, gguf_file
 from rlweave.config.hub import HubModelError, is_hub_name, looks_like_repo_id, model_entries, section_targets
 from rlweave.config.hub import resolve as resolve_hub
 from rlweave.config.resolve import ResolvedPlugins
@@ -79,8 +82,23 @@ def _model_targets(cfg: RunConfig, resolved: ResolvedPlugins) -> list[tuple[str,
             for name, value, rev in section_targets(sec)]
 
 
+def _gguf_problem(path: str) -> tuple[bool, str | None]:
+    """``(names a GGUF, its problem or None)`` for a model or tokenizer path."""
+    try:
+        found = gguf_file(path)
+        if found is None:
+            return False, None
+        check_gguf(found)
+    except GgufError as exc:
+        return True, str(exc)
+    return True, None
+
+
 def _check_model_dir(path: str, revision: str | None = None, kind: str = "path") -> str | None:
     p = Path(path)
+    is_gguf, problem = _gguf_problem(path)
+    if is_gguf:
+        return problem
     if not p.exists():
         if looks_like_repo_id(path):
             try:
@@ -90,7 +108,7 @@ def _check_model_dir(path: str, revision: str | None = None, kind: str = "path")
             return None
         return f"model directory '{path}' does not exist (a local Hugging Face model directory; nothing is downloaded)"
     if not p.is_dir():
-        return f"'{path}' is not a directory (a local Hugging Face model directory is expected)"
+        return f"'{path}' is not a directory (a local Hugging Face model directory or a .gguf file is expected)"
     return None
 
 
@@ -135,6 +153,18 @@ def has_chat_template(tokenizer_dir: str) -> bool:
     return bool(isinstance(conf, dict) and conf.get("chat_template"))
 
 
+def _has_template(tok: str) -> bool:
+    """Whether the tokenizer at ``tok`` has a chat template; True when that cannot be told
+    (a path the model checks report)."""
+    try:
+        found = gguf_file(tok)
+        if found is not None:
+            return check_gguf(found).has_chat_template
+    except GgufError:
+        return True
+    return not Path(tok).is_dir() or has_chat_template(tok)
+
+
 def _is_jsonl(path: str) -> bool:
     from rlweave.data.formats import detect_format
 
@@ -149,7 +179,7 @@ def _chat_problem(cfg: RunConfig, head: DataHead) -> str | None:
     if first is None or cfg.data.chat_template:
         return None
     tok = _tokenizer_dir(cfg)
-    if tok is None or not Path(tok).is_dir() or has_chat_template(tok):
+    if tok is None or _has_template(tok):
         return None  # no tokenizer to check: the model checks report it
     i, field_name = first
     return (f"{head.where(i)}: field '{field_name}': the tokenizer ({tok}) has no chat template to render chat "

@@ -9,7 +9,8 @@
   "selected": {...}, "models": {...}}`` for every installed plugin (``selected`` only when
   ``resolved`` is given; ``models`` only when the config names hub models: per dotted key the
   hub name, the configured revision and the commit hash of the cached snapshot used,
-  :func:`rlweave.config.hub.resolved_models`).
+  :func:`rlweave.config.hub.resolved_models`; for GGUF files, added by :func:`record_gguf` once
+  the runner has converted them: the file, its sha256 and the converted directory used).
 """
 
 from __future__ import annotations
@@ -67,3 +68,23 @@ def write_run_dir(run_dir: str | os.PathLike[str], cfg: RunConfig, pm: PluginMan
         report["models"] = models
     (path / "plugins.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return path
+
+
+def record_gguf(run_dir: str | os.PathLike[str], found: dict[str, Path]) -> None:
+    """Add the GGUF conversions a run uses (``{dotted key: converted directory}``, from
+    :func:`rlweave.config.gguf_convert.localize_gguf`) to ``plugins.json``'s ``models``:
+    ``{"gguf": file, "sha256": ..., "path": converted directory}`` per key."""
+    from rlweave.config.gguf import read_record
+
+    if not found:
+        return
+    path = Path(run_dir) / "plugins.json"
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # a run started without write_run_dir: nothing to add to
+        return
+    models = report.setdefault("models", {})
+    for key, hf in found.items():
+        record = read_record(Path(hf).parent) or {}
+        models[key] = {"gguf": record.get("source"), "sha256": record.get("sha256"), "path": str(hf)}
+    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -272,19 +272,27 @@ class _Run:
     def _prepare(self) -> None:
         """Everything before Ray: plugins, run directory, seeds, tokenizer, data, rewards."""
         from rlweave.config.errors import ConfigError, ConfigIssue
+        from rlweave.config.gguf import GgufError
+        from rlweave.config.gguf_convert import localize_gguf
         from rlweave.config.hub import HubModelError, localize
         from rlweave.config.resolve import resolve_plugins
+        from rlweave.config.rundir import record_gguf
         from rlweave.runner.data import DataIterator, open_data
 
         try:  # hub names -> their snapshot directories in the Hugging Face cache
             self.cfg = localize(self.cfg)[0]
         except HubModelError as exc:
             raise ConfigError([ConfigIssue(self.source, exc.key, str(exc))]) from None
+        try:  # GGUF files -> their converted directories (rlweave.config.gguf), once, before any worker
+            self.cfg, gguf_models = localize_gguf(self.cfg, say=self.say)
+        except GgufError as exc:
+            raise ConfigError([ConfigIssue(self.source, exc.key, str(exc))]) from None
         cfg = self.cfg
         self.resolved = resolve_plugins(cfg, source=self.source)
         self.role_names = list(self.resolved.role_names)
         self.trained = _trained_roles(cfg, self.role_names)
         self._prepare_run_dir()
+        record_gguf(self.run_dir, gguf_models)
         _seed_everything(cfg.run.seed)
 
         self.tokenizer = _load_tokenizer(cfg)
