@@ -3,6 +3,7 @@
 
 * ``one_step_off``: every step after the first trains samples at most one version old (older
   samples trained, fresher ones when a weight load overtook a queued generate call), and some are;
+  its timeline (``trace.json``) has spans of every role and shows generation overlapping training;
 * ``async`` + partial rollout: no trained token is older than ``run.max_staleness``, samples
   cut at the token budget are continued (``partial/ratio`` > 0), and the checkpoint holds the
   queue (records drawn but not trained, partial samples) that ``--resume`` restores;
@@ -26,11 +27,12 @@ def _steps(run_dir):
 
 def test_one_step_off_trains_one_version_old_samples(grpo_workspace):
     ws = grpo_workspace
-    cfg = ws.config("off", 3, run={"mode": "one_step_off"}, algorithm={"max_new_tokens": 6})
+    cfg = ws.config("off", 5, run={"mode": "one_step_off"}, algorithm={"max_new_tokens": 6})
     rc, out, pids = run_cli(["train", str(cfg)], cli_env(ws.root))
     assert rc == 0, out[-4000:]
-    steps = _steps(ws.root / "runs" / "off")
-    assert [r["step"] for r in steps] == [1, 2, 3]
+    run_dir = ws.root / "runs" / "off"
+    steps = _steps(run_dir)
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     assert steps[0]["staleness/max"] == 0.0
     # at most one version old: fresher where a weight load reached the engine (its control plane) ahead of a
     # generate call still queued there; and the mode did train one-version-old samples
@@ -39,6 +41,30 @@ def test_one_step_off_trains_one_version_old_samples(grpo_workspace):
         assert r["samples"] == 16.0
     assert max(r["staleness/max"] for r in steps[1:]) == 1.0
     assert pids and not leftovers(pids)
+    _timeline_shows_the_overlap(run_dir, out)
+
+
+def _timeline_shows_the_overlap(run_dir, out):
+    """trace.json is Chrome trace JSON with spans of every role (and the controller's steps), and
+    in one_step_off the engine generates while the policy trains: a ``generate`` span of the
+    rollout role overlaps a ``train_step`` span of the policy by a good part of the shorter one."""
+    trace = json.loads((run_dir / "trace.json").read_text())
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+    spans = [dict(e, track=names[e["pid"]]) for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 and "step" in e["args"] for e in spans)
+    roles = set(json.loads((run_dir / "workers.json").read_text()))
+    assert roles <= {e["track"] for e in spans}, (roles, {e["track"] for e in spans})
+    steps = [e for e in spans if e["track"] == "controller" and e["name"] == "step" and e["tid"] == 1]
+    assert sorted(e["args"]["step"] for e in steps) == [1, 2, 3, 4, 5]
+    gens = [e for e in spans if e["track"] == "rollout" and e["name"] == "generate"]
+    trains = [e for e in spans if e["track"] == "policy" and e["name"] == "train_step"]
+    assert gens and trains
+
+    def overlap(a, b):
+        return min(a["ts"] + a["dur"], b["ts"] + b["dur"]) - max(a["ts"], b["ts"])
+
+    assert any(overlap(g, t) > 0.5 * min(g["dur"], t["dur"]) for g in gens for t in trains)
+    assert (run_dir / "timeline.png").stat().st_size > 1000 and f"timeline: {run_dir / 'timeline.png'}" in out
 
 
 def test_async_partial_rollout_and_resume(grpo_workspace):

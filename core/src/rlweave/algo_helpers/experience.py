@@ -47,6 +47,7 @@ from rlweave.algo_helpers.weights import token_weights
 from rlweave.data.batch import Batch
 from rlweave.interfaces.engine import SamplingParams
 from rlweave.residency import Residency
+from rlweave.scheduler.trace import TRACE
 
 log = logging.getLogger("rlweave.algo")
 
@@ -121,7 +122,8 @@ class ExperienceKit:
         self.enter("generate")
         t0 = time.perf_counter()
         params = self.sampling if not salt else (lambda s: self.sampling(salt + s))
-        batch = self.pipeline.next_batch(records, self.steps_done, params)
+        with TRACE.phase("generate"):
+            batch = self.pipeline.next_batch(records, self.steps_done, params)
         self.add_time("generate", time.perf_counter() - t0)
         return batch
 
@@ -161,9 +163,10 @@ class ExperienceKit:
         if calls:
             self.enter("experience")
         t0 = time.perf_counter()
-        futures = {name: call() for name, call in calls.items()}
-        scores, breakdown = self._score(batch, True, self._issue_sources(batch)) if score else (None, [])
-        results, times = self.wait_all(futures, t0)
+        with TRACE.phase("experience"):
+            futures = {name: call() for name, call in calls.items()}
+            scores, breakdown = self._score(batch, True, self._issue_sources(batch)) if score else (None, [])
+            results, times = self.wait_all(futures, t0)
         for name, seconds in times.items():
             self.add_time(name, seconds)
         self.add_time("experience", time.perf_counter() - t0)
@@ -217,6 +220,10 @@ class ExperienceKit:
         role's update metrics in order; ``time/train`` (the policy) and ``time/<role>_train``
         (others), with ``/dispatch`` and ``/wait`` of the calls when roles take turns."""
         self.enter("train")
+        with TRACE.phase("train"):
+            return self._train(plan)
+
+    def _train(self, plan: Sequence[tuple[str, Sequence[Batch], Any]]) -> dict[str, list[dict[str, float]]]:
         roles = [role for role, _, _ in plan]
         key = {role: "train" if role == "policy" else f"{role}_train" for role in roles}
         out: dict[str, list[dict[str, float]]] = {}
@@ -250,7 +257,8 @@ class ExperienceKit:
         measured = {}
         if updated:
             self.enter("sync")
-            measured.update(self.pipeline.sync_weights(self.steps_done + 1))
+            with TRACE.phase("sync"):
+                measured.update(self.pipeline.sync_weights(self.steps_done + 1))
         self.enter("rest")
         measured.update(self.pipeline.step_metrics(self.steps_done))  # the pipeline's word is the last
         for k, v in measured.items():

@@ -44,6 +44,7 @@ from typing import Any
 from rlweave.config.schema import RunConfig
 from rlweave.runner import rng
 from rlweave.runner.error_log import LOGGED, write_error_log
+from rlweave.scheduler.trace import STEPS, TRACE
 from rlweave.runner.checkpoint import CheckpointManager, write_json
 from rlweave.runner.metrics import MetricsLogger
 from rlweave.runner.progress import Progress, format_status
@@ -227,7 +228,8 @@ class _Run:
         if not self.eval_records:
             return None
         t0 = time.perf_counter()
-        m = self.algo.evaluate(self.eval_records)
+        with TRACE.phase("eval"):
+            m = self.algo.evaluate(self.eval_records)
         if not m:
             return None
         out = {f"eval/{k}": float(v) for k, v in m.items() if isinstance(v, (int, float))}
@@ -241,6 +243,7 @@ class _Run:
     def execute(self) -> dict[str, Any]:
         t_start = time.perf_counter()
         failure: BaseException | None = None
+        TRACE.start()
         try:
             return self._execute(t_start)
         except BaseException as exc:
@@ -249,12 +252,16 @@ class _Run:
                 write_error_log(self.run_dir, exc)
             raise
         finally:
+            TRACE.stop()
+            if failure is not None:  # what ran until the failure, for a look at where it stopped
+                self._write_trace()
             self._shutdown(failure)
 
     def _execute(self, t_start: float) -> dict[str, Any]:
         self._prepare()
         self._start()
         start = self._restore()
+        self._trace_start = start
         total = self.cfg.run.total_steps
         self.progress = Progress(total, desc=self.cfg.run.name, initial=start)
         eval_before = None
@@ -425,8 +432,10 @@ class _Run:
         cfg = self.cfg
         total = cfg.run.total_steps
         t0 = time.perf_counter()
+        TRACE.step = step
         records = self.data_iter.next_batch()
-        m = dict(self.algo.step([dict(r) for r in records]))
+        with TRACE.phase("step", row=STEPS):
+            m = dict(self.algo.step([dict(r) for r in records]))
         m["time/step"] = time.perf_counter() - t0
         eval_after = None
         evaluating = step == total or bool(cfg.run.eval_every and step % cfg.run.eval_every == 0)
@@ -502,6 +511,10 @@ class _Run:
                                          title=cfg.run.name)
         except Exception as exc:  # noqa: BLE001 - a missing plot must not fail a finished run
             log.warning("could not draw the metrics plot: %s", exc)
+        TRACE.stop()
+        trace_path, timeline_path = self._write_trace()
+        if timeline_path is not None:
+            self.say(f"timeline: {timeline_path} (trace for ui.perfetto.dev: {trace_path})")
         summary = {
             "run_dir": str(self.run_dir),
             "steps": total,
@@ -512,10 +525,32 @@ class _Run:
             "hf_path": str(hf_path) if hf_path else None,
             "metrics_path": str(self.run_dir / "metrics.jsonl"),
             "plot_path": str(plot_path) if plot_path else None,
+            "trace_path": str(trace_path) if trace_path else None,
+            "timeline_path": str(timeline_path) if timeline_path else None,
             "wall_s": round(time.perf_counter() - t_start, 2),
         }
         write_json(self.run_dir / "summary.json", summary)
         return summary
+
+    def _write_trace(self) -> tuple[Path | None, Path | None]:
+        """``trace.json`` (Chrome/Perfetto) and ``timeline.png`` of what the run recorded
+        (:mod:`rlweave.scheduler.trace`); a run resumed from step N writes
+        ``trace.from-step-N.json`` and ``timeline.from-step-N.png``, leaving the earlier ones.
+        Never raises (a missing picture must not fail a run)."""
+        run_dir = getattr(self, "run_dir", None)
+        if run_dir is None or not TRACE.spans():
+            return None, None
+        start = getattr(self, "_trace_start", 0)
+        suffix = f".from-step-{start}" if start else ""
+        trace_path = timeline_path = None
+        try:
+            trace_path = TRACE.write(run_dir / f"trace{suffix}.json")
+            from rlweave.runner.timeline import draw_timeline
+
+            timeline_path = draw_timeline(TRACE.spans(), run_dir / f"timeline{suffix}.png", title=self.cfg.run.name)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not write the run's timeline: %s", exc)
+        return trace_path, timeline_path
 
     def _shutdown(self, failure: BaseException | None = None) -> None:
         """Stop rewards, roles and Ray; never raises (the original error wins). Roles that

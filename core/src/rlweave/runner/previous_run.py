@@ -8,7 +8,8 @@ What counts as a run (:attr:`PreviousRun.is_run`): anything a trained step or a 
 made: a complete checkpoint past step 0, a ``metrics.jsonl`` row for a step >= 1, ``hf/``
 (not empty), ``summary.json``. What does not: ``config.resolved.yaml``, ``plugins.json`` and
 ``workers.json`` (every start rewrites them), and what a start that trained no step left behind
-(``metrics.jsonl`` with step-0 rows only, ``tensorboard/``, a step-0 checkpoint, partial saves).
+(``metrics.jsonl`` with step-0 rows only, ``tensorboard/``, a step-0 checkpoint, partial saves,
+the timeline of a failed start).
 Such a directory does not block a retry; those leftovers (when ``workers.json`` shows that a
 start wrote them) are moved into ``<run_dir>/earlier-starts/<UTC time>/`` so that the new run's
 metrics start clean. Files of the user's own in the directory are never moved or rewritten.
@@ -46,7 +47,7 @@ from rlweave.runner.metrics import read_metrics
 #: where :func:`claim_run_dir` puts what a start that trained no step left behind
 EARLIER_STARTS = "earlier-starts"
 #: runner outputs such a start can leave; moved aside (when not empty) before a fresh start
-LEFTOVERS = ("metrics.jsonl", "tensorboard", "checkpoints")
+LEFTOVERS = ("metrics.jsonl", "tensorboard", "checkpoints", "trace.json", "timeline.png")
 #: what the checkpoint manager writes under ``checkpoints/``
 _CKPT_ENTRY = re.compile(r"^(\.tmp-|\.trash-)?step_\d+$")
 

@@ -7,11 +7,13 @@ collectives across ranks; use world size 1 for anything that joins a process gro
 
 from __future__ import annotations
 
+import time
 import traceback
 from typing import Any, Callable, Sequence
 
 from rlweave.interfaces.worker import WorkerContext
 from rlweave.scheduler.group import RankArgs, WorkerGroup
+from rlweave.scheduler.trace import TRACE
 from rlweave.worker_errors import WorkerError
 
 
@@ -44,11 +46,13 @@ class LocalWorkerGroup(SyncWorkerGroup):
                fn: Callable[..., Any] | None = None, control: bool = False) -> list:  # noqa: ARG002 - calls run at once
         out = []
         for rank, (args, kwargs) in zip(ranks, rank_args):
+            start = time.time()
             try:
                 if fn is not None:
                     out.append((True, fn(self.workers[rank], rank, *args, **kwargs)))
                 else:
                     out.append((True, getattr(self.workers[rank], method)(*args, **kwargs)))
+                TRACE.span(self.name, rank, method, start, time.time())  # the run's timeline
             except Exception as exc:  # noqa: BLE001 - reported at wait(), like a remote failure
                 out.append((False, WorkerError(self.name, rank, method, f"{type(exc).__name__}: {exc}",
                                                traceback.format_exc(), exc)))

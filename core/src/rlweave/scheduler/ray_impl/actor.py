@@ -2,7 +2,9 @@
 
 The actor is created empty (cheap), tells the controller its node address and a free port
 (rank 0's become the role's rendezvous), then :meth:`WorkerActor.setup` builds
-``worker_cls(WorkerContext)``. Calls are forwarded by name through :meth:`call`. Any
+``worker_cls(WorkerContext)``. Calls are forwarded by name through :meth:`call`, which returns
+the result with when the call ran (:class:`~rlweave.scheduler.trace.Timed`: the run's timeline,
+unwrapped by the group). Any
 exception leaves the actor as a :class:`~rlweave.worker_errors.RemoteFailure` carrying
 role, rank, method and the formatted traceback, so the controller can name them.
 
@@ -33,12 +35,14 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 import traceback
 from typing import Any, Callable
 
 from rlweave.devices.openmp import release_off_main
 from rlweave.scheduler import stacks
 from rlweave.scheduler.faults import FaultPlan
+from rlweave.scheduler.trace import Timed
 from rlweave.scheduler.ray_impl import process
 from rlweave.scheduler.ray_impl.process import ProcessSettings
 from rlweave.worker_errors import RemoteFailure, WorkerLost
@@ -122,7 +126,9 @@ class WorkerActor:
         finally:
             release_off_main()  # see the module docstring
 
-    def call(self, method: str, args: tuple, kwargs: dict) -> Any:
+    def call(self, method: str, args: tuple, kwargs: dict) -> Timed:
+        """``worker.<method>(*args, **kwargs)``, with when it ran (:class:`~rlweave.scheduler.trace.Timed`)."""
+        start = time.time()
         try:
             if self.worker is None:
                 raise RuntimeError("worker not set up")
@@ -130,24 +136,26 @@ class WorkerActor:
             if fn is None:
                 raise AttributeError(f"{type(self.worker).__name__} has no method {method!r}")
             self._faults.before(method)
-            return fn(*args, **kwargs)
+            value = fn(*args, **kwargs)
+            return Timed(value, start, time.time())
         except BaseException as exc:  # noqa: BLE001
             raise self._fail(method, exc) from None
         finally:
             release_off_main()  # see the module docstring
 
-    def control_apply(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    def control_apply(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Timed:
         """:meth:`apply` on the control channel (see the module docstring)."""
         return self.apply(name, fn, args, kwargs)
 
-    def apply(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    def apply(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Timed:
         """The generic call (see :mod:`rlweave.scheduler.group`): ``fn(worker, rank, *args,
-        **kwargs)`` in this process; ``name`` names it in faults and errors."""
+        **kwargs)`` in this process, with when it ran; ``name`` names it in faults and errors."""
+        start = time.time()
         try:
             if self.worker is None:
                 raise RuntimeError("worker not set up")
             self._faults.before(name)
-            return fn(self.worker, self._rank, *args, **kwargs)
+            return Timed(fn(self.worker, self._rank, *args, **kwargs), start, time.time())
         except BaseException as exc:  # noqa: BLE001
             raise self._fail(name, exc) from None
         finally:

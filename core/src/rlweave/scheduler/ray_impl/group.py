@@ -7,6 +7,7 @@ from typing import Any, Callable, Sequence
 
 from rlweave.scheduler import stacks
 from rlweave.scheduler.group import RankArgs, WorkerGroup
+from rlweave.scheduler.trace import TRACE, Timed
 from rlweave.scheduler.ray_impl.actor import CONTROL_GROUP, GENERATE_GROUP
 from rlweave.scheduler.ray_impl.liveness import LIVENESS, DeadRank
 from rlweave.worker_errors import RemoteFailure, WorkerError, WorkerTimeout
@@ -124,9 +125,13 @@ class RayWorkerGroup(WorkerGroup):
             for ref in ready:
                 rank, method, _ = by_ref[ref]
                 try:
-                    results[ref] = ray.get(ref)
+                    value = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - mapped to WorkerError
                     raise to_worker_error(exc, self.name, rank, method) from None
+                if isinstance(value, Timed):  # a call of the worker: its span on the run's timeline
+                    TRACE.span(self.name, rank, method, value.start, value.end)
+                    value = value.value
+                results[ref] = value
         return [results[p[2]] for p in pending]
 
     def stacks_of(self, ranks: Sequence[int]) -> dict[int, str]:
