@@ -4,6 +4,7 @@
 * ``one_step_off``: every step after the first trains samples at most one version old (older
   samples trained, fresher ones when a weight load overtook a queued generate call), and some are;
   its timeline (``trace.json``) has spans of every role and shows generation overlapping training;
+  the ranks' own output is in ``logs/<role>-<rank>.log``, not on the console;
 * ``async`` + partial rollout: no trained token is older than ``run.max_staleness``, samples
   cut at the token budget are continued (``partial/ratio`` > 0), and the checkpoint holds the
   queue (records drawn but not trained, partial samples) that ``--resume`` restores;
@@ -42,6 +43,10 @@ def test_one_step_off_trains_one_version_old_samples(grpo_workspace):
     assert max(r["staleness/max"] for r in steps[1:]) == 1.0
     assert pids and not leftovers(pids)
     _timeline_shows_the_overlap(run_dir, out)
+    # every rank's own output is in the run's logs, none of it on the console
+    for role in ("policy", "rollout"):
+        assert (run_dir / "logs" / f"{role}-0.log").is_file(), role
+    assert "(WorkerActor pid=" not in out, out[-3000:]
 
 
 def _timeline_shows_the_overlap(run_dir, out):

@@ -41,20 +41,32 @@ class WorkerError(RuntimeError):
     traceback, or the reason the actor died), ``cause`` (the original exception object when
     it could be carried back, else None), ``lost``: True when the rank cannot serve calls any
     more (its process died, or it raised :class:`WorkerLost`), so only rebuilding it helps;
-    False for an ordinary exception raised by the method.
+    False for an ordinary exception raised by the method. ``log_file``: the file holding the
+    rank's own output (``<run_dir>/logs/<role>-<rank>.log``), when it has one.
     """
 
     def __init__(self, role: str, rank: int, method: str, summary: str, remote_traceback: str = "", cause=None,
-                 lost: bool = False):
+                 lost: bool = False, log_file: str | None = None):
         self.role, self.rank, self.method = role, rank, method
         self.summary, self.remote_traceback, self.cause, self.lost = summary, remote_traceback, cause, lost
+        self.log_file = log_file
         text = f"role {role!r} rank {rank}: {method}() failed: {summary}"
+        if log_file:
+            text += f" (the rank's output: {log_file})"
         if remote_traceback:
             text += f"\n--- remote traceback ({role} rank {rank}) ---\n{remote_traceback.rstrip()}"
         super().__init__(text)
 
     def __reduce__(self):
-        return (type(self), (self.role, self.rank, self.method, self.summary, self.remote_traceback, None, self.lost))
+        return (type(self), (self.role, self.rank, self.method, self.summary, self.remote_traceback, None, self.lost,
+                             self.log_file))
+
+    def with_log(self, log_file: str | None) -> "WorkerError":
+        """This error naming ``log_file`` (None, or one named already: itself)."""
+        if not log_file or self.log_file:
+            return self
+        return type(self)(self.role, self.rank, self.method, self.summary, self.remote_traceback, self.cause,
+                          self.lost, log_file)
 
 
 class WorkerTimeout(TimeoutError):

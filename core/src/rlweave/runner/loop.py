@@ -364,6 +364,8 @@ class _Run:
                   for r in self.role_names if cfg.roles[r].optim is not None}
         self.builder = builder_cls(cfg, {r: resolved.roles[r] for r in self.role_names}, self.role_names,
                                    optimizer_total_steps=totals, kernel_records=resolved.kernels)
+        if hasattr(self.builder, "run_dir"):  # each rank's own output: <run_dir>/logs/<role>-<rank>.log
+            self.builder.run_dir = self.run_dir
         self.roles.update(self.builder.build())
         self._write_workers()
         check_shared_run_dir(self.run_dir, self.roles)

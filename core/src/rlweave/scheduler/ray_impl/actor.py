@@ -12,6 +12,9 @@ role, rank, method and the formatted traceback, so the controller can name them.
 methods: the generic call of :mod:`rlweave.scheduler.group`, through which weight-sync
 transports run their rank-side ends (the actor knows nothing of weight sync).
 
+Output: given a ``log_file``, the actor sends its process's output there before anything else
+(:mod:`rlweave.scheduler.worker_log`).
+
 Stacks: the actor arms its process so that the controller can read every thread's stack
 from outside when a call hangs (:mod:`rlweave.scheduler.stacks`); :meth:`WorkerActor.placement`
 says where they are written (``stack_fd``).
@@ -43,6 +46,7 @@ from rlweave.devices.openmp import release_off_main
 from rlweave.scheduler import stacks
 from rlweave.scheduler.faults import FaultPlan
 from rlweave.scheduler.trace import Timed
+from rlweave.scheduler.worker_log import redirect_output
 from rlweave.scheduler.ray_impl import process
 from rlweave.scheduler.ray_impl.process import ProcessSettings
 from rlweave.worker_errors import RemoteFailure, WorkerLost
@@ -58,7 +62,9 @@ class WorkerActor:
     """Wraps ``worker_cls`` for one rank. Not decorated: :func:`remote_actor_class` applies
     ``ray.remote`` at run time so importing this module does not import Ray."""
 
-    def __init__(self, worker_cls: type, role: str, rank: int):
+    def __init__(self, worker_cls: type, role: str, rank: int, log_file: str | None = None):
+        if log_file:  # the rank's own output goes to the run's logs, not the user's console
+            redirect_output(log_file)
         self._cls, self._role, self._rank = worker_cls, role, rank
         self.worker: Any = None
         self.applied: ProcessSettings | None = None  # what setup applied to this process

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from rlweave.config.placement import (
@@ -23,6 +24,7 @@ from rlweave.scheduler.ray_impl.group import RayWorkerGroup
 from rlweave.scheduler.ray_impl.pools import PoolPlacement, create_pool
 from rlweave.scheduler.ray_impl.process import ProcessSettings
 from rlweave.scheduler.stacks import StackSource
+from rlweave.scheduler.worker_log import rank_log
 
 if TYPE_CHECKING:  # pragma: no cover
     from rlweave.config.schema import RunConfig
@@ -65,6 +67,9 @@ class RoleBuilder(BuilderInputs):
         super().__init__(cfg, records, roles, optimizer_total_steps, kernel_records)
         self.pools: dict[str, PoolPlacement] = {}
         self.classes: dict[str, type] = {}
+        #: the run directory: each rank's output goes to ``<run_dir>/logs/<role>-<rank>.log``
+        #: (None: to Ray's worker logs, shown on the console)
+        self.run_dir: Path | None = None
         self.handles: dict[str, RoleHandle] = {}
 
     def _check(self) -> None:
@@ -108,9 +113,12 @@ class RoleBuilder(BuilderInputs):
         calls = max(1, int(getattr(self.classes[role], "concurrent_calls", 1)))
         actor_cls = remote_actor_class(control, calls)
         options = [placement.actor_options(slot, rank, envs[rank], span) for rank in range(ranks)]
-        actors = [actor_cls.options(**opts).remote(self.classes[role], role, rank) for rank, opts in enumerate(options)]
+        logs = [str(rank_log(self.run_dir, role, rank)) if self.run_dir is not None else None for rank in range(ranks)]
+        actors = [actor_cls.options(**opts).remote(self.classes[role], role, rank, logs[rank])
+                  for rank, opts in enumerate(options)]
         timeouts = section.timeouts.model_dump()
         group = RayWorkerGroup(role, actors, control=control, concurrent_calls=calls)
+        group.log_files = {rank: path for rank, path in enumerate(logs) if path}
         return RoleHandle(role, group, rank_parallel(section.parallel, spans), on_close=placement.release,
                           timeouts=timeouts)
 

@@ -20,6 +20,7 @@ started (GCS, raylet, agents, workers) has exited, killing stragglers.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
@@ -125,6 +126,7 @@ def start_ray(ray_cfg: "RaySection | None" = None, needs_gpus: int = 0) -> None:
             _node_ip_address="127.0.0.1",
             _system_config=None if cfg.worker_niceness is None else {"worker_niceness": int(cfg.worker_niceness)},
             log_to_driver=True,
+            logging_level=logging.WARNING,  # Ray's own start-up lines are not the user's
         )
     _started_local = True
 

@@ -68,6 +68,8 @@ class RayWorkerGroup(WorkerGroup):
         self.world_size = len(actors)
         self._killed = False
         self.stack_sources: dict[int, stacks.StackSource | None] = {}
+        #: rank -> the file holding its output (named in its errors), when it has one
+        self.log_files: dict[int, str] = {}
         for rank, actor in enumerate(actors):
             LIVENESS.register(name, rank, actor)
 
@@ -119,7 +121,8 @@ class RayWorkerGroup(WorkerGroup):
                     mine = [d for d in dead if d.role == self.name and d.rank in waiting]
                     if mine:
                         raise WorkerError(self.name, mine[0].rank, method,
-                                          f"the worker process died: {mine[0].reason}", "", None, lost=True)
+                                          f"the worker process died: {mine[0].reason}", "", None, lost=True,
+                                          log_file=self.log_files.get(mine[0].rank))
                     raise dead_rank_error(dead, f"{self.name}.{method}()")
                 continue
             for ref in ready:
@@ -127,7 +130,7 @@ class RayWorkerGroup(WorkerGroup):
                 try:
                     value = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - mapped to WorkerError
-                    raise to_worker_error(exc, self.name, rank, method) from None
+                    raise to_worker_error(exc, self.name, rank, method).with_log(self.log_files.get(rank)) from None
                 if isinstance(value, Timed):  # a call of the worker: its span on the run's timeline
                     TRACE.span(self.name, rank, method, value.start, value.end)
                     value = value.value
