@@ -20,19 +20,21 @@ from pathlib import Path
 import pytest
 
 from rlweave.scheduler import faults
-from rlweave.testing.runs import cli_env, leftovers, metrics_rows, run_cli, workers
+from rlweave.testing.runs import cli_env, leftovers, length_reward, metrics_rows, run_cli, workers
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
-def config(ws, name: str, steps: int, engine: str = "hf", **run: object) -> Path:
-    """A checkpoint every step, one update per step, the policy's train_step limited to 10 s."""
+def config(ws, name: str, steps: int, engine: str = "hf", rewards: list[dict] | None = None, **run: object) -> Path:
+    """A checkpoint every step, one update per step, the policy's train_step limited to 10 s;
+    ``rewards`` replaces the workspace's (``arith_exact``)."""
     rollout = {"engine": engine}
     if engine == "vllm":
         rollout["options"] = {"kv_cache_gib": 0.25, "max_model_len": 64}
+    extra = {"rewards": rewards} if rewards else {}
     return ws.config(name, steps, run={"seed": 3, "save_every": 1, **run},
-                     roles={"policy": {"timeouts": {"train": 10.0}}, "rollout": rollout})
+                     roles={"policy": {"timeouts": {"train": 10.0}}, "rollout": rollout}, **extra)
 
 
 def test_a_hung_rank_is_reported_within_twice_its_timeout(grpo_workspace, guarantee):
@@ -99,11 +101,15 @@ def test_max_restarts_recovers_lost_workers_like_an_uninterrupted_run(grpo_works
     """One run loses two workers, each noticed by its own failure: the rollout worker is
     SIGKILLed from outside once step 1 is logged (so in step 2), and the policy's only rank
     kills itself in its third ``train_step`` (step 2 again after the first restart, or step 3).
-    With ``max_restarts: 2`` both are rebuilt and the run ends where an uninterrupted one does."""
+    With ``max_restarts: 2`` both are rebuilt and the run ends where an uninterrupted one does.
+    A length reward next to ``arith_exact`` makes the steps update the weights (the tiny model
+    rarely answers right), so equal weights are not equal because nothing trained."""
     ws = grpo_workspace
     tmp = ws.root
     steps = 3
-    rc, out, pids = run_cli(["train", str(config(ws, "steady", steps))], cli_env(), cwd=REPO, timeout=400)
+    rewards = [{"name": "arith_exact"}, {"name": length_reward(tmp), "weight": 0.5}]
+    rc, out, pids = run_cli(["train", str(config(ws, "steady", steps, rewards=rewards))], cli_env(), cwd=REPO,
+                            timeout=400)
     assert rc == 0, out[-3000:]
     ref_weights, ref_state = final_state(tmp / "runs" / "steady")
 
@@ -116,7 +122,7 @@ def test_max_restarts_recovers_lost_workers_like_an_uninterrupted_run(grpo_works
         os.kill(workers(run_dir)["rollout"][0]["pid"], signal.SIGKILL)
         killed["pid"] = 1
 
-    cfg = config(ws, "restarts", steps, max_restarts=2)
+    cfg = config(ws, "restarts", steps, rewards=rewards, max_restarts=2)
     rc, out, pids = run_cli(["train", str(cfg)], cli_env(**{faults.ENV: "policy:0:train_step:kill@3"}), cwd=REPO,
                             timeout=400, on_poll=strike)
     assert rc == 0, out[-3000:]
@@ -128,6 +134,8 @@ def test_max_restarts_recovers_lost_workers_like_an_uninterrupted_run(grpo_works
     assert summary["restarts"] == 2
     steps_logged = [r["step"] for r in metrics_rows(run_dir) if r["step"] >= 1]
     assert steps_logged == list(range(1, steps + 1))  # every step once, none lost or repeated
+    redone = [r["step"] for r in metrics_rows(tmp / "runs" / "steady") if r["step"] >= 2 and r["grad_norm"] > 0]
+    assert redone, "no update in the steps trained again after a restart: the comparison would prove nothing"
     weights, state = final_state(run_dir)
     assert state["data"] == ref_state["data"] and state["algorithm"] == ref_state["algorithm"]
     diff = max((weights[k] - ref_weights[k]).abs().max().item() for k in ref_weights)
