@@ -12,7 +12,9 @@ final checkpoint (step 4), with the data order rebuilt from its saved seed:
   trained twice, or one lost in the restart, breaks one of the two.
 
 Modes: ``one_step_off``; ``async`` with partial rollout (responses cut at a per-step token budget
-and continued, so the queue holds half-generated samples when a checkpoint is written).
+and continued, so the queue holds half-generated samples when a checkpoint is written); multi-turn
+episodes (an environment answering every model turn, up to 3 turns) in ``one_step_off``, whose
+episode pipeline holds the prefetched record batch.
 """
 
 from __future__ import annotations
@@ -36,7 +38,25 @@ MODES = {
     "async_partial": {"run": {"mode": "async", "max_staleness": 1},
                       "rollout": {"partial": {"token_budget_per_step": 2, "max_rounds": 3}, "request_groups": 2},
                       "algorithm": {"max_new_tokens": 8}},
+    "multi_turn": {"run": {"mode": "one_step_off"},
+                   "algorithm": {"max_new_tokens": 2,
+                                 "multi_turn": {"env": {"name": "recovery_echo_env:Echo"}, "max_turns": 3,
+                                                "max_total_tokens": 64, "end_on_length": False}}},
 }
+
+ECHO_ENV = '''
+from rlweave.interfaces.environment import Environment, EnvStep
+
+
+class Echo(Environment):
+    """Answers "1" to every model turn; the episode ends at max_turns."""
+
+    def reset(self, record):
+        return [{"role": "user", "content": record["prompt"]}]
+
+    def step(self, action):
+        return EnvStep(messages=[{"role": "tool", "content": "1"}])
+'''
 
 
 def _queued_ids(pipeline: dict) -> list[str]:
@@ -61,6 +81,7 @@ def _drawn_ids(train: Path, data_state: dict) -> list[str]:
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_recovery_trains_every_drawn_prompt_exactly_once(grpo_workspace, guarantee, mode):
     ws = grpo_workspace
+    (ws.root / "recovery_echo_env.py").write_text(ECHO_ENV)  # importable: cli_env puts ws.root on the path
     sections = MODES[mode]
     run = {"save_every": 1, "max_restarts": 1, **sections["run"]}
     cfg = ws.config(f"modes-{mode}", STEPS, run=run, **{k: v for k, v in sections.items() if k != "run"})
@@ -77,6 +98,8 @@ def test_recovery_trains_every_drawn_prompt_exactly_once(grpo_workspace, guarant
     rows = [r for r in metrics_rows(run_dir) if r["step"] >= 1]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # every step once
     assert all(r["samples"] == PROMPTS * SAMPLES for r in rows), [r["samples"] for r in rows]
+    if "multi_turn" in sections["algorithm"]:
+        assert all(r["episode/turns_mean"] > 1 for r in rows), [r["episode/turns_mean"] for r in rows]
 
     state = json.loads((run_dir / "checkpoints" / f"step_{STEPS:06d}" / "state.json").read_text())
     algo = state["algorithm"]
