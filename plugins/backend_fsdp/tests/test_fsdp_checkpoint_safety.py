@@ -91,6 +91,37 @@ def test_extra_state_is_json_and_safetensors_and_round_trips(tmp_path):
     assert s2.get_last_lr() == sched.get_last_lr()
 
 
+def test_a_checkpoint_before_the_first_step_changes_nothing(tmp_path):
+    """Saving a never-stepped optimizer (what a run with ``run.max_restarts`` does at step 0) must
+    not step it: torch's ``get_state_dict`` would give AdamW a step count of 1 and change every
+    later update. Loading that checkpoint into an optimizer that trained since (a worker kept
+    alive through a recovery) gives back a never-stepped one: the next steps are bitwise those
+    of a run that never saved."""
+    path = tmp_path / "step0"
+    model, opt, sched = _build()
+    torch.manual_seed(7)
+    checkpoint.save(str(path), model, opt, {"step": 0, "scheduler": sched.state_dict()}, 0)
+    assert not opt.state, "saving stepped the optimizer"
+    assert json.loads((path / "extra_rank0.json").read_text())["optimizer_state"] is False
+    torch.manual_seed(7)
+    _train(model, opt, sched)
+    saved_run = [p.full_tensor().clone() for p in model.parameters()]
+
+    plain, plain_opt, plain_sched = _build()
+    torch.manual_seed(7)
+    _train(plain, plain_opt, plain_sched)
+    assert all(torch.equal(a, p.full_tensor()) for a, p in zip(saved_run, plain.parameters()))
+
+    extra = checkpoint.load(str(path), model, opt, 0)  # the live, trained optimizer goes back to step 0
+    assert not opt.state and "optimizer_state" not in extra
+    sched.load_state_dict(extra["scheduler"])
+    for group, lr in zip(opt.param_groups, sched.get_last_lr()):
+        group["lr"] = lr
+    torch.manual_seed(7)
+    _train(model, opt, sched)
+    assert all(torch.equal(a, p.full_tensor()) for a, p in zip(saved_run, model.parameters()))
+
+
 def _refused(path, trap, words):
     m2, o2, _ = _build(seed=1)
     with pytest.raises(CheckpointError) as info:

@@ -4,11 +4,20 @@
 layout is resharding-friendly) and, per rank ``r``, what is not sharded:
 
 * ``extra_rank<r>.json``: ``{"format": 1, "step", "scheduler" (LambdaLR state, JSON values),
-  "rng": Python and NumPy RNG states}`` (:mod:`rlweave.data.rng_state`);
+  "optimizer_state" (whether ``optim`` was written), "rng": Python and NumPy RNG states}``
+  (:mod:`rlweave.data.rng_state`);
 * ``extra_rank<r>.safetensors``: the torch CPU generator state (``torch``) and each CUDA
   device's (``cuda.<i>``, when CUDA is initialised), uint8 tensors;
 
 so a run that loads a checkpoint continues exactly as an uninterrupted one.
+
+An optimizer that has not stepped yet (a checkpoint before the first update, such as the one a
+run with ``run.max_restarts`` writes at step 0) has no state, and its ``optim`` is not written:
+torch's ``get_state_dict`` would create that state with a zero-gradient step, which sets AdamW's
+step count to 1 and changes every later update's bias correction, so saving would change the
+run. Loading such a checkpoint empties the optimizer's state (a worker that trained since, kept
+alive through a recovery, goes back to a never-stepped optimizer). A checkpoint from before
+``optimizer_state`` was recorded loads its ``optim`` as before.
 
 Loading reads nothing as a pickle: the extra state is JSON and safetensors, DCP's
 ``.metadata`` and non-tensor items go through :mod:`.safe_dcp` (an allow-listed unpickler,
@@ -37,23 +46,25 @@ def _options(frozen: bool):
     return StateDictOptions(ignore_frozen_params=not frozen, strict=frozen)
 
 
-def save(path: str, model, optimizer, extra: dict, rank: int, frozen: bool = True) -> None:
+def save(path: str, model, optimizer, extra: dict, rank: int, frozen: bool = True, device=None) -> None:
     """All ranks: DCP shards of model (and optimizer) plus this rank's extra state. Without
     ``frozen``, parameters that do not train (a LoRA model's base weights) are left out: they
-    are the base model's, loaded from its directory."""
+    are the base model's, loaded from its directory. ``device``: where this rank's collectives
+    run (CPU when None). An optimizer that has not stepped is not saved (module docstring)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     Path(path).mkdir(parents=True, exist_ok=True)
     opts = _options(frozen)
-    if optimizer is not None:
+    with_optim = optimizer_has_state(optimizer, device)
+    if with_optim:
         msd, osd = get_state_dict(model, optimizer, options=opts)
         state = {"model": msd, "optim": osd}
-    else:
+    else:  # never stepped (or no optimizer): nothing to save, and get_state_dict would step it
         state = {"model": get_model_state_dict(model, options=opts)}
     dcp.save(state, checkpoint_id=path)
-    _save_extra(path, rank, extra, "fsdp")
+    _save_extra(path, rank, {**extra, "optimizer_state": with_optim}, "fsdp")
     dist.barrier()
 
 
@@ -79,7 +90,7 @@ def load(path: str, model, optimizer, rank: int, frozen: bool = True) -> dict:
         problem = str(exc)
     _agree(problem)
     opts = _options(frozen)
-    if optimizer is not None:
+    if optimizer is not None and extra.get("optimizer_state", True):
         msd, osd = get_state_dict(model, optimizer, options=opts)
         state = {"model": msd, "optim": osd}
         safe_dcp.load(state, root)
@@ -88,6 +99,21 @@ def load(path: str, model, optimizer, rank: int, frozen: bool = True) -> dict:
         state = {"model": get_model_state_dict(model, options=opts)}
         safe_dcp.load(state, root)
         set_model_state_dict(model, state["model"], options=opts)
+        if optimizer is not None:  # saved before its first step: back to a never-stepped optimizer
+            optimizer.state.clear()
     rng.set_state(rng_state)
+    extra.pop("optimizer_state", None)
     return extra
 
+
+def optimizer_has_state(optimizer, device=None) -> bool:
+    """Whether ``optimizer`` (None: no optimizer) holds state, i.e. has taken a step (AdamW
+    creates its moments and step count at the first one), on any rank: collective, since the
+    ranks must agree on what they save. ``device``: where this rank's collectives run (CPU
+    when None)."""
+    import torch
+
+    from rlweave.backend_helpers.finite import any_rank
+
+    has = optimizer is not None and bool(optimizer.state)
+    return optimizer is not None and any_rank(has, device if device is not None else torch.device("cpu"))

@@ -227,7 +227,8 @@ class FSDPWorker(HFModelWorker):
         self._check_ready("save_checkpoint")
         self._refuse_nonfinite(path, finite.first_nonfinite(self.model, self.optimizer))
         extra = {"step": self.step, "scheduler": self._schedule_state()}
-        checkpoint.save(path, self.model, self.optimizer, extra, self.rank, frozen=not lora.is_peft(self.model))
+        checkpoint.save(path, self.model, self.optimizer, extra, self.rank, frozen=not lora.is_peft(self.model),
+                        device=self.device)
 
     def load_checkpoint(self, path: str) -> None:
         self._check_ready("load_checkpoint")
