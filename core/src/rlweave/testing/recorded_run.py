@@ -65,6 +65,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _value(result: Any) -> Any:
+    """What a worker call returned, without the actor's timing (:class:`~rlweave.scheduler.trace.Timed`)."""
+    from rlweave.scheduler.trace import Timed
+
+    return result.value if isinstance(result, Timed) else result
+
+
 class InProcessGroup(SyncWorkerGroup):
     """:class:`WorkerActor` objects in this process; each call runs at submission with the
     recorder's role set to this group's role."""
@@ -74,14 +81,14 @@ class InProcessGroup(SyncWorkerGroup):
 
     def _run(self, actor: Any, method: str, args: tuple, kwargs: dict, on_actor: bool, fn: Any = None) -> Any:
         if fn is not None:
-            return actor.apply(method, fn, tuple(args), dict(kwargs))
+            return _value(actor.apply(method, fn, tuple(args), dict(kwargs)))
         if on_actor and method == "address":
             return "127.0.0.1", _free_port()
         if on_actor and method == "placement":
             return {"pid": os.getpid(), "node_ip": "127.0.0.1"}
         if on_actor:
             return getattr(actor, method)(*args, **kwargs)
-        return actor.call(method, tuple(args), dict(kwargs))
+        return _value(actor.call(method, tuple(args), dict(kwargs)))
 
     def submit(self, method: str, ranks, rank_args, on_actor: bool = False, fn: Any = None,
                control: bool = False) -> list:
@@ -102,12 +109,13 @@ class InProcessGroup(SyncWorkerGroup):
 
 
 class _LocalActorClass:
-    """Stands in for ``ray.remote(WorkerActor)``: ``.options(...).remote(cls, role, rank)``."""
+    """Stands in for ``ray.remote(WorkerActor)``: ``.options(...).remote(cls, role, rank, log_file)``
+    (the rank's output stays this process's: ``log_file`` is not used)."""
 
     def options(self, **_: Any) -> _LocalActorClass:
         return self
 
-    def remote(self, worker_cls: type, role: str, rank: int) -> Any:
+    def remote(self, worker_cls: type, role: str, rank: int, log_file: str | None = None) -> Any:  # noqa: ARG002
         from rlweave.scheduler.ray_impl.actor import WorkerActor
 
         return WorkerActor(worker_cls, role, rank)
