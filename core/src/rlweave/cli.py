@@ -20,6 +20,8 @@
 
 * ``rlweave generate``, ``rlweave export``, ``rlweave eval``: offline generation, checkpoint export
   and evaluation of a trained model (:mod:`rlweave.commands`).
+* ``rlweave show RUN_DIR`` and ``rlweave compare RUN_DIR...``: runs read back, alone or side by
+  side (:mod:`rlweave.commands.runs`).
 * ``rlweave stacks RUN_DIR``: the Python stacks of every live rank of a run on this machine
   (:mod:`rlweave.commands.stacks`); a call past its timeout shows its ranks' stacks by itself.
 An invalid config prints one line per problem (``invalid config: <file>: <key>: <message>`` for
@@ -52,6 +54,7 @@ from rlweave.commands import evaluate as _evaluate
 from rlweave.commands import export as _export
 from rlweave.commands import generate as _generate
 from rlweave.commands import plugins
+from rlweave.commands import runs as _runs
 from rlweave.commands import stacks as _stacks
 from rlweave.deps import check_installed, missing_dependency
 from rlweave.interfaces.failures import PluginCodeError
@@ -263,6 +266,8 @@ app.command("generate")(_generate.generate)
 app.command("export")(_export.export)
 app.command("eval")(_evaluate.evaluate)
 app.command("stacks")(_stacks.stacks)
+app.command("show")(_runs.show)
+app.command("compare")(_runs.compare)
 
 
 def main() -> None:
