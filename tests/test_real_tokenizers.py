@@ -261,3 +261,19 @@ def test_vllm_engine_generates_what_transformers_generates(styles, tmp_path):
             _check_engine(style, engine, tmp_path / name)
         finally:
             engine.shutdown()
+
+
+def test_a_turn_ended_by_another_stop_token_gets_the_templates_end_of_message():
+    """Multi-turn observations with the Qwen-style template: a model turn that stopped on the
+    template's ``<|im_end|>`` continues after it; one that stopped on ``<|endoftext|>`` (a
+    generation-config EOS the template never writes) gets the template's ``<|im_end|>`` first."""
+    from transformers import AutoTokenizer
+
+    from rlweave.algo_helpers.chat import observation_text
+
+    tok = AutoTokenizer.from_pretrained(TOKENIZER)
+    msgs = [{"role": "user", "content": "ok"}]
+    on_eos = observation_text(tok, msgs, stopped=True, stop_text="<|im_end|>")
+    assert on_eos.startswith("\n<|im_start|>user\nok<|im_end|>")
+    assert observation_text(tok, msgs, stopped=True, stop_text="<|endoftext|>") == "<|im_end|>" + on_eos
+    assert observation_text(tok, msgs, stopped=True) == on_eos  # not told: the tokenizer's EOS

@@ -41,10 +41,14 @@ def prompt_ids(tokenizer: Any, messages: Sequence[dict[str, Any]]) -> tuple[list
     return list(tokenizer(text)["input_ids"]), text
 
 
-def observation_text(tokenizer: Any, messages: Sequence[dict[str, Any]], stopped: bool) -> str:
+def observation_text(tokenizer: Any, messages: Sequence[dict[str, Any]], stopped: bool,
+                     stop_text: str | None = None) -> str:
     """The text between the end of a model turn and the next model turn: what the template writes
-    after the turn's last token (when the turn ``stopped`` on its end-of-message token, the rest of
-    that suffix; else the whole end of the message), then ``messages``, then the assistant header.
+    after the turn's last token (when the turn ``stopped`` on the end-of-message token the template
+    writes, the rest of that suffix; else, also when it stopped on another stop token such as a
+    generation config's ``<|endoftext|>``, the whole end of the message), then ``messages``, then
+    the assistant header. ``stop_text``: the text of the token the turn stopped on (None: the
+    tokenizer's EOS token).
     Raises ValueError when the template does not render a conversation as a prefix of its
     continuation (then observations cannot be appended token-exactly)."""
     if not has_template(tokenizer):
@@ -55,12 +59,13 @@ def observation_text(tokenizer: Any, messages: Sequence[dict[str, Any]], stopped
         raise ValueError("the tokenizer's chat template does not render a conversation as a prefix of its "
                          "continuation; multi-turn observations cannot be appended token-exactly")
     end = before[before.rindex(_MARK) + len(_MARK):]  # what the template writes after an assistant message
-    eos = getattr(tokenizer, "eos_token", None)
-    if stopped and eos and eos in end:  # the model's own stop token already ends the turn
-        end = end[end.index(eos) + len(eos):]
+    stop = stop_text if stop_text is not None else getattr(tokenizer, "eos_token", None)
+    if stopped and stop and stop in end:  # the model's own stop token already ends the turn
+        end = end[end.index(stop) + len(stop):]
     return end + after[len(before):]
 
 
-def observation_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], stopped: bool) -> list[int]:
+def observation_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], stopped: bool,
+                    stop_text: str | None = None) -> list[int]:
     """Token ids of :func:`observation_text`, tokenised on their own."""
-    return _encode(tokenizer, observation_text(tokenizer, messages, stopped))
+    return _encode(tokenizer, observation_text(tokenizer, messages, stopped, stop_text))

@@ -308,7 +308,9 @@ class MultiTurnRollout(Rollout):
         if step.done:
             t.end("done")
             return False
-        obs = chat.observation_ids(self.tok, step.messages, stopped=t.finish_reason == "stop")
+        stopped = t.finish_reason == "stop"
+        stop_text = self.tok.decode(t.final_ids[-1:]) if stopped and len(t.final_ids) else None
+        obs = chat.observation_ids(self.tok, step.messages, stopped=stopped, stop_text=stop_text)
         if t.length + len(obs) >= self.cfg.max_total_tokens:
             t.end("max_total_tokens")
             return False
