@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from pydantic import BaseModel, RootModel
-from pydantic_core import PydanticUndefined
 
 
 @dataclass(frozen=True)
@@ -65,12 +64,10 @@ def _type_name(annotation: Any) -> str:
 def _default(field: Any) -> str:
     if field.is_required():
         return "required"
-    value = field.default
-    if value is PydanticUndefined and field.default_factory is not None:
-        try:
-            value = field.default_factory()
-        except TypeError:  # a factory that takes the validated data
-            return "(computed)"
+    try:
+        value = field.get_default(call_default_factory=True, validated_data={})
+    except (TypeError, KeyError):  # a factory that needs other fields' values
+        return "(computed)"
     if isinstance(value, RootModel):
         value = value.root
     if isinstance(value, BaseModel):
