@@ -38,6 +38,7 @@ This module imports no torch or ray; the runner is imported only by ``train``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, List, Optional
@@ -58,6 +59,7 @@ from rlweave.commands import runs as _runs
 from rlweave.commands import stacks as _stacks
 from rlweave.deps import check_installed, missing_dependency
 from rlweave.interfaces.failures import PluginCodeError
+from rlweave.scheduler.worker_log import VERBOSE_ENV
 from rlweave.rewards.failures import RewardFailureError
 from rlweave.runner.shared_fs import SharedFilesystemError
 from rlweave.weight_sync.interface import WeightSyncError
@@ -196,8 +198,12 @@ def train(config: Path = typer.Argument(..., help="Run config YAML."),
                                          "<name>.replaced-<UTC time> (never deleted) and start fresh."),
           address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster (sets ray.address)."),
           run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory (default: <run.output_dir>/<run.name>)."),
+          verbose: bool = typer.Option(False, "--verbose", help="Show every rank's own output (engines, backends) "
+                                                                "on the console instead of in <run_dir>/logs."),
           ) -> None:
     """Validate, then run the configured algorithm."""
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"
     mode = _resume_mode(resume)
     if mode and overwrite:
         typer.echo("error: --resume and --overwrite exclude each other: --resume continues the run in the run "

@@ -45,6 +45,7 @@ from rlweave.config.schema import RunConfig
 from rlweave.runner import rng
 from rlweave.runner.error_log import LOGGED, write_error_log
 from rlweave.scheduler.trace import STEPS, TRACE
+from rlweave.scheduler.worker_log import VERBOSE_ENV
 from rlweave.runner.checkpoint import CheckpointManager, write_json
 from rlweave.runner.metrics import MetricsLogger
 from rlweave.runner.progress import Progress, format_status
@@ -364,8 +365,8 @@ class _Run:
                   for r in self.role_names if cfg.roles[r].optim is not None}
         self.builder = builder_cls(cfg, {r: resolved.roles[r] for r in self.role_names}, self.role_names,
                                    optimizer_total_steps=totals, kernel_records=resolved.kernels)
-        if hasattr(self.builder, "run_dir"):  # each rank's own output: <run_dir>/logs/<role>-<rank>.log
-            self.builder.run_dir = self.run_dir
+        if hasattr(self.builder, "run_dir") and os.environ.get(VERBOSE_ENV) != "1":
+            self.builder.run_dir = self.run_dir  # each rank's own output: <run_dir>/logs/<role>-<rank>.log
         self.roles.update(self.builder.build())
         self._write_workers()
         check_shared_run_dir(self.run_dir, self.roles)

@@ -17,6 +17,9 @@ from pathlib import Path
 
 #: the folder of the run directory holding the ranks' output
 LOGS = "logs"
+#: set to 1 (``rlweave train --verbose``): the ranks print to the console as well (Ray's own
+#: forwarding of worker output), their files are not written
+VERBOSE_ENV = "RLWEAVE_VERBOSE"
 
 
 def rank_log(run_dir: str | os.PathLike[str], role: str, rank: int) -> Path:
