@@ -57,8 +57,8 @@ def chat_prompts(model: Path, n: int) -> list[str]:
 
 def main() -> None:
     ap = grpo_vs_trl.parser(__doc__.splitlines()[0])
-    ap.set_defaults(prompts_n=8, samples=8, new_tokens=64, steps=3, warmup=1,
-                    rows="rlweave/vllm/fp32,trl/hf/fp32", micro_tokens=8192)
+    ap.set_defaults(prompts_n=4, samples=8, new_tokens=48, steps=3, warmup=1,
+                    rows="rlweave/vllm/fp32,trl/hf/fp32", micro_tokens=4096)
     a = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     model = hf_model()
