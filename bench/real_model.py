@@ -18,6 +18,7 @@ The rows, the subprocess per row, the warm-up and the timing are those of
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -59,6 +60,9 @@ def main() -> None:
     ap = grpo_vs_trl.parser(__doc__.splitlines()[0])
     ap.set_defaults(prompts_n=4, samples=8, new_tokens=48, steps=3, warmup=1,
                     rows="rlweave/vllm/fp32,trl/hf/fp32", micro_tokens=4096)
+    for action in ap._actions:  # the random model's options: no meaning here
+        if action.dest in ("size", "prompt_len"):
+            action.help = argparse.SUPPRESS
     a = ap.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     model = hf_model()
