@@ -130,4 +130,5 @@ def format_reward(
 
 format = format_reward  # noqa: A001 - the reward's YAML name is "format"
 
-__all__ = ["arith_exact", "arith_last", "math_boxed", "format_reward", "format", "extract_number", "last_number", "DEFAULT_FORMAT"]
+__all__ = ["arith_exact", "arith_last", "math_boxed", "format_reward", "format", "extract_number", "last_number",
+           "DEFAULT_FORMAT"]
