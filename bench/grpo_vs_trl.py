@@ -202,13 +202,78 @@ def run_trl(a) -> dict:
     return {"step_s": sum(timed) / len(timed), "gen_tokens": gen_tokens}
 
 
+def run_rows(a, model: Path, prompts: list[str], tmp: str) -> list[dict]:
+    """Run every row of ``a.rows`` (``side/engine/precision[/...]``) in its own subprocess of
+    this script on ``model`` (a Hugging Face directory) and ``prompts``, printing one line per
+    row as it ends; returns the rows' results (an ``error`` key where a row failed). ``a`` holds
+    this script's options (``main``'s parser; ``bench/real_model.py`` reuses it)."""
+    results = []
+    for row in a.rows.split(","):
+        side, engine, precision, *rest = row.split("/")
+        malloc = next((x for x in rest if x in ("reuse", "default")), a.malloc)
+        compiled = "compile" in rest if {"compile", "eager"} & set(rest) else a.compile
+        if set(rest) - {"reuse", "default", "compile", "eager"}:
+            raise SystemExit(f"--rows: {row!r}: parts after the precision must be reuse|default and compile|eager")
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--engine", engine,
+               "--precision", precision, "--malloc", malloc, "--model", str(model), "--prompts", json.dumps(prompts),
+               "--tmp", tempfile.mkdtemp(dir=tmp), "--samples", str(a.samples), "--new-tokens", str(a.new_tokens),
+               "--steps", str(a.steps), "--warmup", str(a.warmup), "--micro-tokens", str(a.micro_tokens)] \
+            + (["--compile"] if compiled else [])
+        env = dict(os.environ, PYTHONPATH=f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        env.pop("GLIBC_TUNABLES", None)  # rlweave rows: ray.cpu_malloc_reuse decides
+        if side == "trl" and malloc == "reuse":
+            # TRL at its best: the allocator settings rlweave applies to its CPU processes
+            from rlweave.scheduler.ray_impl.malloc import TUNABLES
+
+            env["GLIBC_TUNABLES"] = TUNABLES
+        t0 = time.perf_counter()
+        out = ""
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
+            out = p.stdout + p.stderr
+            line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+            res = json.loads(line[-1][7:]) if line else {"error": (out.strip().splitlines() or ["?"])[-1][:200]}
+        except subprocess.TimeoutExpired:
+            res = {"error": f"timed out after {a.timeout:.0f}s"}
+        res.update(side=side, engine=engine, precision=precision, malloc=malloc,
+                   compile="compile" if compiled else "eager", wall_s=time.perf_counter() - t0)
+        results.append(res)
+        if "error" in res:
+            print(f"  {row:22s} FAILED: {res['error']}", flush=True)
+            if a.verbose and out:
+                print("\n".join("      " + x for x in out.splitlines()[-40:]), flush=True)
+        else:
+            print(f"  {row:22s} {res['step_s']:8.2f} s/step  {res['gen_tokens'] / res['step_s']:8.1f} gen tok/s"
+                  + ("   phases: " + " ".join(f"{k} {v:.2f}" for k, v in res["phases"].items())
+                     if "phases" in res else ""), flush=True)
+    return results
+
+
+def print_table(results: list[dict], target: str = " (target >= 2x)") -> None:
+    """The table of the rows that ran, the best rlweave row against the best TRL row, then
+    every result as one JSON line."""
+    ok = [r for r in results if "error" not in r]
+    best = {s: min((r for r in ok if r["side"] == s), key=lambda r: r["step_s"], default=None)
+            for s in ("rlweave", "trl")}
+    name = lambda r: f"{r['side']}/{r['engine']}/{r['precision']}/{r['malloc']}/{r['compile']}"  # noqa: E731
+    print("\nrow                                      s/step   gen tok/s")
+    for r in ok:
+        print(f"{name(r):38s}   {r['step_s']:8.2f}   {r['gen_tokens'] / r['step_s']:8.1f}")
+    if best["rlweave"] and best["trl"]:
+        ratio = best["trl"]["step_s"] / best["rlweave"]["step_s"]
+        print(f"\nbest rlweave ({name(best['rlweave'])}) vs best TRL ({name(best['trl'])}): "
+              f"{ratio:.2f}x faster per step{target}")
+    print(json.dumps({"results": results}))
+
+
 # -------------------------------------------------------------------------------- main
 ROWS = [("rlweave", "vllm", "fp32"), ("rlweave", "vllm", "bf16"),
         ("trl", "hf", "fp32"), ("trl", "hf", "bf16"), ("trl", "vllm", "bf16")]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parser(description: str = __doc__.splitlines()[0]) -> argparse.ArgumentParser:
+    """This script's options (``bench/real_model.py`` takes them too, with its own defaults)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--size", choices=sorted(SIZES), default="yardstick")
     ap.add_argument("--prompts-n", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=32)
@@ -235,6 +300,11 @@ def main() -> None:
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--prompts", help=argparse.SUPPRESS)
     ap.add_argument("--tmp", help=argparse.SUPPRESS)
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     a = ap.parse_args()
 
     if a.side:  # child: one row, result as the last stdout line
@@ -252,56 +322,8 @@ def main() -> None:
         params = sum(t.numel() for t in st.load_file(str(model / "model.safetensors")).values())
         print(f"model: Qwen2 {a.size} ({params / 1e6:.1f}M params), {a.prompts_n} prompts x {a.samples} samples x "
               f"{a.new_tokens} new tokens (EOS ignored), KL beta 0.04, one update per batch, {os.cpu_count()} CPU cores")
-        results = []
-        for row in a.rows.split(","):
-            side, engine, precision, *rest = row.split("/")
-            malloc = next((x for x in rest if x in ("reuse", "default")), a.malloc)
-            compiled = "compile" in rest if {"compile", "eager"} & set(rest) else a.compile
-            if set(rest) - {"reuse", "default", "compile", "eager"}:
-                raise SystemExit(f"--rows: {row!r}: parts after the precision must be reuse|default and compile|eager")
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--engine", engine,
-                   "--precision", precision, "--malloc", malloc, "--model", str(model), "--prompts", json.dumps(prompts),
-                   "--tmp", tempfile.mkdtemp(dir=tmp), "--samples", str(a.samples), "--new-tokens", str(a.new_tokens),
-                   "--steps", str(a.steps), "--warmup", str(a.warmup), "--micro-tokens", str(a.micro_tokens)] \
-                + (["--compile"] if compiled else [])
-            env = dict(os.environ, PYTHONPATH=f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-            env.pop("GLIBC_TUNABLES", None)  # rlweave rows: ray.cpu_malloc_reuse decides
-            if side == "trl" and malloc == "reuse":
-                # TRL at its best: the allocator settings rlweave applies to its CPU processes
-                from rlweave.scheduler.ray_impl.malloc import TUNABLES
-
-                env["GLIBC_TUNABLES"] = TUNABLES
-            t0 = time.perf_counter()
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env)
-                out = p.stdout + p.stderr
-                line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-                res = json.loads(line[-1][7:]) if line else {"error": (out.strip().splitlines() or ["?"])[-1][:200]}
-            except subprocess.TimeoutExpired:
-                res = {"error": f"timed out after {a.timeout:.0f}s"}
-            res.update(side=side, engine=engine, precision=precision, malloc=malloc,
-                       compile="compile" if compiled else "eager", wall_s=time.perf_counter() - t0)
-            results.append(res)
-            if "error" in res:
-                print(f"  {row:22s} FAILED: {res['error']}", flush=True)
-                if a.verbose and "out" in locals():
-                    print("\n".join("      " + x for x in out.splitlines()[-40:]), flush=True)
-            else:
-                print(f"  {row:22s} {res['step_s']:8.2f} s/step  {res['gen_tokens'] / res['step_s']:8.1f} gen tok/s"
-                      + ("   phases: " + " ".join(f"{k} {v:.2f}" for k, v in res["phases"].items())
-                         if "phases" in res else ""), flush=True)
-        ok = [r for r in results if "error" not in r]
-        best = {s: min((r for r in ok if r["side"] == s), key=lambda r: r["step_s"], default=None)
-                for s in ("rlweave", "trl")}
-        name = lambda r: f"{r['side']}/{r['engine']}/{r['precision']}/{r['malloc']}/{r['compile']}"  # noqa: E731
-        print("\nrow                                      s/step   gen tok/s")
-        for r in ok:
-            print(f"{name(r):38s}   {r['step_s']:8.2f}   {r['gen_tokens'] / r['step_s']:8.1f}")
-        if best["rlweave"] and best["trl"]:
-            ratio = best["trl"]["step_s"] / best["rlweave"]["step_s"]
-            print(f"\nbest rlweave ({name(best['rlweave'])}) vs best TRL ({name(best['trl'])}): "
-                  f"{ratio:.2f}x faster per step (target >= 2x)")
-        print(json.dumps({"results": results}))
+        results = run_rows(a, model, prompts, tmp)
+        print_table(results)
 
 
 if __name__ == "__main__":

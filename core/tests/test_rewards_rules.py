@@ -3,7 +3,7 @@
 import pytest
 
 from rlweave.rewards.normalize import answers_equal, last_boxed, normalize_answer
-from rlweave.rewards.rules import arith_exact, extract_number, format_reward, math_boxed
+from rlweave.rewards.rules import arith_exact, arith_last, extract_number, format_reward, last_number, math_boxed
 
 
 @pytest.mark.parametrize(
@@ -37,6 +37,42 @@ def test_arith_exact_full_mode_and_errors():
     with pytest.raises(ValueError, match="mode"):
         arith_exact("1+1=", "2", answer=2, mode="strict")
     assert extract_number("x") is None
+
+
+@pytest.mark.parametrize(
+    "response,expected",
+    [
+        ("Tom has 7 apples and buys 5 more, so 7 + 5 = 12.", "12"),
+        ("56 - 14 = 42 coins", "42"),
+        ("9-4", "4"),                      # an unspaced minus between numbers is not a sign
+        ("The change is -3.", "-3"),
+        ("(2)-3", "3"),
+        ("In total 1,234 shells.", "1234"),
+        ("It costs 2.50 dollars", "2.50"),
+        ("**Answer: 18**", "18"),
+        ("no number here", None),
+    ],
+)
+def test_last_number(response, expected):
+    assert last_number(response) == expected
+
+
+def test_arith_last():
+    chat = "Anna has 20 books. She gives away 8, so 20 - 8 = 12. Anna has 12 books left."
+    assert arith_last("", chat, answer=12) == 1.0
+    assert arith_exact("", chat, answer=12) == 0.0          # first number: 20
+    assert arith_last("", chat, answer="12.0") == 1.0
+    assert arith_last("", "20 - 8 = 13", answer=12) == 0.0
+    assert arith_last("", "I do not know.", answer=12) == 0.0
+    with pytest.raises(ValueError, match="answer"):
+        arith_last("", "12")
+
+
+def test_arith_last_is_registered():
+    from rlweave.rewards.plugin import rlweave_rewards
+
+    record = next(r for r in rlweave_rewards() if r.name == "arith_last")
+    assert record.load() is arith_last
 
 
 @pytest.mark.parametrize(

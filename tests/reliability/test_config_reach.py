@@ -53,7 +53,7 @@ REPO = Path(__file__).resolve().parents[2]
 VARIANTS = Path(__file__).with_name("config_reach_variants.yaml")
 
 #: parameters of reward functions that come from the data record, not from ``args``
-RECORD_FIELDS = {"arith_exact": ("answer",), "math_boxed": ("answer",)}
+RECORD_FIELDS = {"arith_exact": ("answer",), "arith_last": ("answer",), "math_boxed": ("answer",)}
 
 #: keys whose consumer is plugin resolution (``rlweave.config.resolve``): reads there count
 RESOLVED = {

@@ -18,6 +18,11 @@ def rlweave_rewards() -> list[RewardRecord]:
             config_model=ArithExactArgs,
         ),
         RewardRecord(
+            name="arith_last",
+            summary="1 if the last number of the response (a chat reply's final answer) equals 'answer'",
+            target="rlweave.rewards.rules:arith_last",
+        ),
+        RewardRecord(
             name="math_boxed",
             summary="1 if the last \\boxed{} equals 'answer' after a LaTeX/number normaliser",
             target="rlweave.rewards.rules:math_boxed",

@@ -14,6 +14,9 @@ from rlweave.rewards.normalize import answers_equal, last_boxed
 
 _FIRST_NUMBER = re.compile(r"[-+]?\s*\d+(?:\.\d+)?")
 _ANSWER_MARKER = re.compile(r"answer\s*[:=]", re.IGNORECASE)
+# a number as prose writes it: a minus sign only when attached and not after a word or ")"
+# ("56-14" is two numbers, "is -3" one), thousands separators ("1,234"), decimals
+_PROSE_NUMBER = re.compile(r"(?:(?<![\w)])-)?\d+(?:,\d{3})*(?:\.\d+)?")
 
 
 def extract_number(response: str) -> str | None:
@@ -28,18 +31,28 @@ def extract_number(response: str) -> str | None:
     return m.group(0).replace(" ", "") if m else None
 
 
+def last_number(response: str) -> str | None:
+    """The last number of ``response`` as prose writes it (the final answer of a chat reply:
+    ``"5 + 3 = 8 apples."`` -> ``"8"``); thousands separators dropped (``"1,234"`` -> ``"1234"``);
+    a minus sign counts only when attached and not after a word or ``)`` (``"9-4"`` -> ``"4"``).
+    ``None`` when there is none."""
+    found = _PROSE_NUMBER.findall(response)
+    return found[-1].replace(",", "") if found else None
+
+
 def arith_exact(prompt: str, response: str, answer: object = None, mode: str = "first", **_: object) -> float:
     """1.0 when the response's number equals ``answer`` exactly, else 0.0.
 
     The task (``examples/arith``) prompts ``"12+7="`` and expects ``"19"``. ``mode="first"``
     reads the first number (after an optional ``Answer:``/``=``); ``mode="full"`` needs the whole
-    stripped response to be that number. Values compare exactly (``19`` == ``19.0``, ``19`` != ``1``).
+    stripped response to be that number; ``mode="last"`` (what :func:`arith_last` uses) reads the
+    last number (:func:`last_number`). Values compare exactly (``19`` == ``19.0``, ``19`` != ``1``).
     """
     if answer is None:
         raise ValueError("arith_exact needs an 'answer' field in the data record")
-    if mode not in ("first", "full"):
-        raise ValueError(f"arith_exact: mode must be 'first' or 'full', got {mode!r}")
-    got = extract_number(response)
+    if mode not in ("first", "full", "last"):
+        raise ValueError(f"arith_exact: mode must be 'first', 'full' or 'last', got {mode!r}")
+    got = last_number(response) if mode == "last" else extract_number(response)
     if got is None:
         return 0.0
     if mode == "full" and response.strip().replace(" ", "").lstrip("=") != got:
@@ -48,6 +61,15 @@ def arith_exact(prompt: str, response: str, answer: object = None, mode: str = "
         return 1.0 if Fraction(got) == Fraction(str(answer).strip()) else 0.0
     except (ValueError, ZeroDivisionError):
         return 1.0 if got == str(answer).strip() else 0.0
+
+
+def arith_last(prompt: str, response: str, answer: object = None, **_: object) -> float:
+    """1.0 when the last number of the response (:func:`last_number`) equals ``answer`` exactly,
+    else 0.0: the final answer of a chat reply that works the problem out first
+    (``"20 - 8 = 12, so Anna has 12 books."``; ``examples/real``)."""
+    if answer is None:
+        raise ValueError("arith_last needs an 'answer' field in the data record")
+    return arith_exact(prompt, response, answer=answer, mode="last")
 
 
 def math_boxed(prompt: str, response: str, answer: object = None, **_: object) -> float:
@@ -108,4 +130,5 @@ def format_reward(
 
 format = format_reward  # noqa: A001 - the reward's YAML name is "format"
 
-__all__ = ["arith_exact", "math_boxed", "format_reward", "format", "extract_number", "DEFAULT_FORMAT"]
+__all__ = ["arith_exact", "arith_last", "math_boxed", "format_reward", "format", "extract_number", "last_number",
+           "DEFAULT_FORMAT"]
