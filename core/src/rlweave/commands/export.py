@@ -127,19 +127,30 @@ def export_gguf(gguf: Path, out: Path, overwrite: bool = False, say: Callable[[s
     a non-empty ``out`` only with ``overwrite``, moved aside); returns ``out``."""
     from rlweave.config.gguf import GgufError
     from rlweave.config.gguf_convert import converted_dir
-    from rlweave.runner.previous_run import move_aside
 
     check_out(out, overwrite)
     try:
         converted = converted_dir(gguf, say)
     except GgufError as exc:
         raise CommandError(str(exc)) from None
+    def write(tmp: Path) -> dict[str, Any]:
+        shutil.copytree(converted, tmp)
+        return {"gguf": str(gguf.resolve()), "converted": str(converted), "format": "hf_model"}
+
+    return _publish(out, write, say)
+
+
+def _publish(out: Path, write: Callable[[Path], dict[str, Any]], say: Callable[[str], None]) -> Path:
+    """``write(tmp)`` fills a temporary sibling of ``out`` and returns what :data:`INFO_FILE`
+    records; then the earlier ``out`` (when not empty) is moved aside and the temporary folder
+    becomes ``out``: whole or not at all (a failing ``write`` leaves ``out`` as it was)."""
+    from rlweave.runner.previous_run import move_aside
+
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.export-tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        shutil.copytree(converted, tmp)
-        info = {"gguf": str(gguf.resolve()), "converted": str(converted), "format": "hf_model"}
+        info = write(tmp)
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -160,7 +171,6 @@ def export_checkpoint(run_dir: Path, out: Path, step: int | None = None, role: s
     merged into a full model instead of an adapter directory); returns ``out``. Raises
     :class:`CommandError` for every refusal, before anything is loaded or written."""
     from rlweave.runner.checkpoint import CheckpointManager
-    from rlweave.runner.previous_run import move_aside
 
     run_dir, out = Path(run_dir), Path(out)
     config = run_dir / RUN_CONFIG
@@ -172,24 +182,14 @@ def export_checkpoint(run_dir: Path, out: Path, step: int | None = None, role: s
     cfg = _gguf_converted(cfg, say)
     record, model = _role_section(cfg, resolved, role, checkpoint, config)
     adapter = cfg.roles[role].lora is not None and not merge
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.export-tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+
+    def write(tmp: Path) -> dict[str, Any]:
         _write_hf(record, cfg, role, checkpoint, model, tmp, adapter=adapter)
-        info = {"run_dir": str(run_dir.resolve()), "checkpoint": checkpoint.name,
+        return {"run_dir": str(run_dir.resolve()), "checkpoint": checkpoint.name,
                 "step": CheckpointManager.step_of(checkpoint), "role": role, "backend": record.name,
                 "model_type": model.model_type, "format": "peft_adapter" if adapter else "hf_model"}
-        (tmp / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.is_dir() and any(out.iterdir()):
-        say(f"moved the earlier {out} aside to {move_aside(out)}")
-    elif out.is_dir():
-        out.rmdir()
-    tmp.rename(out)
-    return out
+
+    return _publish(out, write, say)
 
 
 def export(run_dir: Path = typer.Argument(..., metavar="RUN_DIR",
