@@ -13,7 +13,11 @@ export PYTHONUNBUFFERED=1
 start=$(date +%s)
 
 echo "== 1/3 build the tiny Qwen2 model and its tokenizer"
-"$PY" examples/arith/build_model.py --out examples/arith/artifacts/base
+mkdir -p examples/arith/artifacts
+# the libraries' own lines (progress bars, accelerator notices) go to a log, shown only on failure
+"$PY" examples/arith/build_model.py --out examples/arith/artifacts/base > examples/arith/artifacts/build.log 2>&1 \
+  || { cat examples/arith/artifacts/build.log >&2; exit 1; }
+grep '^wrote ' examples/arith/artifacts/build.log
 
 echo "== 2/3 SFT: rlweave train examples/arith/sft.yaml"
 timeout 1200 "$PY" -m rlweave.cli train examples/arith/sft.yaml --overwrite

@@ -8,7 +8,7 @@ import sys
 
 from rlweave.runner.metrics import MetricsLogger, read_metrics
 from rlweave.runner.plot import plot_metrics
-from rlweave.runner.progress import PhaseTimer, Progress, format_status
+from rlweave.runner.progress import PhaseTimer, Progress, format_duration, format_status
 
 
 def test_jsonl_and_tensorboard(tmp_path):
@@ -59,8 +59,21 @@ def test_plot(tmp_path):
 def test_status_line():
     line = format_status(3, 50, {"reward_mean": 0.41, "kl": 0.002, "loss": 1.5},
                          {"gen": 5.1, "train": 6.0, "sync": 0.4, "total": 12.3})
-    assert line == "step 3/50 | reward 0.41 | acc \u2014 | kl 0.002 | loss 1.5 | 12.3s (gen 5.1 train 6.0 sync 0.4)"
+    assert line == "step 3/50 | reward 0.41 | kl 0.002 | loss 1.5 | 12.3s (gen 5.1 train 6.0 sync 0.4)"
     assert format_status(1, 2, {"x": 1e-5}, fields=[("x", "x")]) == "step 1/2 | x 1.00e-05"
+    # phases under 0.05 s left out; the time left
+    line = format_status(1, 9, {"loss": 2.0}, {"train": 2.0, "sync": 0.01, "total": 2.1}, eta_s=581)
+    assert line == "step 1/9 | loss 2 | 2.1s (train 2.0) | eta 9m41s"
+    assert format_duration(42.4) == "42s" and format_duration(7500) == "2h05m"
+
+
+def test_progress_eta_is_the_mean_pace_of_its_steps(monkeypatch):
+    clock = iter([100.0, 110.0, 130.0])
+    monkeypatch.setattr("rlweave.runner.progress.time.perf_counter", lambda: next(clock))
+    p = Progress(10, stream=io.StringIO(), initial=2)  # resumed at step 2: 8 steps to go
+    assert p.eta(2) is None
+    assert p.eta(4) == 5.0 * 6  # 2 steps in 10 s, 6 left
+    assert p.eta(10) == 0.0
 
 
 def test_progress_without_tty_prints_lines_only():

@@ -65,6 +65,7 @@ from rlweave.interfaces.environment import Environment, EnvStep
 from rlweave.interfaces.failures import PluginCodeError
 from rlweave.interfaces.rollout import GenerateFn, Rollout
 from rlweave.rewards.fields import reward_fields
+from rlweave.scheduler.trace import TRACE
 
 #: episode counters summed into the step metrics (``episode/<name>_mean``)
 COUNTERS = ("turns", "tool_calls", "tool_errors", "tool_time_s")
@@ -293,7 +294,7 @@ class MultiTurnRollout(Rollout):
                 t.end("max_turns")
             else:
                 text = self.tok.decode(t.final_ids, skip_special_tokens=True)
-                stepping[self.pool.submit(releasing(t.env.step), text)] = t
+                stepping[self.pool.submit(releasing(TRACE.wrap("environment", "step", t.env.step)), text)] = t
 
     def _observe(self, t: Trajectory, f: Future) -> bool:
         """Apply a finished environment step to ``t``; whether it goes on to another model turn."""

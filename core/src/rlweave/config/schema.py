@@ -68,6 +68,11 @@ class RunSection(Strict):
         "trained role reloads the newest complete checkpoint (one is written at step 0 when there is none) and the run "
         "goes on from there. 0: the run stops with the error.",
     )
+    trace: bool = Field(
+        True, description="Record the run's timeline: a span for every rank call and every phase of the controller, "
+        "written as <run_dir>/trace.json (ui.perfetto.dev, chrome://tracing) and drawn as timeline.png when the run "
+        "ends. false: nothing is recorded.",
+    )
 
 
 class RaySection(Strict):

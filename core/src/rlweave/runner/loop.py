@@ -38,6 +38,7 @@ import logging
 import os
 import random
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from rlweave.scheduler.trace import STEPS, TRACE
 from rlweave.scheduler.worker_log import VERBOSE_ENV
 from rlweave.runner.checkpoint import CheckpointManager, write_json
 from rlweave.runner.metrics import MetricsLogger
+from rlweave.runner.console import run_console
 from rlweave.runner.progress import Progress, format_status
 from rlweave.runner.signals import RunInterrupted, Signals  # noqa: F401 - RunInterrupted: part of this API
 
@@ -56,7 +58,6 @@ log = logging.getLogger("rlweave.runner")
 #: status line: (label, metrics key)
 STATUS_FIELDS = (
     ("reward", "reward/mean"),
-    ("acc", "eval/accuracy"),
     ("kl", "kl"),
     ("loss", "loss"),
     ("len", "response_len/mean"),
@@ -156,6 +157,8 @@ class _Run:
         self.progress = None
         self.ray_started = False
         self.restarts = 0
+        self.console = None  # rlweave.runner.console.RunConsole, once the run directory is claimed
+        self._exit = ExitStack()
 
     # --------------------------------------------------------------- helpers
     def say(self, line: str) -> None:
@@ -245,6 +248,8 @@ class _Run:
         t_start = time.perf_counter()
         failure: BaseException | None = None
         TRACE.start()
+        if not self.cfg.run.trace:  # empty, and nothing recorded
+            TRACE.stop()
         try:
             return self._execute(t_start)
         except BaseException as exc:
@@ -256,7 +261,10 @@ class _Run:
             TRACE.stop()
             if failure is not None:  # what ran until the failure, for a look at where it stopped
                 self._write_trace()
-            self._shutdown(failure)
+            try:
+                self._shutdown(failure)
+            finally:
+                self._exit.close()  # the console as it was before the run
 
     def _execute(self, t_start: float) -> dict[str, Any]:
         self._prepare()
@@ -270,6 +278,7 @@ class _Run:
             eval_before = self._evaluate("before")
             if eval_before:
                 self.metrics.log(0, eval_before)
+            self.progress.rewind(start)  # the time left is measured from the first step on
         if start >= total:
             self.say(f"nothing to do: checkpoint step {start} >= run.total_steps {total}")
         if self.data_iter is None and start < total:
@@ -300,6 +309,7 @@ class _Run:
         self.role_names = list(self.resolved.role_names)
         self.trained = _trained_roles(cfg, self.role_names)
         self._prepare_run_dir()
+        self.console = self._exit.enter_context(run_console(self.run_dir, os.environ.get(VERBOSE_ENV) == "1"))
         record_gguf(self.run_dir, gguf_models)
         _seed_everything(cfg.run.seed)
 
@@ -368,6 +378,7 @@ class _Run:
         if hasattr(self.builder, "run_dir") and os.environ.get(VERBOSE_ENV) != "1":
             self.builder.run_dir = self.run_dir  # each rank's own output: <run_dir>/logs/<role>-<rank>.log
         self.roles.update(self.builder.build())
+        self.console.tame()  # the loggers of what building the roles imported
         self._write_workers()
         check_shared_run_dir(self.run_dir, self.roles)
         for role, source in resolved.views.items():  # e.g. the reference as the policy with adapters off
@@ -443,6 +454,13 @@ class _Run:
         eval_after = None
         evaluating = step == total or bool(cfg.run.eval_every and step % cfg.run.eval_every == 0)
         saving = step == total or bool(cfg.run.save_every and step % cfg.run.save_every == 0)
+        line = None  # the step's line, then its evaluation's
+        if step % cfg.run.log_every == 0 or step == total:
+            times = _timings(m)
+            times.pop("step", None)
+            line = format_status(step, total, m, {**times, "total": m["time/step"]}, fields=STATUS_FIELDS,
+                                 eta_s=self.progress.eta(step) if step < total else None)
+        self.progress.update(step, line)
         if evaluating or saving:  # every update landed, background errors raised, before either
             self.algo.drain()
         if evaluating:
@@ -454,12 +472,6 @@ class _Run:
         if self.restarts:
             m["restarts"] = float(self.restarts)
         self.metrics.log(step, m)
-        line = None
-        if step % cfg.run.log_every == 0 or step == total:
-            times = _timings(m)
-            times.pop("step", None)
-            line = format_status(step, total, m, {**times, "total": m["time/step"]}, fields=STATUS_FIELDS)
-        self.progress.update(step, line)
         if saving:
             self._save(step)
         return eval_after
@@ -518,6 +530,8 @@ class _Run:
         trace_path, timeline_path = self._write_trace()
         if timeline_path is not None:
             self.say(f"timeline: {timeline_path} (trace for ui.perfetto.dev: {trace_path})")
+        if self.console.filter.hidden:
+            self.say(f"{self.console.filter.hidden} warning(s) of other libraries: {self.console.log_file}")
         summary = {
             "run_dir": str(self.run_dir),
             "steps": total,

@@ -1,6 +1,8 @@
 """Console output of a run: a progress bar (tqdm on a terminal) plus one status line per step.
 
-``format_status`` gives ``step 3/50 | reward 0.41 | acc — | kl 0.002 | 12.3s (gen 5.1 train 6.0 sync 0.4)``.
+``format_status`` gives ``step 3/50 | reward 0.41 | kl 0.002 | 12.3s (gen 5.1 train 6.0 sync 0.4) | eta 9m40s``:
+the fields a step logged (an algorithm without rewards shows no reward), the phases that took at
+least :data:`MIN_PHASE_S`, and the time left at the mean pace of the steps this process ran.
 On a terminal the bar stays at the bottom and status lines print above it; when the stream
 is not a terminal (CI, a log file, ``| tee``) there is no bar, only the status lines.
 """
@@ -21,6 +23,8 @@ DEFAULT_FIELDS: tuple[tuple[str, str], ...] = (
     ("loss", "loss"),
 )
 MISSING = "\u2014"  # em dash
+#: phases shorter than this (seconds) are left out of a status line
+MIN_PHASE_S = 0.05
 
 
 def _fmt(value: Any) -> str:
@@ -47,16 +51,30 @@ def format_status(
     metrics: dict[str, Any],
     timings: dict[str, float] | None = None,
     fields: tuple[tuple[str, str], ...] | list[tuple[str, str]] = DEFAULT_FIELDS,
+    eta_s: float | None = None,
 ) -> str:
-    """One status line. ``fields`` are ``(label, key)``; a key missing from ``metrics`` shows
-    ``—``. ``timings`` (phase -> seconds) prints the total and each phase in order."""
+    """One status line. ``fields`` are ``(label, key)``; a key missing from ``metrics`` is left
+    out. ``timings`` (phase -> seconds) prints the total and each phase of at least
+    :data:`MIN_PHASE_S` in order; ``eta_s`` the time left (:func:`format_duration`)."""
     parts = [f"step {step}/{total}"]
-    parts += [f"{label} {_fmt(metrics.get(key))}" for label, key in fields]
+    parts += [f"{label} {_fmt(metrics[key])}" for label, key in fields if key in metrics]
     if timings:
         total_s = timings.get("total", sum(v for k, v in timings.items() if k != "total"))
-        phases = " ".join(f"{k} {v:.1f}" for k, v in timings.items() if k != "total")
+        phases = " ".join(f"{k} {v:.1f}" for k, v in timings.items() if k != "total" and v >= MIN_PHASE_S)
         parts.append(f"{total_s:.1f}s ({phases})" if phases else f"{total_s:.1f}s")
+    if eta_s is not None:
+        parts.append(f"eta {format_duration(eta_s)}")
     return " | ".join(parts)
+
+
+def format_duration(seconds: float) -> str:
+    """``42s``, ``9m40s``, ``2h05m``."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 class PhaseTimer:
@@ -103,6 +121,16 @@ class Progress:
             self._bar = tqdm(total=total, desc=desc, initial=initial, file=self.stream, dynamic_ncols=True,
                              leave=True)
         self._n = initial
+        self._first = initial
+        self._t0 = time.perf_counter()
+
+    def eta(self, step: int) -> float | None:
+        """Seconds left after ``step`` at the mean pace of the steps since this object was made
+        (``None`` before the first one)."""
+        done = step - self._first
+        if done <= 0:
+            return None
+        return (time.perf_counter() - self._t0) / done * max(0, self.total - step)
 
     def update(self, step: int, line: str | None = None) -> None:
         if self._bar is not None:
@@ -118,7 +146,8 @@ class Progress:
         if self._bar is not None:
             self._bar.n = step
             self._bar.refresh()
-        self._n = step
+        self._n = self._first = step
+        self._t0 = time.perf_counter()
 
     def write(self, line: str) -> None:
         """Print a line (evaluation results etc.) without breaking the bar."""

@@ -9,6 +9,8 @@ Chrome/Perfetto trace.
 * the controller's phases (:meth:`Trace.phase`: ``generate``, ``experience``, ``train``,
   ``sync``, ``eval``) become spans on the ``controller`` track, and each step one on its row
   of steps;
+* the reward pool's scoring (track ``rewards``) and the environments' steps of multi-turn
+  episodes (track ``environment``, a row per thread of its pool) are spans too;
 * every span carries the controller's step (:attr:`Trace.step`) when it was recorded.
 
 :meth:`Trace.write` saves ``{"traceEvents": [...]}`` (complete events, ``ph: "X"``,
@@ -26,7 +28,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 #: the most spans one run keeps
 MAX_EVENTS = 500_000
@@ -86,6 +88,21 @@ class Trace:
             yield
         finally:
             self.span(CONTROLLER, row, name, start, time.time(), **args)
+
+    def wrap(self, track: str, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` recording each call as a span ``name`` on ``track``, on the row of the thread
+        it runs on (its index in a thread pool, ``<prefix>_<i>``; 0 elsewhere), when it
+        returns or raises."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                tail = threading.current_thread().name.rpartition("_")[2]
+                self.span(track, int(tail) if tail.isdigit() else 0, name, start, time.time())
+
+        return run
 
     def spans(self) -> list[dict[str, Any]]:
         """The recorded spans: ``track``, ``rank``, ``name``, ``start``, ``end``, ``step``, ``args``."""

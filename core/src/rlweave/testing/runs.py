@@ -139,3 +139,18 @@ def leftovers(pids: set[int], grace_s: float = 1.0) -> set[int]:
         left = alive(left)
     kill(left)
     return left
+
+
+#: what only a rank's or an engine's own output contains (never rlweave's console)
+FOREIGN_LINES = ("Traceback (most recent call last)", "(WorkerActor pid=", "(raylet)", " INFO ", " WARNING ",
+                 "RotaryEmbedding", "Loading weights", "it/s]")
+
+
+def console_problems(out: str, max_lines: int = 80) -> list[str]:
+    """What is wrong with a successful run's console output ``out``: more than ``max_lines``
+    lines, or a line of :data:`FOREIGN_LINES` (a traceback, a rank's or an engine's output, a
+    progress bar of another library); empty when it is clean."""
+    lines = out.splitlines()
+    problems = [f"{len(lines)} lines (at most {max_lines})"] if len(lines) > max_lines else []
+    problems += [f"foreign line: {line[:160]}" for line in lines if any(m in line for m in FOREIGN_LINES)]
+    return problems
