@@ -10,7 +10,10 @@ the demo's model as ``make demo`` builds it (``examples/arith/artifacts/base``, 
 per-call recording weighs most). A step's time is its ``time/step`` metric; the first
 ``--warmup`` steps of each run are not counted. The table gives the median step time of each
 setting, their ratio, the spans recorded per step, and the time the end of a run spends writing
-``trace.json`` and drawing ``timeline.png`` (once per run, not per step).
+``trace.json`` and drawing ``timeline.png`` (once per run, not per step). On a machine shared with
+other work the two medians move more than the recording costs, so the script also times the
+recording itself (a span recorded, its timing taken and its ``Timed`` result pickled, 200,000
+times) and gives that times the spans per step as a share of a step: the overhead without noise.
 """
 
 from __future__ import annotations
@@ -64,6 +67,23 @@ def one_run(out: Path, name: str, trace: bool, steps: int, mode: str) -> dict:
     return facts
 
 
+def span_cost_s(n: int = 200_000) -> float:
+    """Seconds one recorded span costs: the controller's :meth:`Trace.span` plus the rank's
+    timing (two clock reads) and the pickling of its :class:`Timed` result (what Ray sends)."""
+    import pickle
+
+    from rlweave.scheduler.trace import Timed, Trace
+
+    t = Trace()
+    t.start()
+    t0 = time.perf_counter()
+    for i in range(n):
+        a = time.time()
+        pickle.loads(pickle.dumps(Timed(i, a, time.time())))
+        t.span("policy", 0, "train_step", a, a + 1.0)
+    return (time.perf_counter() - t0) / n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--turns", type=int, default=3)
@@ -94,7 +114,11 @@ def main() -> None:
         xs = step_s[trace]
         setting = f"run.trace={str(trace).lower()}"
         print(f"| {setting} | {len(xs)} | {statistics.median(xs):.3f} | {statistics.fmean(xs):.3f} |")
-    print(f"\non/off median step time: {on / off:.3f} ({100 * (on / off - 1):+.1f}%); "
+    cost = span_cost_s()
+    per_step = statistics.fmean(spans)
+    print(f"\nrecording one span: {cost * 1e6:.2f} us; {per_step:.0f} spans per step: "
+          f"{per_step * cost * 1e3:.3f} ms per step = {100 * per_step * cost / off:.3f}% of the median step without it")
+    print(f"on/off median step time: {on / off:.3f} ({100 * (on / off - 1):+.1f}%); "
           f"spans per step: {statistics.fmean(spans):.0f}; writing trace.json and drawing timeline.png at the end: "
           f"{statistics.fmean(writes):.2f} s per run")
 

@@ -56,7 +56,8 @@ def _timeline_shows_the_overlap(run_dir, out):
     trace = json.loads((run_dir / "trace.json").read_text())
     names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
     spans = [dict(e, track=names[e["pid"]]) for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert all(e["dur"] >= 0 and e["ts"] >= 0 and "step" in e["args"] for e in spans)
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 and "step" in e["args"] and "policy_version" in e["args"] for e in spans)
+    assert max(e["args"]["policy_version"] for e in spans) == 5  # the weight version, one per update
     roles = set(json.loads((run_dir / "workers.json").read_text()))
     tracks = {e["track"] for e in spans}
     assert roles | {"controller", "rewards"} <= tracks, (roles, tracks)  # the reward pool's scoring too

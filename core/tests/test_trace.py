@@ -24,6 +24,7 @@ def test_spans_only_while_on_and_wrapped_calls_on_their_thread_row(tmp_path):
         assert pool.submit(t.wrap("environment", "step", lambda v: v + 1), 1).result() == 2
         with pytest.raises(ValueError):
             pool.submit(t.wrap("environment", "step", boom)).result()  # a call that raises is a span too
+    t.version = 2
     t.wrap("rewards", "score", len)([1, 2])
     t.stop()
     t.span("policy", 0, "late", 5.0, 6.0)
@@ -35,4 +36,4 @@ def test_spans_only_while_on_and_wrapped_calls_on_their_thread_row(tmp_path):
     trace = json.loads(t.write(tmp_path / "trace.json").read_text())
     names = [e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"]
     assert names == ["controller", "environment", "rewards"]
-    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == 3
+    assert [e["args"]["policy_version"] for e in trace["traceEvents"] if e["ph"] == "X"] == [0, 0, 2]

@@ -267,6 +267,7 @@ class ExperienceKit:
             else:
                 out[k] = v
         self.steps_done += 1
+        TRACE.version = self.steps_done  # the policy's weight version on the run's timeline
         self.samples_seen += len(batch)
         out["offload/moves"] = float(len(self.residency.moves) - self._moves)
         out.update({f"time/{k}": v for k, v in self.times.items()})
@@ -279,6 +280,7 @@ class ExperienceKit:
         self.residency.enter("sync")
         self.pipeline.sync_weights(self.steps_done)
         self.residency.enter("rest")
+        TRACE.version = self.steps_done
 
     def evaluate(self, records: list[dict[str, Any]]) -> dict[str, float]:
         """Held-out exact match (:func:`~rlweave.algo_helpers.evaluate.exact_match`) of the

@@ -11,7 +11,8 @@ Chrome/Perfetto trace.
   of steps;
 * the reward pool's scoring (track ``rewards``) and the environments' steps of multi-turn
   episodes (track ``environment``, a row per thread of its pool) are spans too;
-* every span carries the controller's step (:attr:`Trace.step`) when it was recorded.
+* every span carries the controller's step (:attr:`Trace.step`) and the policy's weight version
+  (:attr:`Trace.version`: updates applied so far) when it was recorded.
 
 :meth:`Trace.write` saves ``{"traceEvents": [...]}`` (complete events, ``ph: "X"``,
 microseconds), which ui.perfetto.dev and chrome://tracing open; :mod:`rlweave.runner.timeline`
@@ -55,14 +56,15 @@ class Trace:
     def __init__(self) -> None:
         self.enabled = False
         self.step = 0
-        self._events: list[tuple[str, int, str, float, float, int, dict[str, Any]]] = []
+        self.version = 0
+        self._events: list[tuple[str, int, str, float, float, int, int, dict[str, Any]]] = []
         self._dropped = 0
         self._lock = threading.Lock()
 
     def start(self) -> None:
         """Record from now on, starting empty."""
         with self._lock:
-            self._events, self._dropped, self.step, self.enabled = [], 0, 0, True
+            self._events, self._dropped, self.step, self.version, self.enabled = [], 0, 0, 0, True
 
     def stop(self) -> None:
         """Stop recording (what was recorded stays until the next :meth:`start`)."""
@@ -77,7 +79,7 @@ class Trace:
             if len(self._events) >= MAX_EVENTS:
                 self._dropped += 1
                 return
-            self._events.append((track, int(rank), name, float(start), float(end), self.step, args))
+            self._events.append((track, int(rank), name, float(start), float(end), self.step, self.version, args))
 
     @contextmanager
     def phase(self, name: str, row: int = PHASES, **args: Any) -> Iterator[None]:
@@ -105,11 +107,12 @@ class Trace:
         return run
 
     def spans(self) -> list[dict[str, Any]]:
-        """The recorded spans: ``track``, ``rank``, ``name``, ``start``, ``end``, ``step``, ``args``."""
+        """The recorded spans: ``track``, ``rank``, ``name``, ``start``, ``end``, ``step``,
+        ``version``, ``args``."""
         with self._lock:
             events = list(self._events)
-        return [{"track": t, "rank": r, "name": n, "start": s, "end": e, "step": st, "args": a}
-                for t, r, n, s, e, st, a in events]
+        return [{"track": t, "rank": r, "name": n, "start": s, "end": e, "step": st, "version": v, "args": a}
+                for t, r, n, s, e, st, v, a in events]
 
     def chrome(self) -> dict[str, Any]:
         """The spans as a Chrome trace object: one process per track (the controller first), one
@@ -130,7 +133,7 @@ class Trace:
             events.append({"ph": "X", "name": s["name"], "cat": s["track"], "pid": pid[s["track"]], "tid": s["rank"],
                            "ts": round((s["start"] - origin) * 1e6, 1),
                            "dur": round(max(0.0, s["end"] - s["start"]) * 1e6, 1),
-                           "args": {"step": s["step"], **s["args"]}})
+                           "args": {"step": s["step"], "policy_version": s["version"], **s["args"]}})
         return {"traceEvents": events, "displayTimeUnit": "ms",
                 "metadata": {"origin_unix_s": origin, "dropped_spans": self._dropped}}
 
