@@ -33,6 +33,7 @@ from rlweave.algo_helpers import reward_models
 from rlweave.algo_helpers.rollout import reward_samples
 from rlweave.data.batch import Batch
 from rlweave.rewards.failures import RewardFailureError
+from rlweave.scheduler.trace import TRACE
 
 
 @dataclass
@@ -86,7 +87,7 @@ class RuleRewards(RewardSource):
         samples = reward_samples(self.tok, batch)
         t1 = time.perf_counter()
         try:
-            totals, breakdown = self.rules.score(samples)
+            totals, breakdown = TRACE.wrap("rewards", "score", self.rules.score)(samples)  # on the timeline
         except RewardFailureError as exc:  # name the failing sample's record
             raise exc.on_records(batch.ids)
         scores = torch.tensor(totals, dtype=torch.float32)

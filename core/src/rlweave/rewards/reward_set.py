@@ -26,7 +26,6 @@ from rlweave.rewards.failures import failure_stop
 from rlweave.rewards.loader import load_reward_fn, resolve_reward_target
 from rlweave.sandbox.pool import RewardPool
 from rlweave.rewards.sections import RewardEntry, RewardsRuntime
-from rlweave.scheduler.trace import TRACE
 
 log = logging.getLogger("rlweave.rewards")
 
@@ -84,7 +83,7 @@ class RewardSet:
             if "prompt" not in sample or "response" not in sample:
                 raise KeyError(f"reward sample {n} needs 'prompt' and 'response' (has {sorted(sample)})")
         calls = [(j, {**sample, **entry.args}) for sample in samples for j, entry in enumerate(self.entries)]
-        outcomes = TRACE.wrap("rewards", "score", self._pool.run)(calls) if calls else []
+        outcomes = self._pool.run(calls) if calls else []
         totals: list[float] = []
         breakdown: list[dict[str, Any]] = []
         problems: dict[tuple[str, str], list[str]] = {}
