@@ -86,14 +86,18 @@ class Endpoint:
         return f"http://{HOST}:{self.port}/episodes/{eid}/v1"
 
     def serve(self, engine: Any, sampling: SamplingParams, version: int) -> None:
+        """Answer with ``engine`` from now on (None: 503); ``None`` also forgets the episodes
+        (their later requests get 404)."""
         self.engine, self.sampling, self.version = engine, sampling, version
+        if engine is None:
+            self.episodes.clear()
 
     def open(self, ledger: Ledger) -> None:
         self.episodes[ledger.eid] = ledger
 
     def close_episode(self, eid: str, why: str) -> Ledger:
         """End episode ``eid``: its later requests get 409, a turn under way is not added."""
-        ledger = self.episodes.pop(eid)
+        ledger = self.episodes[eid]
         with ledger.lock:
             ledger.closed = why
         return ledger
