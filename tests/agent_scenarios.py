@@ -80,9 +80,9 @@ def failing_agent(episode):
 
 
 def mixed_agent(episode):
-    """The agent of the training test: records whose prompt starts with 7 fail, the rest are
+    """The agent of the training test: records whose prompt ends with "7=" fail, the rest are
     :func:`tool_agent` episodes."""
-    if episode.record["prompt"].startswith("7"):
+    if episode.record["prompt"].endswith("7="):
         return failing_agent(episode)
     tool_agent(episode)
     return None
