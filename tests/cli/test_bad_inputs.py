@@ -25,6 +25,7 @@ from rlweave import cli as rlweave_cli
 from typer.testing import CliRunner
 
 KEY_ENV = "algorithm.multi_turn.env"
+KEY_AGENT = "algorithm.multi_turn.agent"
 TOOLS = f"{KEY_ENV}.args.tools"
 CALC = "rlweave.environments.calculator:calculate"
 
@@ -159,6 +160,25 @@ CASES = [
      "algorithm.kl.estimator", ["module 'no_such_kl_mod' of KL estimator 'no_such_kl_mod:k' not found"]),
     ("correction-unknown-name", ["algorithm.off_policy={correction: tiss}"], "algorithm.off_policy.correction",
      ["'none', 'tis' or 'decoupled'", "tiss"]),
+    # -- agents (algorithm.multi_turn.agent)
+    ("agent-missing-file", [f"{KEY_ENV}=null", f"{KEY_AGENT}=no_such_agent.py:solve"], f"{KEY_AGENT}.target",
+     ["file 'no_such_agent.py' of agent 'no_such_agent.py:solve' not found"]),
+    ("agent-missing-function", [f"{KEY_ENV}=null", f"{KEY_AGENT}=user_objs.py:solv"], f"{KEY_AGENT}.target",
+     ["agent 'user_objs.py:solv'", "has no attribute 'solv'"]),
+    ("agent-missing-module", [f"{KEY_ENV}=null", f"{KEY_AGENT}=no_such_agent_mod:solve"], f"{KEY_AGENT}.target",
+     ["module 'no_such_agent_mod' of agent 'no_such_agent_mod:solve' not found"]),
+    ("agent-not-callable", [f"{KEY_ENV}=null", f"{KEY_AGENT}=user_objs.py:CONST"], f"{KEY_AGENT}.target",
+     ["agent 'user_objs.py:CONST' is not callable (type int)"]),
+    ("agent-import-error", [f"{KEY_ENV}=null", f"{KEY_AGENT}=broken_mod.py:solve"], f"{KEY_AGENT}.target",
+     ["of agent 'broken_mod.py:solve' failed: ZeroDivisionError"]),
+    ("agent-parser", [f"{KEY_ENV}=null", f"{KEY_AGENT}={{target: 'user_objs.py:calc', parser: hermez}}"],
+     f"{KEY_AGENT}.parser", ["unknown tool-call parser 'hermez'", "hermes"]),
+    ("agent-timeout", [f"{KEY_ENV}=null", f"{KEY_AGENT}={{target: 'user_objs.py:calc', timeout_s: 0}}"],
+     f"{KEY_AGENT}.timeout_s", ["greater than 0"]),
+    ("agent-on-error", [f"{KEY_ENV}=null", f"{KEY_AGENT}={{target: 'user_objs.py:calc', on_error: skip}}"],
+     f"{KEY_AGENT}.on_error", ["'exclude' or 'zero'"]),
+    ("agent-and-env", [f"{KEY_AGENT}=user_objs.py:calc"], "algorithm.multi_turn",
+     ["set exactly one of env (an environment) and agent (an agent function)"]),
     # -- rollouts, run modes
     ("rollout-unknown-name", ["algorithm.multi_turn=null", "rollout.name=single_turnn"], "rollout.name",
      ["unknown rollout 'single_turnn'", "Did you mean 'single_turn'?"]),
@@ -239,5 +259,5 @@ def test_a_bad_input_is_one_line_naming_its_key(rlweave, workspace, command, cas
 def test_the_table_covers_every_kind():
     covered = {case.split("-")[0] for case, *_ in CASES}
     assert {"env", "tool", "parser", "reward", "advantage", "policy", "loss", "kl", "correction", "rollout", "run",
-            "algorithm", "backend", "engine", "lora"} <= covered
+            "algorithm", "backend", "engine", "lora", "agent"} <= covered
     assert len(CASES) >= 40

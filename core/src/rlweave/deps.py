@@ -48,6 +48,10 @@ INSTALL: dict[str, str] = {
     "mlflow": "rlweave[mlflow]",
     "pyarrow": "rlweave[data]",
     "datasets": "rlweave[data]",
+    "fastapi": "rlweave[agent]",
+    "uvicorn": "rlweave[agent]",
+    "openai": "rlweave[agent]",
+    "httpx": "rlweave[agent]",
 }
 
 _NO_MODULE = re.compile(r"No module named '([^']+)'")

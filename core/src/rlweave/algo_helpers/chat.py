@@ -32,29 +32,40 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def prompt_ids(tokenizer: Any, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str]:
+def render(tokenizer: Any, messages: Sequence[dict[str, Any]], generation_prompt: bool = True,
+           tools: Sequence[dict[str, Any]] | None = None) -> str:
+    """The chat template's text of ``messages`` (with the assistant header when
+    ``generation_prompt``; ``tools``: the OpenAI tool schemas the template lists, if it does)."""
+    if not has_template(tokenizer):
+        return _plain(messages) + ("assistant: " if generation_prompt else "")
+    kw = {"tools": list(tools)} if tools else {}
+    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt, **kw)
+
+
+def prompt_ids(tokenizer: Any, messages: Sequence[dict[str, Any]],
+               tools: Sequence[dict[str, Any]] | None = None) -> tuple[list[int], str]:
     """``(ids, text)`` of the opening messages and the assistant header the model continues."""
     if has_template(tokenizer):
-        text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        text = render(tokenizer, messages, True, tools)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"]), text
     text = _plain(messages) + "assistant: "
     return list(tokenizer(text)["input_ids"]), text
 
 
 def observation_text(tokenizer: Any, messages: Sequence[dict[str, Any]], stopped: bool,
-                     stop_text: str | None = None) -> str:
+                     stop_text: str | None = None, tools: Sequence[dict[str, Any]] | None = None) -> str:
     """The text between the end of a model turn and the next model turn: what the template writes
     after the turn's last token (when the turn ``stopped`` on the end-of-message token the template
     writes, the rest of that suffix; else, also when it stopped on another stop token such as a
     generation config's ``<|endoftext|>``, the whole end of the message), then ``messages``, then
     the assistant header. ``stop_text``: the text of the token the turn stopped on (None: the
-    tokenizer's EOS token).
+    tokenizer's EOS token); ``tools``: as for :func:`render`.
     Raises ValueError when the template does not render a conversation as a prefix of its
     continuation (then observations cannot be appended token-exactly)."""
     if not has_template(tokenizer):
         return ("" if stopped else "\n") + _plain(messages) + "assistant: "
-    before = tokenizer.apply_chat_template(_PROBE, tokenize=False)
-    after = tokenizer.apply_chat_template(_PROBE + list(messages), tokenize=False, add_generation_prompt=True)
+    before = render(tokenizer, _PROBE, False, tools)
+    after = render(tokenizer, _PROBE + list(messages), True, tools)
     if not after.startswith(before):
         raise ValueError("the tokenizer's chat template does not render a conversation as a prefix of its "
                          "continuation; multi-turn observations cannot be appended token-exactly")
@@ -66,6 +77,11 @@ def observation_text(tokenizer: Any, messages: Sequence[dict[str, Any]], stopped
 
 
 def observation_ids(tokenizer: Any, messages: Sequence[dict[str, Any]], stopped: bool,
-                    stop_text: str | None = None) -> list[int]:
+                    stop_text: str | None = None, tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
     """Token ids of :func:`observation_text`, tokenised on their own."""
-    return _encode(tokenizer, observation_text(tokenizer, messages, stopped, stop_text))
+    return _encode(tokenizer, observation_text(tokenizer, messages, stopped, stop_text, tools))
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` with no special tokens added."""
+    return _encode(tokenizer, text)

@@ -352,13 +352,17 @@ def episodes_to_batch(groups: Sequence[Sequence[Trajectory]], ids: Sequence[str]
 
 
 def episode_metrics(meta: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """``episode/<counter>_mean`` per episode, ``episode/limit_frac`` (episodes ended by a limit
+    """``episode/<counter>_mean`` per episode (:data:`COUNTERS` and any other number an episode
+    counts, such as the agent rollout's), ``episode/error_frac`` (episodes ended by an error),
+    ``episode/limit_frac`` (episodes ended by a limit
     rather than by the environment) and ``episode/tool_used_frac`` (episodes that called at least
     one tool)."""
     eps = [m["episode"] for m in meta if "episode" in m]
     if not eps:
         return {}
-    out = {f"episode/{k}_mean": sum(float(e.get(k, 0.0)) for e in eps) / len(eps) for k in COUNTERS}
+    extra = sorted({k for e in eps for k, v in e.items() if k not in COUNTERS and isinstance(v, (int, float))})
+    out = {f"episode/{k}_mean": sum(float(e.get(k, 0.0)) for e in eps) / len(eps) for k in (*COUNTERS, *extra)}
+    out["episode/error_frac"] = sum(e.get("ended_by") == "error" for e in eps) / len(eps)
     out["episode/limit_frac"] = sum(e.get("ended_by") != "done" for e in eps) / len(eps)
     out["episode/tool_used_frac"] = sum(float(e.get("tool_calls", 0.0)) > 0 for e in eps) / len(eps)
     return out

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rlweave.algo_helpers.agent_config import AgentSpec
 
 
 #: where the environment of a multi-turn run is named
@@ -96,6 +98,8 @@ def check_multi_turn(run_config: Any, settings: Any, pm: Any = None) -> list[tup
     from rlweave.targets import TargetError
 
     env = settings.env
+    if env is None:
+        return []  # an agent run: the agent rollout checks it
     try:
         found = environment_record(env.name, pm)
     except (PluginError, TargetError) as exc:
@@ -109,12 +113,18 @@ def check_multi_turn(run_config: Any, settings: Any, pm: Any = None) -> list[tup
 
 
 class MultiTurnConfig(BaseModel):
-    """Episodes of model turns and environment steps (see :mod:`rlweave.algo_helpers.multi_turn`)."""
+    """Episodes of model turns and environment steps (see :mod:`rlweave.algo_helpers.multi_turn`), or
+    episodes run by an agent function through an OpenAI-compatible endpoint (``agent``, see
+    :mod:`rlweave.algo_helpers.agent`): exactly one of ``env`` and ``agent``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    env: EnvSpec = Field(..., description="The environment each episode runs in.")
-    max_turns: int = Field(4, ge=1, description="Model turns per episode at most (the last one ends it).")
+    env: Optional[EnvSpec] = Field(None, description="The environment each episode runs in (or agent).")
+    agent: Optional[AgentSpec] = Field(
+        None, description="An agent function (module:function) that runs each episode through an OpenAI-compatible "
+        "endpoint over the rollout engine (or env).")
+    max_turns: int = Field(4, ge=1, description="Model turns per episode at most (the last one ends it; an agent's "
+                           "requests past it are refused).")
     max_total_tokens: int = Field(
         1024, ge=2, description="Tokens of an episode at most (prompt, model turns and observations); a model turn "
         "is cut to fit, an observation that does not fit ends the episode.")
@@ -132,6 +142,12 @@ class MultiTurnConfig(BaseModel):
     end_on_length: bool = Field(
         True, description="A model turn cut by max_new_tokens ends the episode; false: the environment steps on it "
         "(a turn cut by max_total_tokens always ends it).")
+
+    @model_validator(mode="after")
+    def _env_or_agent(self) -> "MultiTurnConfig":
+        if (self.env is None) == (self.agent is None):
+            raise ValueError("set exactly one of env (an environment) and agent (an agent function)")
+        return self
 
 
 class MultiTurnKeys(BaseModel):

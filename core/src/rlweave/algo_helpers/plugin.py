@@ -4,6 +4,7 @@ pyproject.toml). Light: the rollout classes and pipelines are imported by ``reco
 
 from __future__ import annotations
 
+from rlweave.algo_helpers.agent_config import check_agent
 from rlweave.algo_helpers.multi_turn_config import check_multi_turn
 from rlweave.algo_helpers.run_modes import async_mode, one_step_off, sync
 from rlweave.plugins import RolloutRecord, RunModeRecord, hookimpl
@@ -20,6 +21,11 @@ def rlweave_rollouts() -> list[RolloutRecord]:
         RolloutRecord(
             name="multi_turn", summary="episodes of model turns and environment steps (algorithm.multi_turn)",
             target="rlweave.algo_helpers.multi_turn:MultiTurnRollout", resumable=True, check=check_multi_turn,
+        ),
+        RolloutRecord(
+            name="agent", summary="episodes run by an agent function through an OpenAI-compatible endpoint "
+            "(algorithm.multi_turn.agent)",
+            target="rlweave.algo_helpers.agent.rollout:AgentRollout", check=check_agent,
         ),
     ]
 

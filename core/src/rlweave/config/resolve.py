@@ -170,7 +170,7 @@ class _Pass:
     def rollout(self, algo_config: Any) -> None:
         """The rollout of an algorithm that samples through one (:mod:`rlweave.config.rollout`) and
         its ``rollout.args``."""
-        from rlweave.config.rollout import MULTI_TURN, rollout_name, setting_problems
+        from rlweave.config.rollout import FROM_MULTI_TURN, rollout_name, setting_problems
 
         name = rollout_name(self.cfg, algo_config)
         for path, message in setting_problems(self.cfg, algo_config):
@@ -180,11 +180,11 @@ class _Pass:
             return
         self.out.rollout = record
         settings = getattr(algo_config, "multi_turn", None)
-        if name != MULTI_TURN:
+        if name not in FROM_MULTI_TURN:
             settings = self.out.rollout_args = self.section(record, dict(self.cfg.rollout.args), "rollout.args")
             if self.out.rollout_args is not None:
                 self.cfg.rollout.args = self.out.rollout_args.model_dump(mode="json", by_alias=True)
-        if settings is None and (name == MULTI_TURN or record.config_model is not None):
+        if settings is None and (name in FROM_MULTI_TURN or record.config_model is not None):
             return  # invalid: reported above
         try:
             problems = list(record.check(self.cfg, settings, self.pm))

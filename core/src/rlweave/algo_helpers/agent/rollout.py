@@ -1,0 +1,209 @@
+"""The rollout of ``algorithm.multi_turn.agent``: each episode is one call of the user's agent
+function, which talks to the policy through the run's OpenAI-compatible endpoint (:mod:`.server`).
+
+For each record, ``n`` episodes (one per sample of the group), at most ``max_in_flight`` at once
+(the next starts when one ends; null: all), each in a thread of its own with a wall-clock limit
+(``agent.timeout_s``). The endpoint keeps each episode's token ids (:mod:`.ledger`), and its
+requests go to the engine through the ``generate`` of :meth:`Rollout.run`, batched across
+episodes (:mod:`.engine_queue`), so the trajectories are what the episode rollout makes:
+:func:`~rlweave.algo_helpers.multi_turn.episodes_to_batch` packs them, the loss mask 1 on the
+model's sampled ids only. An episode may hold several samples (a reset, a fork; see the ledger):
+each is a trajectory of the record's group with the episode's reward.
+
+The reward: the number the agent returns (``env_reward``), or with None the run's ``rewards``
+alone, scoring the episode's final answer (the last model turn it was given). An agent that
+raises, times out, returns something else or makes no request ends its episode as an **error**:
+counted (``episode/agent_errors_mean``), logged (the first few with their traceback), never the
+run's end; its samples get reward 0 and no final answer, and with ``on_error: exclude`` (default)
+a loss mask of 0, with ``on_error: zero`` they are trained with that reward. A timed-out agent's
+thread is left to end on its own (its requests are refused from then on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import Any
+
+from rlweave.algo_helpers import chat
+from rlweave.algo_helpers.agent.engine_queue import EngineQueue
+from rlweave.algo_helpers.agent.episode import AgentEpisode
+from rlweave.algo_helpers.agent.ledger import Ledger
+from rlweave.algo_helpers.agent.server import Endpoint
+from rlweave.algo_helpers.multi_turn import Trajectory, episodes_to_batch
+from rlweave.data.batch import Batch
+from rlweave.interfaces.engine import SamplingParams
+from rlweave.interfaces.rollout import GenerateFn, Rollout
+from rlweave.rewards.fields import reward_fields
+
+log = logging.getLogger("rlweave.algo")
+#: agent failures logged with their traceback per rollout (the rest are counted only)
+LOGGED_ERRORS = 5
+
+
+class AgentRollout(Rollout):
+    """See the module docstring. ``cfg``: the validated ``algorithm.multi_turn`` (with ``agent``);
+    ``agent``: the user's function. The endpoint starts on the first :meth:`run` and stops in
+    :meth:`close`."""
+
+    def __init__(self, cfg: Any, agent: Callable[[AgentEpisode], Any], tokenizer: Any):
+        self.cfg, self.agent, self.tok = cfg, agent, tokenizer
+        self.endpoint: Endpoint | None = None
+        self.logged = 0
+        self.last: dict[str, float] = {}  # the last run's counts (engine calls, engine seconds, errors)
+
+    @classmethod
+    def create(cls, ctx: Any) -> "AgentRollout":
+        from rlweave.plugins.references import user_function
+
+        return cls(ctx.args, user_function(ctx.args.agent.target, "agent"), ctx.tokenizer)
+
+    def close(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.stop()
+            self.endpoint = None
+
+    def run(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,
+            version: int = 0) -> Batch:
+        """``n`` agent episodes per record as one batch (:func:`episodes_to_batch`)."""
+        groups = self.episodes(records, n, sampling, generate, version)
+        return episodes_to_batch(groups, [str(r.get("id", i)) for i, r in enumerate(records)],
+                                 [reward_fields(r) for r in records])
+
+    def episodes(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,
+                 version: int = 0) -> list[list[Trajectory]]:
+        """``n`` episodes per record, each record's samples as one group (see the module docstring)."""
+        ep = self._endpoint()
+        todo = deque((g, k) for g in range(len(records)) for k in range(n))
+        limit = self.cfg.max_in_flight or len(todo)
+        running: dict[Future, tuple[int, Ledger, float]] = {}
+        groups: list[list[Trajectory]] = [[] for _ in records]
+        engine = EngineQueue(generate, lambda: len(running), sampling.seed)
+        ep.serve(engine, sampling, version)
+        errors = 0
+        try:
+            while todo or running:
+                while todo and len(running) < limit:
+                    g, _ = todo.popleft()
+                    fut, ledger = self._start(ep, records[g])
+                    running[fut] = (g, ledger, time.monotonic() + self.cfg.agent.timeout_s)
+                deadline = min(d for _, _, d in running.values())
+                done, _ = wait(list(running), timeout=max(0.0, deadline - time.monotonic()),
+                               return_when=FIRST_COMPLETED)
+                now = time.monotonic()
+                for fut in [f for f, (_, _, d) in running.items() if f in done or d <= now]:
+                    g, ledger, _ = running.pop(fut)
+                    why = "finished" if fut.done() else f"timed out after {self.cfg.agent.timeout_s:g} s"
+                    ep.close_episode(ledger.eid, why)
+                    samples, failed = self._finish(fut, ledger, records[g], why)
+                    groups[g] += samples
+                    errors += failed
+        finally:
+            for fut, (_, ledger, _) in running.items():
+                ep.close_episode(ledger.eid, "the rollout stopped")
+            ep.serve(None, sampling, version)
+            engine.close()
+        self.last = {"engine_calls": float(engine.calls), "engine_s": engine.busy_s, "errors": float(errors)}
+        return groups
+
+    # ------------------------------------------------------------------ one episode
+    def _endpoint(self) -> Endpoint:
+        if self.endpoint is None:
+            from rlweave.environments.parsers import resolve_parser
+
+            parse, _ = resolve_parser(self.cfg.agent.parser)
+            self.endpoint = Endpoint(self.tok, parse)
+            self.endpoint.start()
+        return self.endpoint
+
+    def _start(self, ep: Endpoint, record: dict[str, Any]) -> tuple[Future, Ledger]:
+        eid = secrets.token_hex(8)
+        ledger = Ledger(eid, record, self.tok, self.cfg.max_turns, self.cfg.max_total_tokens)
+        ep.open(ledger)
+        episode = AgentEpisode(dict(record), ep.base_url(eid), ep.token, eid, request_timeout_s=self.cfg.agent.timeout_s)
+        fut: Future = Future()
+
+        def body() -> None:
+            try:
+                fut.set_result(_call(self.agent, episode, self.cfg.agent.timeout_s))
+            except BaseException as exc:  # noqa: BLE001 - the agent's failure ends its episode only
+                fut.set_exception(exc)
+            finally:
+                client = episode.__dict__.get("client")
+                if client is not None:
+                    client.close()
+
+        threading.Thread(target=body, name=f"rlweave-agent-{eid}", daemon=True).start()
+        return fut, ledger
+
+    def _finish(self, fut: Future, ledger: Ledger, record: dict[str, Any], why: str) -> tuple[list[Trajectory], int]:
+        """The episode's trajectories and whether it is an error (see the module docstring)."""
+        error, reward = None, None
+        if not fut.done():
+            error = why
+        elif fut.exception() is not None:
+            exc = fut.exception()
+            error = f"{type(exc).__name__}: {exc}"
+            if self.logged < LOGGED_ERRORS:
+                self.logged += 1
+                log.warning("agent %s raised on record %r", self.cfg.agent.target, record.get("id"), exc_info=exc)
+        else:
+            reward = fut.result()
+            if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
+                error, reward = f"the agent returned {reward!r}; expected a number or None", None
+        with ledger.lock:
+            samples = ledger.trajectories()
+        if not samples and error is None:
+            error = "the agent made no model request"
+        if error is not None and self.logged < LOGGED_ERRORS and not (fut.done() and fut.exception() is not None):
+            self.logged += 1
+            log.warning("agent %s on record %r: %s", self.cfg.agent.target, record.get("id"), error)
+        if not samples:
+            samples = [self._placeholder(record, ledger)]
+        for t in samples:
+            t.ended_by = "done" if error is None else "error"
+            t.reward = None if reward is None else float(reward)
+            if error is not None:
+                t.stats["agent_errors"] = 1.0
+                t.reward, t.final_ids = 0.0, []
+                if self.cfg.agent.on_error == "exclude":
+                    t.mask = [0] * len(t.mask)
+        return samples, int(error is not None)
+
+    def _placeholder(self, record: dict[str, Any], ledger: Ledger) -> Trajectory:
+        """A sample for an episode with no model turn: the record's prompt and one untrained token."""
+        from rlweave.algo_helpers.rollout import record_prompt
+
+        eos = getattr(self.tok, "eos_token_id", None)
+        try:
+            ids, text = chat.prompt_ids(self.tok, [{"role": "user", "content": record_prompt(record)}])
+        except (ValueError, KeyError, TypeError):
+            ids, text = [eos or 0], ""
+        t = Trajectory(ids, text, record_id=ledger.eid)
+        t.add_observation([eos or 0])
+        t.stats.update(ledger.counts)
+        return t
+
+
+def _call(agent: Callable[[AgentEpisode], Any], episode: AgentEpisode, timeout_s: float) -> Any:
+    """Run ``agent(episode)``: a coroutine (an ``async def`` agent) in an event loop of its own,
+    cancelled after ``timeout_s``."""
+    if inspect.iscoroutinefunction(agent):
+        async def bounded() -> Any:
+            try:
+                return await asyncio.wait_for(agent(episode), timeout_s)
+            finally:
+                client = episode.__dict__.get("async_client")
+                if client is not None:
+                    await client.close()
+
+        return asyncio.run(bounded())
+    out = agent(episode)
+    return asyncio.run(out) if inspect.isawaitable(out) else out
