@@ -4,7 +4,7 @@ Three runs of 20 steps of tiny GRPO (in process, FSDP policy, HF engine, a lengt
 ``arith_exact`` so every step moves the weights), each with ``run.deterministic: true``:
 
 * ``first`` dumps its rollouts (``rollout.dump``), ``second`` does not: their step-20 checkpoints
-  hash the same (:func:`rlweave.runner.weights_hash.checkpoint_hash`) and their metrics rows are
+  hash the same (:func:`rlweave.backend_helpers.weights_hash.checkpoint_hash`) and their metrics rows are
   equal but for the times;
 * ``replayed`` trains from ``first``'s dump with no rollout role in its config (no engine, no
   reward called): the same checkpoint hash, and the same rows but for the times, the weight sync
@@ -60,7 +60,7 @@ def runs(grpo_workspace, tmp_path_factory):
 
 
 def _hash(run_dir) -> str:
-    from rlweave.runner.weights_hash import checkpoint_hash
+    from rlweave.backend_helpers.weights_hash import checkpoint_hash
 
     return checkpoint_hash(run_dir / "checkpoints" / f"step_{STEPS:06d}")
 

@@ -9,7 +9,7 @@ running a pickle (:mod:`rlweave.backend_helpers.safe_dcp`). They are hashed in a
 about the save (its ``.metadata`` pickle: paths, ids) hash the same. Non-tensor items (an
 optimizer's param-group settings) are left out.
 
-``python -m rlweave.runner.weights_hash PATH [ROLE]`` prints the hash. torch is imported when
+``python -m rlweave.backend_helpers.weights_hash PATH [ROLE]`` prints the hash. torch is imported when
 called.
 """
 
