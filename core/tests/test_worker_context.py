@@ -80,14 +80,16 @@ class Seen(Worker):
     def __init__(self, ctx):
         super().__init__(ctx)
         self.threads = torch.get_num_threads()
+        self.deterministic = torch.are_deterministic_algorithms_enabled()
 
 out = []
 for settings in (ProcessSettings(cpu_threads=1, cpu_malloc_reuse=False),
-                 ProcessSettings(cpu_threads=None, cpu_malloc_reuse=False)):
+                 ProcessSettings(cpu_threads=None, cpu_malloc_reuse=False),
+                 ProcessSettings(cpu_threads=1, cpu_malloc_reuse=False, deterministic=True)):
     actor = WorkerActor(Seen, "policy", 0)
     actor.setup(WorkerContext(world_size=1), "cpu", settings)
     out.append({"applied": actor.applied.cpu_threads, "malloc": actor.applied.cpu_malloc_reuse,
-                "seen": actor.worker.threads})
+                "seen": actor.worker.threads, "deterministic": actor.worker.deterministic})
 print(json.dumps(out))
 """
 
@@ -101,6 +103,7 @@ def test_the_actor_applies_the_settings_before_building_the_worker():
     proc = subprocess.run([sys.executable, "-c", ACTOR_SETUP], env=env, capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    fixed, derived = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert fixed == {"applied": 1, "malloc": False, "seen": 1}
+    fixed, derived, deterministic = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert fixed == {"applied": 1, "malloc": False, "seen": 1, "deterministic": False}
+    assert deterministic["deterministic"] is True  # run.deterministic: on before the worker is built
     assert derived["applied"] == derived["seen"] == max(1, os.cpu_count() or 1) and derived["malloc"] is False

@@ -186,6 +186,19 @@ CASES = [
      ["unknown rollout 'my_rollout.py:Mine'"]),
     ("run-mode-unknown-name", ["run.mode=asyncc"], "run.mode", ["unknown run mode 'asyncc'", "Did you mean 'async'?"]),
     ("run-mode-reference", ["run.mode=modes.py:Mine"], "run.mode", ["unknown run mode 'modes.py:Mine'"]),
+    # -- reproducible runs: rollout dumps (written per test in the workspace: dump/ fits, other_dump/ does not)
+    ("replay-bad-path", ["rollout.replay=no_such_dump"], "rollout.replay",
+     ["no rollout dump at 'no_such_dump'", "rollout.dump: true"]),
+    ("replay-another-model", ["rollout.replay=other_dump"], "rollout.replay",
+     ["the dump was made with another model", "fingerprint 000000000000"]),
+    ("replay-async-mode", ["algorithm.multi_turn=null", "rollout.replay=dump", "run.mode=async"], "run.mode",
+     ["rollout.replay trains in run.mode sync only, not 'async'"]),
+    ("replay-short-dump", ["rollout.replay=dump", "run.total_steps=3"], "run.total_steps",
+     ["holds steps 1..1; run.total_steps is 3"]),
+    ("deterministic-engine", ["run.deterministic=true", "roles.rollout.engine=vllm"], "roles.rollout.engine",
+     ["run.deterministic: true: engine 'vllm' does not promise identical generations"]),
+    ("deterministic-async-mode", ["algorithm.multi_turn=null", "run.deterministic=true", "run.mode=async"],
+     "run.mode", ["run.deterministic: true needs run.mode sync"]),
     # -- algorithms
     ("algorithm-unknown-name", ["algorithm.name=grpoo"], "algorithm.name",
      ["unknown algorithm 'grpoo'", "Did you mean 'grpo'?"]),
@@ -208,6 +221,21 @@ CASES = [
 ]
 
 
+def _write_dumps(root: Path) -> None:
+    """Two one-step rollout dumps' headers: ``dump/`` of this workspace's model, ``other_dump/`` of
+    another (its fingerprint differs); their step file is empty (validation reads only names)."""
+    from rlweave.config.replay import model_fingerprint, tokenizer_fingerprint
+
+    for name, fingerprint in (("dump", model_fingerprint(str(root / "model"))), ("other_dump", "0" * 64)):
+        folder = root / name / "rollouts"
+        folder.mkdir(parents=True)
+        model = {"path": "model", "fingerprint": fingerprint}
+        tokenizer = {"path": "model", "fingerprint": tokenizer_fingerprint(str(root / "model"))}
+        (folder / "header.json").write_text(json.dumps({"format": 1, "algorithm": "grpo", "seed": 1, "model": model,
+                                                        "tokenizer": tokenizer}))
+        (folder / "step_000001.safetensors").write_bytes(b"")
+
+
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("bad-inputs")
@@ -217,6 +245,7 @@ def workspace(tmp_path_factory) -> Path:
     (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for name, text in USER_FILES.items():
         (root / name).write_text(text)
+    _write_dumps(root)
     (root / "c.yaml").write_text(json.dumps(_base()))
     return root
 
@@ -259,5 +288,5 @@ def test_a_bad_input_is_one_line_naming_its_key(rlweave, workspace, command, cas
 def test_the_table_covers_every_kind():
     covered = {case.split("-")[0] for case, *_ in CASES}
     assert {"env", "tool", "parser", "reward", "advantage", "policy", "loss", "kl", "correction", "rollout", "run",
-            "algorithm", "backend", "engine", "lora", "agent"} <= covered
+            "algorithm", "backend", "engine", "lora", "agent", "replay", "deterministic"} <= covered
     assert len(CASES) >= 40

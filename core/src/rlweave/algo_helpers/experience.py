@@ -17,7 +17,9 @@ What it holds for the run: the rollout (a plugin, :mod:`rlweave.interfaces.rollo
 pipeline of ``run.mode`` (:mod:`rlweave.interfaces.pipeline`), the reward sources
 (:mod:`rlweave.algo_helpers.reward_sources`), the residency of colocated roles
 (:mod:`rlweave.residency`: the algorithm names its phases), the per-step seeding of sampling, the
-held-out evaluation, and its part of the checkpoint (:meth:`state_dict`).
+held-out evaluation, and its part of the checkpoint (:meth:`state_dict`). With ``rollout.dump`` it
+records each step's batches and rewards; with ``rollout.replay`` it reads them back in place of the
+pipeline and the reward sources (:mod:`rlweave.algo_helpers.rollout_tape`).
 
 Metric names are the same for every algorithm: ``time/<phase>`` (seconds: ``generate``,
 ``reward``, each pass by name, ``train``, ``<role>_train``, ``sync``, ``offload``), ``sync_bytes``,
@@ -41,6 +43,7 @@ from rlweave.algo_helpers.kit_state import migrate
 from rlweave.algo_helpers.minibatch import split
 from rlweave.algo_helpers.reward_sources import build_sources, has_reward
 from rlweave.algo_helpers.rollout import make_rollout, sampling_params
+from rlweave.algo_helpers.rollout_tape import ReplayedRewards, ReplayPipeline, TapeReader, TapeWriter, open_tape
 from rlweave.algo_helpers.run_modes import make_pipeline
 from rlweave.algo_helpers.step_metrics import reward_breakdown
 from rlweave.algo_helpers.weights import token_weights
@@ -83,9 +86,16 @@ class ExperienceKit:
         self.ctx, self.config, self.name = ctx, config, name
         self.residency = Residency.for_run(ctx, roles, phases)
         self.rollout, self.rollout_record = make_rollout(ctx.config, config, ctx.tokenizer)
-        self.pipeline = make_pipeline(ctx, self.rollout, self.rollout_record, config.n_samples,
-                                      config.max_new_tokens)
-        self.sources = build_sources(ctx, config, self.wait)
+        tape = open_tape(ctx)
+        self.recorder = tape if isinstance(tape, TapeWriter) else None
+        self.replaying = tape if isinstance(tape, TapeReader) else None
+        if self.replaying is not None:
+            self.pipeline: Any = ReplayPipeline(self.replaying)
+            self.sources: list[Any] = [ReplayedRewards(self.replaying, lambda: self.steps_done)]
+        else:
+            self.pipeline = make_pipeline(ctx, self.rollout, self.rollout_record, config.n_samples,
+                                          config.max_new_tokens)
+            self.sources = build_sources(ctx, config, self.wait)
         if not has_reward(self.sources, pays=not self.rollout_record.streams):
             raise ValueError(f"{name} needs a reward: an entry under 'rewards', algorithm.reward_models, or a "
                              "rollout whose environment pays")
@@ -95,6 +105,7 @@ class ExperienceKit:
         self.metrics: dict[str, float] = {}
         self._moves = 0
         self._eval_fn: Any = None
+        self._said_no_eval = False
 
     # ------------------------------------------------------------------ a step
     def begin_step(self) -> None:
@@ -124,7 +135,20 @@ class ExperienceKit:
         params = self.sampling if not salt else (lambda s: self.sampling(salt + s))
         with TRACE.phase("generate"):
             batch = self.pipeline.next_batch(records, self.steps_done, params)
+        if self.recorder is not None:
+            self.recorder.batch(batch)
         self.add_time("generate", time.perf_counter() - t0)
+        return batch
+
+    def run_rollout(self, records: list[dict[str, Any]], n: int, sampling: SamplingParams, label: str) -> Batch:
+        """One more rollout of the step outside the pipeline, on the engine as it is (ReMax's greedy
+        baseline: ``label`` says what it is); recorded and replayed like the step's batch."""
+        if self.replaying is not None:
+            return self.replaying.batch(self.steps_done + 1)
+        engine = self.ctx.roles["rollout"]
+        batch = self.rollout.run(records, n, sampling, lambda p, sp: engine.generate(p, sp).result(), self.steps_done)
+        if self.recorder is not None:
+            self.recorder.batch(batch, label)
         return batch
 
     def score(self, batch: Batch, record: bool = True) -> tuple[torch.Tensor, list[dict]]:
@@ -141,18 +165,23 @@ class ExperienceKit:
         t0 = time.perf_counter()
         totals = torch.zeros(len(batch), dtype=torch.float32)
         breakdown: list[dict] = [{} for _ in range(len(batch))]
+        had_breakdown, recorded = False, {}
         for src, p in zip(self.sources, pending):
             part = src.collect(p, batch)
             totals = totals + part.scores
             if part.breakdown is not None:
-                breakdown = part.breakdown
+                breakdown, had_breakdown = part.breakdown, True
                 if record:
                     self.metrics.update(reward_breakdown(breakdown))
             for k, v in part.metrics.items():
                 if k.startswith("time/"):
                     self.add_time(k[len("time/"):], v)
-                elif record:
-                    self.metrics[k] = v
+                else:
+                    recorded[k] = v
+                    if record:
+                        self.metrics[k] = v
+        if self.recorder is not None:
+            self.recorder.scores(totals, breakdown if had_breakdown else None, recorded)
         self.add_time("reward", time.perf_counter() - t0)
         return totals, breakdown
 
@@ -266,6 +295,8 @@ class ExperienceKit:
                 self.times[k[len("time/"):]] = v
             else:
                 out[k] = v
+        if self.recorder is not None:
+            self.recorder.end(self.steps_done + 1)
         self.steps_done += 1
         TRACE.version = self.steps_done  # the policy's weight version on the run's timeline
         self.samples_seen += len(batch)
@@ -286,6 +317,11 @@ class ExperienceKit:
         """Held-out exact match (:func:`~rlweave.algo_helpers.evaluate.exact_match`) of the
         rollout's answers, judged by ``eval_reward`` or else the run's rule rewards; ``{}`` with
         neither (said once)."""
+        if self.replaying is not None:
+            if not self._said_no_eval:
+                log.warning("%s: rollout.replay: no engine, held-out evaluation is skipped", self.name)
+                self._said_no_eval = True
+            return {}
         fn = self._eval_reward()
         if fn is None:
             return {}

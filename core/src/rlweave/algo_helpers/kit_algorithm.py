@@ -22,8 +22,10 @@ class KitAlgorithm(Algorithm):
     kit: ExperienceKit
 
     def require_roles(self, roles: Iterable[str], name: str) -> None:
-        """Raise naming the ``roles`` the run context lacks (``name``: the algorithm's)."""
-        missing = [r for r in roles if r not in self.ctx.roles]
+        """Raise naming the ``roles`` the run context lacks (``name``: the algorithm's); a run that
+        replays a dump (``rollout.replay``) has no rollout role."""
+        replay = getattr(getattr(getattr(self.ctx, "config", None), "rollout", None), "replay", None)
+        missing = [r for r in roles if r not in self.ctx.roles and not (replay and r == "rollout")]
         if missing:
             raise ValueError(f"{name}: roles {missing} are not built (configure them under 'roles')")
 

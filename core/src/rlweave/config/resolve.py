@@ -30,6 +30,9 @@ it failed, see :mod:`rlweave.config.loader`), this
 * checks ``required_plugins`` against installed distribution versions;
 * runs ``rlweave.config.placement.check_placement`` over the roles, with the ranks' device spans of the
   selected plugins (a vLLM replica spans ``tp`` devices);
+* checks ``rollout.replay`` (the dump fits this model, tokenizer, algorithm and seed; sync mode) and
+  drops the rollout role it does not start, and names every setting ``run.deterministic`` cannot
+  hold with (:mod:`rlweave.config.replay`);
 * with ``run.scheduler: in_process``, checks what it refuses (:mod:`rlweave.config.in_process`:
   one rank per role, no restarts, an in-process weight transport).
 
@@ -256,6 +259,30 @@ class _Pass:
             self.out.role_names = tuple(r for r in self.out.role_names if r != REFERENCE)
             self.out.views[REFERENCE] = "policy"
 
+    def replay(self) -> None:
+        """``rollout.replay``: the dump must fit this run (:mod:`rlweave.config.replay`); the rollout
+        role is then not started (a ``roles.rollout`` section is validated, and left unused)."""
+        if not self.cfg.rollout.replay:
+            return
+        from rlweave.config.replay import replay_problems
+
+        algo = self.out.algorithm
+        if algo is not None and not algo.rollout:
+            self.issue("rollout.replay", f"algorithm '{algo.name}' does not sample through a rollout: nothing to "
+                                         "replay")
+            return
+        for path, message in replay_problems(self.cfg, algo.name if algo else self.cfg.algorithm.name):
+            self.issue(path, message)
+        self.out.role_names = tuple(r for r in self.out.role_names if r != ROLLOUT_ROLE)
+
+    def determinism(self) -> None:
+        """``run.deterministic``: every setting that cannot be bitwise reproducible, by key."""
+        from rlweave.config.replay import determinism_problems
+
+        engine = None if self.cfg.rollout.replay else self.out.roles.get(ROLLOUT_ROLE)
+        for path, message in determinism_problems(self.cfg, engine):
+            self.issue(path, message)
+
     def lora(self) -> None:
         from rlweave.config.lora import adapter_sync_problems, lora_problems
 
@@ -280,7 +307,9 @@ class _Pass:
                 self.issue(path, f"unknown role '{role}'; roles are: {', '.join(sorted(known))}"
                                  + (f". Did you mean '{close[0]}'?" if close else ""))
                 continue
-            if self.out.algorithm is not None and role not in needed and role not in self.out.views:
+            if role == ROLLOUT_ROLE and self.cfg.rollout.replay:
+                self.out.warnings.append(f"{path}: not started: rollout.replay feeds the steps")
+            elif self.out.algorithm is not None and role not in needed and role not in self.out.views:
                 self.out.warnings.append(f"{path}: role '{role}' is not used by algorithm '{algo}'")
             if section.optim is not None and role in NEVER_TRAINED:
                 self.out.warnings.append(f"{path}.optim: ignored: the {role} role never trains "
@@ -411,7 +440,9 @@ def collect_plugin_issues(cfg: RunConfig, pm: PluginManager, source: str,
     run.required()
     run.algorithm()
     run.reference()
+    run.replay()
     run.roles()
+    run.determinism()
     run.lora()
     run.rewards()
     run.kernels()

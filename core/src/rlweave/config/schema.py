@@ -68,6 +68,12 @@ class RunSection(Strict):
         "trained role reloads the newest complete checkpoint (one is written at step 0 when there is none) and the run "
         "goes on from there. 0: the run stops with the error.",
     )
+    deterministic: bool = Field(
+        False, description="Two runs of one config give bitwise identical weights and metrics (on one machine with "
+        "one software stack): torch's deterministic algorithms in the controller and every rank, seeds as always. A "
+        "setting that cannot be deterministic (run.mode other than sync, rollout.partial, an engine that does not "
+        "promise it) is a validation error (docs/reproducibility.md).",
+    )
     trace: bool = Field(
         True, description="Record the run's timeline: a span for every rank call and every phase of the controller, "
         "written as <run_dir>/trace.json (ui.perfetto.dev, chrome://tracing) and drawn as timeline.png when the run "
@@ -203,6 +209,16 @@ class RolloutSection(Strict):
     request_groups: Optional[int] = Field(
         None, ge=1, description="async: prompts (groups) per generate request; weight updates reach the engine "
         "between requests (null: a quarter of data.batch_size, at least 1).",
+    )
+    dump: bool = Field(
+        False, description="Write every step's trajectories (token ids, masks, engine log-probs, weight versions, "
+        "rewards, routing when the batch carries it) to <run_dir>/rollouts/step_XXXXXX.safetensors, with a header "
+        "naming the model, tokenizer, algorithm and seed (docs/reproducibility.md).",
+    )
+    replay: Optional[str] = Field(
+        None, description="Train from a dump (rollout.dump) instead of generating: a run directory or its rollouts/ "
+        "folder. No rollout role is started and no reward is computed; sync mode only; the dump must come from "
+        "this model, tokenizer, algorithm and seed (docs/reproducibility.md).",
     )
 
 

@@ -119,12 +119,17 @@ class EngineRecord(PluginRecord):
 
     ``lora``: it serves a LoRA policy's adapter itself (``weight_sync.lora: adapter``): its
     workers get the policy's ``WorkerContext.lora`` and take ``load_adapter(folder, sha256)``.
+
+    ``deterministic``: one seed and one set of weights give identical generations, run after run
+    (``SamplingParams.seed``, with torch's deterministic algorithms on); ``run.deterministic``
+    refuses an engine that does not promise it.
     """
 
     kind: ClassVar[str] = "engine"
     parallel: tuple[str, ...] = ()
     rank_spans: tuple[str, ...] = ()
     lora: bool = False
+    deterministic: bool = False
 
 
 def _no_roles(config: Any) -> tuple[str, ...]:

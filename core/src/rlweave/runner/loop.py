@@ -68,13 +68,20 @@ CHECKPOINT_DELAY_ENV = "RLWEAVE_CHECKPOINT_DELAY_S"
 PLOT_KEYS = ("reward/mean", "eval/accuracy", "loss", "kl", "response_len/mean", "entropy")
 
 
-def _seed_everything(seed: int) -> None:
+def _seed_everything(seed: int, deterministic: bool = False) -> None:
+    """Seed the controller; with ``deterministic`` (``run.deterministic``) also turn on torch's
+    deterministic algorithms here, where in-process workers run (Ray ranks turn them on in
+    :func:`rlweave.scheduler.ray_impl.process.apply`)."""
     import numpy as np
     import torch
 
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+    if deterministic:
+        from rlweave.scheduler.ray_impl.process import use_deterministic_algorithms
+
+        use_deterministic_algorithms()
 
 
 def _model_section(cfg: RunConfig, role: str = "policy"):
@@ -311,7 +318,7 @@ class _Run:
         self._prepare_run_dir()
         self.console = self._exit.enter_context(run_console(self.run_dir, os.environ.get(VERBOSE_ENV) == "1"))
         record_gguf(self.run_dir, gguf_models)
-        _seed_everything(cfg.run.seed)
+        _seed_everything(cfg.run.seed, cfg.run.deterministic)
 
         self.tokenizer = _load_tokenizer(cfg)
         self.data_iter = None

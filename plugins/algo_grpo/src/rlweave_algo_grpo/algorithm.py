@@ -82,10 +82,8 @@ class GRPO(KitAlgorithm):
     def _greedy(self, records: list[dict[str, Any]]) -> Batch:
         """ReMax: one greedy response per prompt, generated while the engine is resident."""
         t0 = time.perf_counter()
-        engine = self.ctx.roles["rollout"]
         sampling = dataclasses.replace(self.kit.sampling(), n=1, temperature=0.0)
-        greedy = self.kit.rollout.run(records, 1, sampling, lambda p, sp: engine.generate(p, sp).result(),
-                                      self.kit.steps_done)
+        greedy = self.kit.run_rollout(records, 1, sampling, "baseline")
         self.kit.add_time("baseline", time.perf_counter() - t0)
         return greedy
 

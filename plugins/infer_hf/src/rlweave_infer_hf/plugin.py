@@ -17,5 +17,6 @@ def rlweave_inference_engines():
             config_model=HFEngineConfig,
             parallel=(),
             lora=True,  # applies the policy's LoRA adapter itself (weight_sync.lora: adapter), through PEFT
+            deterministic=True,  # generate samples with torch's generator seeded from SamplingParams.seed
         )
     ]

@@ -38,7 +38,8 @@ SETUP_TIMEOUT_S = 300.0
 
 def _process_settings(cfg: "RunConfig", role: str) -> ProcessSettings:
     """How the processes of ``role``'s ranks are set up (applied by the actor, not the worker)."""
-    return ProcessSettings(cpu_threads=cfg.roles[role].cpu_threads, cpu_malloc_reuse=cfg.ray.cpu_malloc_reuse)
+    return ProcessSettings(cpu_threads=cfg.roles[role].cpu_threads, cpu_malloc_reuse=cfg.ray.cpu_malloc_reuse,
+                           deterministic=cfg.run.deterministic)
 
 
 class RoleBuilder(BuilderInputs):

@@ -20,10 +20,22 @@ class ProcessSettings:
     """``cpu_threads``: intra-op threads of a rank on a CPU device (None: the node's cores
     divided by the role's ranks); ``cpu_malloc_reuse``: keep freed memory in the process for
     reuse (:mod:`.malloc`). After :func:`apply`, the values applied (``cpu_threads`` None and
-    ``cpu_malloc_reuse`` False where nothing was)."""
+    ``cpu_malloc_reuse`` False where nothing was); ``deterministic``: torch's deterministic
+    algorithms on (``run.deterministic``), on every device."""
 
     cpu_threads: int | None = None
     cpu_malloc_reuse: bool = True
+    deterministic: bool = False
+
+
+def use_deterministic_algorithms() -> None:
+    """Make this process's torch kernels deterministic: ``torch.use_deterministic_algorithms``
+    (an op without a deterministic kernel raises, naming itself) and, for cuBLAS, a fixed
+    workspace (``CUBLAS_WORKSPACE_CONFIG``, read when CUDA starts)."""
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
 
 
 def cpu_threads(requested: int | None, world_size: int) -> int:
@@ -45,9 +57,12 @@ def apply_cpu_threads(n: int) -> None:
 
 def apply(settings: ProcessSettings, device: str, world_size: int) -> ProcessSettings:
     """Apply ``settings`` to this process for a rank of a ``world_size``-rank role on ``device``
-    (``"cpu"`` or ``"cuda"``; nothing is changed on CUDA). Returns what was applied."""
+    (``"cpu"`` or ``"cuda"``; on CUDA only ``deterministic``). Returns what was applied."""
+    if settings.deterministic:
+        use_deterministic_algorithms()
     if device != "cpu":
-        return ProcessSettings(cpu_threads=None, cpu_malloc_reuse=False)
+        return ProcessSettings(cpu_threads=None, cpu_malloc_reuse=False, deterministic=settings.deterministic)
     n = cpu_threads(settings.cpu_threads, world_size)
     apply_cpu_threads(n)
-    return ProcessSettings(cpu_threads=n, cpu_malloc_reuse=bool(settings.cpu_malloc_reuse) and keep_freed_memory())
+    return ProcessSettings(cpu_threads=n, cpu_malloc_reuse=bool(settings.cpu_malloc_reuse) and keep_freed_memory(),
+                           deterministic=settings.deterministic)
