@@ -106,7 +106,7 @@ def test_errors_and_pickle():
     with pytest.raises(ValueError, match=r"algorithm\.off_policy\.correction is 'tis'.*'rollout_logprobs'"):
         policy_loss(off_policy=OffPolicyConfig(correction="tis"))(SimpleNamespace(logprobs=logp, entropy=None), b)
     fn = pickle.loads(pickle.dumps(policy_loss(0.2, 0.28, off_policy=OffPolicyConfig(correction="decoupled"))))
-    assert fn.off_policy.correction == "decoupled" and fn.policy_loss.options["clip_high"] == 0.28
+    assert fn.off_policy.name == "decoupled" and fn.policy_loss.options["clip_high"] == 0.28
 
 
 def test_config_key():
@@ -120,7 +120,7 @@ def test_config_key():
     assert PPOConfig.model_fields["off_policy"].description
     example = Path(__file__).resolve().parents[3] / "examples/arith/ppo.yaml"
     _, resolved = load_config(example, ["algorithm.off_policy.correction=decoupled"], check_inputs=False)
-    assert resolved.algorithm_config.off_policy.correction == "decoupled"
+    assert resolved.algorithm_config.off_policy.name == "decoupled"
     with pytest.raises(ConfigError) as exc:
         load_config(example, ["algorithm.off_policy.cap=-1", "algorithm.off_policy.correction=truncated"],
                     check_inputs=False)
