@@ -1,4 +1,4 @@
-"""rlweave.algo_parts.offpolicy: the ``algorithm.off_policy`` settings, the earlier corrections
+"""rlweave.algo_parts.offpolicy: the ``algorithm.off_policy`` settings, the corrections
 (``tis``, ``decoupled``: behaviour weights, truncation / dropping), metrics and their reduction,
 against hand-computed values. Every correction in both modes: ``test_corrections.py``."""
 
@@ -41,7 +41,7 @@ def _on(t):
 
 
 def log_weights(prox, behav, active, level, index=None, n=0):
-    """The log weights the earlier corrections judge (their ``log_iw``)."""
+    """The log weights ``tis`` and ``decoupled`` judge (their ``log_iw``)."""
     lr = torch.where(active, prox - behav, torch.zeros_like(prox))
     return tis(lr, active=active, sample_index=index, num_samples=n, level=level, cap=1e9).log_iw
 
@@ -57,13 +57,18 @@ def test_defaults_are_no_correction():
     c = OffPolicyConfig()
     assert (c.name, c.mode, c.level, c.cap, c.floor, c.enabled) == ("none", "decoupled", "token", 2.0, None, False)
     assert OffPolicyConfig(correction="tis").enabled
-    # the earlier keys are the options of tis and decoupled
-    assert OffPolicyConfig(correction="tis", level="sequence", cap=3.0, floor=0.5).part().options == {
+    # the keys beside correction are the options of tis and decoupled
+    assert OffPolicyConfig(correction="tis", level="sequence", cap=3.0, floor=0.5).part.options == {
         "level": "sequence", "cap": 3.0, "floor": 0.5}
-    assert OffPolicyConfig(correction={"name": "tis", "cap": 3.0}).part().options == {
+    assert OffPolicyConfig(correction={"name": "tis", "cap": 3.0}).part.options == {
         "level": "token", "cap": 3.0, "floor": None}
     # switched off by an override, the section keeps its other keys
     assert not OffPolicyConfig(correction="none", level="sequence", cap=1.1, floor=0.5).enabled
+    # a resolved config written out (every key at its value) reads back the same
+    for c in (OffPolicyConfig(correction={"name": "icepop", "high": 4.0}, mode="bypass"),
+              OffPolicyConfig(correction={"name": "tis", "cap": 3.0}), OffPolicyConfig(correction="tis", cap=3.0)):
+        again = OffPolicyConfig.model_validate(c.model_dump())
+        assert again == c and again.part == c.part
 
 
 @pytest.mark.parametrize("fields,key,text", [

@@ -20,7 +20,8 @@ stop-gradient weight ``c_t`` the policy-gradient term of each token is multiplie
 * ``seq_mis`` (low, high):   c_t = exp(B(S_i)) * [low <= exp(B(S_i)) <= high]
 * ``icepop`` (low, high):    as ``token_mis``, with IcePop's band [0.5, 5]
 * ``geo_mask`` (low, high, token_weights): c_t = (rho_t or 1) * [low <= exp(G_i) <= high]
-* ``tis``, ``decoupled``: the earlier settings (``level``, ``cap``, ``floor``), kept bitwise.
+* ``tis``, ``decoupled``: a weight per token or per sequence (``level``), truncated at ``cap`` (tis) or
+  dropped above it (decoupled), dropped below ``floor``; their options may stand beside ``correction``.
 
 ``low`` null means ``1 / high``. A sample without trained tokens has ``S_i = G_i = 0`` (weight
 1): nothing here divides by zero or produces NaN, and tokens off ``active`` are never dropped.
@@ -141,7 +142,7 @@ def geo_mask(log_ratio, *, active, sample_index, num_samples, low: float | None 
     return _band(log_geo, active, low, high, weights=weights)
 
 
-# -------------------------------------------------------- the earlier settings
+# -------------------------------------------------------- tis and decoupled (level, cap, floor)
 def _legacy_log_weights(log_ratio, active, level, sample_index, num_samples) -> torch.Tensor:
     if level == "sequence":
         return _seq_log_weight(log_ratio, active, sample_index, num_samples)
@@ -168,7 +169,7 @@ def _legacy(log_iw: torch.Tensor, truncate: bool, cap: float, floor: float | Non
 
 def tis(log_ratio, *, active, sample_index=None, num_samples=0, level: str = "token", cap: float = 2.0,
         floor: float | None = None, **_) -> Correction:
-    """The earlier ``correction: tis``: ``c = min(w, cap)`` with ``w`` the token's weight
+    """``correction: tis``: ``c = min(w, cap)`` with ``w`` the token's weight
     (``level: token``) or its sequence's product (``level: sequence``); weights below ``floor``
     dropped."""
     return _legacy(_legacy_log_weights(log_ratio, active, level, sample_index, num_samples), True, cap, floor)
@@ -176,6 +177,6 @@ def tis(log_ratio, *, active, sample_index=None, num_samples=0, level: str = "to
 
 def decoupled(log_ratio, *, active, sample_index=None, num_samples=0, level: str = "token", cap: float = 2.0,
               floor: float | None = None, **_) -> Correction:
-    """The earlier ``correction: decoupled`` (decoupled PPO, AReaL): ``c = w`` unclipped, tokens
+    """``correction: decoupled`` (decoupled PPO, AReaL): ``c = w`` unclipped, tokens
     (sequences) with ``w > cap`` or ``w < floor`` dropped; needs the recomputed proximal policy."""
     return _legacy(_legacy_log_weights(log_ratio, active, level, sample_index, num_samples), False, cap, floor)

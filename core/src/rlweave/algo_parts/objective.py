@@ -58,7 +58,9 @@ class PolicyObjective:
 
     def __post_init__(self) -> None:
         if self.correction is None and self.off_policy is not None and self.off_policy.enabled:
-            object.__setattr__(self, "correction", self.off_policy.part())
+            object.__setattr__(self, "correction", self.off_policy.part)
+        if self.correction is not None and self.off_policy is None:
+            object.__setattr__(self, "off_policy", OffPolicyConfig())  # decoupled mode
         if self.entropy_coef > 0 and not self.needs_entropy:
             raise ValueError("policy objective: entropy_coef > 0 needs needs_entropy=True")
         if self.kl_beta > 0 and self.kl is None:

@@ -27,7 +27,7 @@ the proximal policy comes from:
 
 ``correction`` names a rollout correction (a plugin kind, :mod:`rlweave.algo_parts.corrections`:
 ``none``, ``token_tis``, ``seq_tis``, ``token_mis``, ``seq_mis``, ``icepop``, ``geo_mask``, the
-earlier ``tis`` and ``decoupled``, a plugin's or ``module:function``), with its options in a
+``tis`` and ``decoupled``, a plugin's or ``module:function``), with its options in a
 mapping (``correction: {name: icepop, low: 0.5, high: 5}``). ``level``, ``cap`` and ``floor``
 beside it are the options of ``tis`` and ``decoupled``, as before.
 
@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 LEVELS = ("token", "sequence")
 MODES = ("decoupled", "bypass")
-#: the corrections whose options may also be given beside ``correction`` (their earlier form)
+#: the corrections whose options may also be given beside ``correction``
 SECTION_OPTIONS = ("tis", "decoupled")
 #: the metrics a corrected loss returns (max/min: only when the micro-batch has trained tokens)
 METRIC_KEYS = ("offpolicy/iw_mean", "offpolicy/iw_max", "offpolicy/iw_min", "offpolicy/truncated_frac",
@@ -73,7 +73,7 @@ class OffPolicyConfig(BaseModel):
 
     correction: PartSpec = Field(
         PartSpec("none"), description="Rollout correction: none, token_tis, seq_tis, token_mis, seq_mis, icepop, "
-        "geo_mask, tis or decoupled (the earlier two, options level/cap/floor beside it), a plugin's, or "
+        "geo_mask, tis or decoupled (their options level/cap/floor may stand beside it), a plugin's, or "
         "module:function; {name: ..., <options>} sets its options.",
     )
     mode: Literal["decoupled", "bypass"] = Field(
@@ -113,8 +113,12 @@ class OffPolicyConfig(BaseModel):
     @field_validator("level", "cap", "floor")
     @classmethod
     def _beside_its_correction(cls, v: Any, info: ValidationInfo) -> Any:
+        """``level``, ``cap`` and ``floor`` set to other than their defaults belong to ``tis`` and
+        ``decoupled`` named alone."""
         spec = info.data.get("correction")
-        if spec is None or spec.name == "none":  # as before: set, and unused while the correction is off
+        # as before: set, and unused while the correction is off; at its default (a resolved config
+        # written out and read back has every key) it says nothing
+        if spec is None or spec.name == "none" or v == cls.model_fields[info.field_name].default:
             return v
         key = f"{KEY}.{info.field_name}"
         if spec.name not in SECTION_OPTIONS:
@@ -159,18 +163,19 @@ class OffPolicyConfig(BaseModel):
         """Whether the engine's log-probs stand in for the old ones (``mode: bypass``)."""
         return self.mode == "bypass"
 
-    def part(self, pm: Any = None) -> ResolvedPart:
+    @property
+    def part(self) -> ResolvedPart:
         """The correction resolved, with its options (for ``tis`` and ``decoupled`` named alone:
         ``level``, ``cap`` and ``floor`` of this section)."""
         spec = self.correction
         if spec.name in SECTION_OPTIONS and not spec.options:
             spec = PartSpec({"name": spec.name, "level": self.level, "cap": self.cap, "floor": self.floor})
-        return resolve(KIND, spec, pm)
+        return resolve(KIND, spec)
 
     @property
     def needs_proximal(self) -> bool:
         """Whether the correction needs the proximal policy recomputed before the update."""
-        return self.enabled and "proximal" in self.part().needs
+        return self.enabled and "proximal" in self.part.needs
 
 
 @dataclass
@@ -263,7 +268,7 @@ def policy_correction(cfg: OffPolicyConfig | None, logp: "torch.Tensor", batch: 
     when ``cfg`` is None or ``correction: none`` (the loss stays exactly as it was)."""
     if cfg is None or not cfg.enabled:
         return None, {}
-    applied = apply_correction(cfg, cfg.part(), logp, batch, ratio)
+    applied = apply_correction(cfg, cfg.part, logp, batch, ratio)
     return applied.coef, applied.metrics
 
 

@@ -84,7 +84,7 @@ def rlweave_rollout_corrections() -> list[CorrectionRecord]:
                          _CORR + "icepop", config_model=o.IcePopOptions),
         CorrectionRecord("geo_mask", "samples whose geometric-mean ratio leaves [low, high] dropped",
                          _CORR + "geo_mask", config_model=o.GeoMaskOptions),
-        CorrectionRecord("tis", "truncated IS with level, cap, floor (the earlier setting)", _CORR + "tis",
+        CorrectionRecord("tis", "truncated IS per token or sequence (level), with cap and floor", _CORR + "tis",
                          config_model=o.LegacyCorrectionOptions),
         CorrectionRecord("decoupled", "decoupled PPO: weights above cap dropped, proximal policy recomputed",
                          _CORR + "decoupled", config_model=o.LegacyCorrectionOptions, needs=("proximal",)),
