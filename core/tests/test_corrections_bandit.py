@@ -52,7 +52,8 @@ def estimate(actions, log_pi, log_mu, weights, advantages, params, correction, m
     of token positions into ``log_pi`` / ``log_mu``, flat), ``weights`` their probabilities."""
     b = Batch.from_sequences([[0] + [1] * len(a) for a in actions], prompt_lens=[1] * len(actions))
     zero = torch.zeros((), dtype=torch.float64)
-    b.add_token("token_weight", torch.tensor([x for a, w in zip(actions, weights) for x in [0.0] + [float(w)] * len(a)]))
+    b.add_token("token_weight",
+                torch.tensor([x for a, w in zip(actions, weights) for x in [0.0] + [float(w)] * len(a)]))
     b.add_token("advantages", torch.tensor([x for a, adv in zip(actions, advantages) for x in [0.0] + [adv] * len(a)]))
     b.add_token("rollout_logprobs", torch.tensor([x for a in actions for x in [0.0] + [float(log_mu[i]) for i in a]]))
     logp = torch.stack([x for a in actions for x in [zero] + [log_pi[i] for i in a]])
