@@ -8,10 +8,13 @@ non-zero loss), list every role in the controller's process on the expected devi
 (``workers.json``), move the policy's weights into the engine after every update (the step's
 ``sync_bytes``), and the engine must generate with them: at step 2 the log-probs it reports for
 its samples equal the policy's own (``logprob_gap`` ~1e-7; 0.3 when the engine keeps its
-weights). A reward on the response's length makes every step's update move the weights. The same
-in ``one_step_off`` with ``run.in_process_threads`` (the engine's calls on a thread of their own),
-3 steps: steps 2 and 3 train samples one version old, step 3's on the weights synced after step 1.
-Loading refuses what the scheduler cannot do, naming the key.
+weights; every step's ``mismatch/*`` metrics, all of its tokens fresh). A reward on the response's
+length makes every step's update move the weights. The same in ``one_step_off`` with
+``run.in_process_threads`` (the engine's calls on a thread of their own), 3 steps, two updates
+a step with IcePop's correction in ``bypass`` mode: steps 2 and 3 train samples one version old,
+step 3's on the weights synced after step 1, their mismatch is reported by staleness, and the
+old log-probs are never recomputed (no ``time/old_logprobs``). Loading refuses what the scheduler
+cannot do, naming the key.
 """
 
 from __future__ import annotations
@@ -48,8 +51,10 @@ def train_in_process(ws, tmp_path, name: str, device: str, threads: bool = False
     log = tmp_path / "ray_imported.log"
     rewards = [{"name": "arith_exact"}, {"name": length_reward(tmp_path), "weight": 0.5}]
     run = {"scheduler": "in_process", **({"mode": "one_step_off", "in_process_threads": True} if threads else {})}
+    algorithm = {"ppo_epochs": 2, "off_policy": {"correction": "icepop", "mode": "bypass"}} if threads else {}
     config = ws.config(name, 3 if threads else 2, run=run, logging={"backends": ["jsonl"]}, rewards=rewards,
-                       resources={"pools": {"default": {"devices_per_node": 2, "device": device}}})
+                       resources={"pools": {"default": {"devices_per_node": 2, "device": device}}},
+                       algorithm=algorithm)
     rc, out, _ = run_cli(["train", str(config)], cli_env(tmp_path, RAY_IMPORTED_LOG=str(log)))
     assert rc == 0, out[-4000:]
     assert not log.exists(), log.read_text()[-3000:]
@@ -62,14 +67,19 @@ def train_in_process(ws, tmp_path, name: str, device: str, threads: bool = False
     steps = [r for r in metrics_rows(run_dir) if r["step"] >= 1]
     assert [r["step"] for r in steps] == ([1, 2, 3] if threads else [1, 2])
     for r in steps:
-        for key in ("loss", "reward/mean", "logprob_gap"):
+        for key in ("loss", "reward/mean", "logprob_gap", "mismatch/k1", "mismatch/k3", "mismatch/chi2",
+                    "mismatch/dlogp_abs_p99"):
             assert math.isfinite(r[key]), (key, r)
+        assert r["mismatch/tokens"] > 0 and r["mismatch/k3"] >= 0.0, r
         # an update that moved the weights, then a sync (begun beside generation with threads: no bytes counted)
         assert r["loss"] != 0.0 and (threads or r["sync_bytes"] > 0), r
     if threads:  # one version old from step 2 on; at step 3 on the weights synced after step 1 (else 2 old)
         assert [r["staleness/max"] for r in steps] == [0.0, 1.0, 1.0], steps
+        assert all(r["mismatch/stale1/tokens_frac"] > 0 and "offpolicy/iw_mean" in r for r in steps[1:]), steps
+        assert not any("time/old_logprobs" in r for r in steps), steps  # bypass: that pass never ran
     else:
-        assert steps[1]["logprob_gap"] < 1e-3, steps[1]
+        assert steps[1]["logprob_gap"] < 1e-3 and steps[1]["mismatch/dlogp_abs_p99"] < 1e-3, steps[1]
+        assert all(r["mismatch/stale0/tokens_frac"] == 1.0 for r in steps), steps
     assert json.loads((run_dir / "summary.json").read_text())["hf_path"]
     return steps
 

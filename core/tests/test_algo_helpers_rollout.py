@@ -58,6 +58,16 @@ def test_generations_to_batch_layout():
     assert b.ids == ["p0/0", "p0/1", "p1/0"]
     assert b.meta[1] == {"answer": "x", "response_ids": [7], "finish_reason": "length"}
     assert b.meta[2]["answer"] == "y"
+    assert "weight_version" not in b.token  # unstamped generations and no version to fall back on
+
+
+def test_weight_versions_of_the_tokens():
+    stamped = [[Generation([5, 6], [-0.5, -0.25], "stop", versions=[3, 4])], [Generation([8], [-0.1], "stop")]]
+    b = generations_to_batch([[1, 2], [3]], stamped, ["p0", "p1"], [{}, {}], version=7)
+    # the engine's stamps where it gave them, the caller's version for the others, 0 on prompts
+    assert b.token["weight_version"].tolist() == [0, 0, 3, 4, 0, 7]
+    all_stamped = [[Generation([5], [-0.5], "stop", versions=[2])]]
+    assert generations_to_batch([[1]], all_stamped, ["a"], [{}]).token["weight_version"].tolist() == [0, 2]
 
 
 def test_empty_response_has_no_trained_token_and_mismatch_raises():

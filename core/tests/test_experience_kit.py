@@ -101,6 +101,8 @@ def test_a_new_reward_source_is_one_registered_class(kit_of, monkeypatch):
     for _ in range(2):
         kit.begin_step()
         batch = kit.generate(records)
+        trained = batch.token["loss_mask"] > 0  # a sync step: every token of the engine's current weights
+        assert batch.token["staleness"][trained].tolist() == [0] * int(trained.sum())
         exp = kit.experience(batch, {})
         # rules pay 1, the bonus 0.25 per response token ("ab" + EOS)
         assert exp.scores.tolist() == [1.0 + 0.75] * 4
@@ -133,3 +135,28 @@ def test_a_kit_restores_a_format_1_state(kit_of):
     assert (kit.steps_done, kit.samples_seen, state["tied_total"]) == (7, 0, 1)
     # the step's seed follows the restored counter
     assert kit.sampling().seed == kit_of().sampling().seed + 7 * 101
+
+
+def test_mismatch_metrics_come_from_the_first_pass(kit_of, caplog):
+    """Two passes of two mini-batches: the step's mismatch is the first pass's (each sample once),
+    and a gap above the floor at the first step is warned about."""
+    from rlweave.algo_parts.mismatch import mismatch_metrics, mismatch_sums
+    from rlweave.algo_parts.spec import resolve
+
+    kit = kit_of()
+    kit.begin_step()
+    batch = kit.generate([{"id": "a", "prompt": "1+1=", "answer": "2"}, {"id": "b", "prompt": "2+2=", "answer": "4"}])
+    mbs = kit.mini_batches(batch, epochs=2, parts=2, shuffle=False, loss_agg=resolve("loss_agg", "token_mean"))
+    assert len(mbs) == 4
+
+    def row(mb, gap):
+        on = mb.token["loss_mask"] > 0
+        engine = mb.token["rollout_logprobs"]
+        return mismatch_sums(engine + gap, engine, on, mb.sample_index(), len(mb), mb.token["staleness"])
+
+    rows = [row(mbs[0], 0.1), row(mbs[1], 0.1), row(mbs[2], 5.0), row(mbs[3], 5.0)]
+    kit.finish(batch)
+    got = kit.mismatch(rows)
+    assert got == mismatch_metrics(rows[:2]) and got["mismatch/k2"] == pytest.approx(0.005)
+    assert got["mismatch/stale0/tokens_frac"] == 1.0
+    assert any("train/inference mismatch at step 1" in r.getMessage() for r in caplog.records)

@@ -117,6 +117,8 @@ def test_episodes_are_token_exact_and_masked(tok):
     assert tok.decode(ids[mask == 0].tolist()) == "go" + "ok1" + "ok2"
     lp = batch.token["rollout_logprobs"][: batch.cu_seqlens[1]]
     assert torch.all(lp[mask > 0] == -0.5) and torch.all(lp[mask == 0] == 0)
+    ver = batch.token["weight_version"][: batch.cu_seqlens[1]]
+    assert torch.all(ver[mask > 0] == 3) and torch.all(ver[mask == 0] == 0)  # the version the episode ran with
     assert batch.meta[0]["response_ids"] == t.final_ids and tok.decode(t.final_ids) == "done<eos>"
     assert float(batch.sample["env_reward"][0]) == 1.5 and batch.sample["group"].tolist() == [0, 0]
     m = episode_metrics(batch.meta)

@@ -1,5 +1,6 @@
-"""rlweave.algo_parts.offpolicy: the ``algorithm.off_policy`` settings, behaviour weights,
-truncation / dropping, metrics and their reduction, against hand-computed values."""
+"""rlweave.algo_parts.offpolicy: the ``algorithm.off_policy`` settings, the corrections
+(``tis``, ``decoupled``: behaviour weights, truncation / dropping), metrics and their reduction,
+against hand-computed values. Every correction in both modes: ``test_corrections.py``."""
 
 import math
 import subprocess
@@ -9,14 +10,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from rlweave.algo_parts.offpolicy import (
-    OffPolicyConfig,
-    apply_correction,
-    correction_metrics,
-    log_weights,
-    policy_correction,
-    step_metrics,
-)
+from rlweave.algo_parts.corrections import decoupled, tis
+from rlweave.algo_parts.offpolicy import OffPolicyConfig, correction_metrics, policy_correction, step_metrics
 from rlweave.data.batch import Batch
 from rlweave.interfaces.backend import merge_metric
 
@@ -45,11 +40,35 @@ def _on(t):
     return t[ACTIVE].tolist()
 
 
+def log_weights(prox, behav, active, level, index=None, n=0):
+    """The log weights ``tis`` and ``decoupled`` judge (their ``log_iw``)."""
+    lr = torch.where(active, prox - behav, torch.zeros_like(prox))
+    return tis(lr, active=active, sample_index=index, num_samples=n, level=level, cap=1e9).log_iw
+
+
+def apply_correction(log_iw, cfg):
+    """``tis`` / ``decoupled`` of ``cfg`` on token log weights ``log_iw`` (every token trained)."""
+    fn = {"tis": tis, "decoupled": decoupled}[cfg.name]
+    return fn(log_iw, active=torch.ones_like(log_iw, dtype=torch.bool), level="token", cap=cfg.cap, floor=cfg.floor)
+
+
 # ------------------------------------------------------------------ settings
 def test_defaults_are_no_correction():
     c = OffPolicyConfig()
-    assert (c.correction, c.level, c.cap, c.floor, c.enabled) == ("none", "token", 2.0, None, False)
+    assert (c.name, c.mode, c.level, c.cap, c.floor, c.enabled) == ("none", "decoupled", "token", 2.0, None, False)
     assert OffPolicyConfig(correction="tis").enabled
+    # the keys beside correction are the options of tis and decoupled
+    assert OffPolicyConfig(correction="tis", level="sequence", cap=3.0, floor=0.5).part.options == {
+        "level": "sequence", "cap": 3.0, "floor": 0.5}
+    assert OffPolicyConfig(correction={"name": "tis", "cap": 3.0}).part.options == {
+        "level": "token", "cap": 3.0, "floor": None}
+    # switched off by an override, the section keeps its other keys
+    assert not OffPolicyConfig(correction="none", level="sequence", cap=1.1, floor=0.5).enabled
+    # a resolved config written out (every key at its value) reads back the same
+    for c in (OffPolicyConfig(correction={"name": "icepop", "high": 4.0}, mode="bypass"),
+              OffPolicyConfig(correction={"name": "tis", "cap": 3.0}), OffPolicyConfig(correction="tis", cap=3.0)):
+        again = OffPolicyConfig.model_validate(c.model_dump())
+        assert again == c and again.part == c.part
 
 
 @pytest.mark.parametrize("fields,key,text", [
@@ -59,9 +78,19 @@ def test_defaults_are_no_correction():
                                           "algorithm.off_policy.cap (2.0)"),
     ({"cap": 1.5, "floor": 3.0}, "floor", "must be smaller than algorithm.off_policy.cap"),
     ({"floor": 0.0}, "floor", "algorithm.off_policy.floor must be > 0 or null"),
-    ({"correction": "is"}, "correction", "'none', 'tis' or 'decoupled'"),
+    ({"correction": "is"}, "correction", "unknown rollout correction 'is'"),
     ({"level": "batch"}, "level", "'token' or 'sequence'"),
     ({"clip": 1.0}, "clip", "Extra inputs are not permitted"),
+    ({"mode": "skip"}, "mode", "'decoupled' or 'bypass'"),
+    ({"correction": "decoupled", "mode": "bypass"}, "mode", "which correction 'decoupled' needs"),
+    ({"correction": "icepop", "cap": 3.0}, "cap", "algorithm.off_policy.cap is an option of corrections tis and "
+                                                  "decoupled"),
+    ({"correction": {"name": "tis", "cap": 3.0}, "floor": 0.5}, "floor", "given in the correction mapping"),
+    ({"correction": {"name": "icepop", "low": 2.0, "high": 1.5}}, "correction",
+     "rollout correction 'icepop': bad options: low (2) must be smaller than high (1.5)"),
+    ({"correction": {"name": "token_mis", "high": 0.8}}, "correction", "low (1.25, 1 / high) must be smaller than"),
+    ({"correction": {"name": "geo_mask", "hgh": 1.01}}, "correction", "hgh: Extra inputs are not permitted"),
+    ({"correction": {"name": "seq_tis", "cap": 0}}, "correction", "cap: Input should be greater than 0"),
 ])
 def test_invalid_settings_name_the_key(fields, key, text):
     with pytest.raises(ValidationError) as exc:
@@ -76,6 +105,8 @@ def test_config_is_picklable_and_frozen():
 
     c = OffPolicyConfig(correction="decoupled", level="sequence", cap=3.0, floor=0.5)
     assert pickle.loads(pickle.dumps(c)) == c
+    c2 = OffPolicyConfig(correction={"name": "icepop", "low": 0.4}, mode="bypass")
+    assert pickle.loads(pickle.dumps(c2)) == c2
     with pytest.raises(ValidationError):
         c.cap = 4.0
 
@@ -99,8 +130,6 @@ def test_log_weights_per_token_and_per_sequence():
     # a diverged token is bounded: exp(20) at most
     big = log_weights(torch.tensor([0.0]), torch.tensor([-100.0]), torch.tensor([True]), "token")
     assert big.item() == 20.0
-    with pytest.raises(ValueError, match="level 'sequence' needs each token's sample index"):
-        log_weights(prox, behav, ACTIVE, "sequence")
 
 
 def test_tis_truncates_at_cap():
@@ -132,8 +161,8 @@ def test_metrics_hand_computed():
     prox, behav = _logs(PROX), _logs(BEHAV)
     w = torch.tensor([0.0, 0.25, 0.25, 0.0, 0.25, 0.25])
     cfg = OffPolicyConfig(correction="tis", cap=2.0, floor=0.2)
-    corr = apply_correction(log_weights(prox, behav, ACTIVE, "token"), cfg)
-    m = correction_metrics(cfg, corr, w, prox, behav)
+    corr = tis(torch.where(ACTIVE, prox - behav, torch.zeros(6)), active=ACTIVE, cap=2.0, floor=0.2)
+    m = correction_metrics(corr, w, prox, behav)
     assert m["offpolicy/iw_mean"] == pytest.approx(0.25 * (0.5 + 3.0 + 1.5 + 0.1))
     assert m["offpolicy/iw_max"] == pytest.approx(3.0)
     assert m["offpolicy/iw_min"] == pytest.approx(0.1)
@@ -141,11 +170,11 @@ def test_metrics_hand_computed():
     assert m["offpolicy/masked_frac"] == pytest.approx(0.25)  # 0.1 < 0.2
     gap = 0.25 * (math.log(2) + math.log(3) + math.log(1.5) + math.log(10))
     assert m["offpolicy/logprob_gap"] == pytest.approx(gap)
-    dec = OffPolicyConfig(correction="decoupled", cap=2.0)
-    m2 = correction_metrics(dec, apply_correction(log_weights(prox, behav, ACTIVE, "token"), dec), w, prox, behav)
-    assert "offpolicy/truncated_frac" not in m2 and m2["offpolicy/masked_frac"] == pytest.approx(0.25)
+    dec = decoupled(torch.where(ACTIVE, prox - behav, torch.zeros(6)), active=ACTIVE, cap=2.0)
+    m2 = correction_metrics(dec, w, prox, behav)
+    assert m2["offpolicy/truncated_frac"] == 0.0 and m2["offpolicy/masked_frac"] == pytest.approx(0.25)
     # no trained token: no max/min (a sum of nothing would read as 0)
-    none = correction_metrics(cfg, corr, torch.zeros(6), prox, behav)
+    none = correction_metrics(corr, torch.zeros(6), prox, behav)
     assert "offpolicy/iw_max" not in none and none["offpolicy/iw_mean"] == 0.0
 
 

@@ -2,7 +2,7 @@
 
 One table of bad names and references, for every kind a config selects or references: the
 environment of a multi-turn run and its arguments, tools, tool-call parsers, rewards, algorithm
-parts (advantage estimator, policy loss, loss aggregation, KL estimator, off-policy correction),
+parts (advantage estimator, policy loss, loss aggregation, KL estimator, rollout correction and its mode),
 rollouts, run modes, algorithms, backends, engines and LoRA target modules. Each case is run
 through the command line in this process (typer's runner) for both commands and must give
 exactly one line on stderr, ``invalid config: <file>: <key>: <message>``, naming the key and the
@@ -159,7 +159,7 @@ CASES = [
     ("kl-estimator-missing-module", ["algorithm.kl={estimator: 'no_such_kl_mod:k', beta: 0.1}"],
      "algorithm.kl.estimator", ["module 'no_such_kl_mod' of KL estimator 'no_such_kl_mod:k' not found"]),
     ("correction-unknown-name", ["algorithm.off_policy={correction: tiss}"], "algorithm.off_policy.correction",
-     ["'none', 'tis' or 'decoupled'", "tiss"]),
+     ["unknown rollout correction 'tiss'", "Did you mean 'tis'?"]),
     # -- agents (algorithm.multi_turn.agent)
     ("agent-missing-file", [f"{KEY_ENV}=null", f"{KEY_AGENT}=no_such_agent.py:solve"], f"{KEY_AGENT}.target",
      ["file 'no_such_agent.py' of agent 'no_such_agent.py:solve' not found"]),
@@ -179,6 +179,18 @@ CASES = [
      f"{KEY_AGENT}.on_error", ["'exclude' or 'zero'"]),
     ("agent-and-env", [f"{KEY_AGENT}=user_objs.py:calc"], "algorithm.multi_turn",
      ["set exactly one of env (an environment) and agent (an agent function)"]),
+    ("correction-missing-module", ["algorithm.off_policy={correction: 'no_such_corr_mod:fn'}"],
+     "algorithm.off_policy.correction", ["module 'no_such_corr_mod' of rollout correction 'no_such_corr_mod:fn'"]),
+    ("correction-band-inverted", ["algorithm.off_policy={correction: {name: icepop, low: 2.0, high: 1.5}}"],
+     "algorithm.off_policy.correction", ["rollout correction 'icepop': bad options: low (2) must be smaller than "
+                                         "high (1.5)"]),
+    ("correction-unknown-option", ["algorithm.off_policy={correction: {name: seq_tis, cape: 3}}"],
+     "algorithm.off_policy.correction", ["rollout correction 'seq_tis': bad options: cape: Extra inputs"]),
+    ("correction-option-beside-it", ["algorithm.off_policy={correction: geo_mask, cap: 3}"], "algorithm.off_policy.cap",
+     ["algorithm.off_policy.cap is an option of corrections tis and decoupled", "correction: {name: geo_mask, ...}"]),
+    ("correction-bypass-without-proximal", ["algorithm.off_policy={correction: decoupled, mode: bypass}"],
+     "algorithm.off_policy.mode", ["mode 'bypass' skips the recomputed proximal policy, which correction "
+                                   "'decoupled' needs"]),
     # -- rollouts, run modes
     ("rollout-unknown-name", ["algorithm.multi_turn=null", "rollout.name=single_turnn"], "rollout.name",
      ["unknown rollout 'single_turnn'", "Did you mean 'single_turn'?"]),

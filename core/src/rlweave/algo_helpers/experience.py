@@ -12,6 +12,7 @@ critic, pairs...). A step reads::
     mbs = kit.mini_batches(batch, epochs=..., parts=..., loss_agg=...)
     rows = kit.train([("policy", mbs, loss_fn)])     # epochs x mini-batches, per role
     metrics = kit.finish(batch)                      # sync, residency, counters, time/* and sync_*
+    metrics.update(kit.mismatch(rows["policy"]))     # engine vs trainer log-probs, warnings on a jump
 
 What it holds for the run: the rollout (a plugin, :mod:`rlweave.interfaces.rollout`) and the
 pipeline of ``run.mode`` (:mod:`rlweave.interfaces.pipeline`), the reward sources
@@ -24,7 +25,9 @@ pipeline and the reward sources (:mod:`rlweave.algo_helpers.rollout_tape`).
 Metric names are the same for every algorithm: ``time/<phase>`` (seconds: ``generate``,
 ``reward``, each pass by name, ``train``, ``<role>_train``, ``sync``, ``offload``), ``sync_bytes``,
 ``offload/moves``, ``reward/*`` (``reward/rules``, each rule, each reward model), and what the
-pipeline measures (``staleness/*``, ``queue/*``, ``time/idle/*``).
+pipeline measures (``staleness/*``, ``queue/*``, ``time/idle/*``); :meth:`ExperienceKit.mismatch` adds
+``mismatch/*`` (:mod:`rlweave.algo_parts.mismatch`). A batch whose tokens carry ``weight_version``
+gets token field ``staleness`` (the policy version that trains it minus the engine's).
 """
 
 from __future__ import annotations
@@ -41,12 +44,14 @@ import torch
 from rlweave.algo_helpers.evaluate import exact_match
 from rlweave.algo_helpers.kit_state import migrate
 from rlweave.algo_helpers.minibatch import split
+from rlweave.algo_helpers.mismatch_monitor import MismatchMonitor
 from rlweave.algo_helpers.reward_sources import build_sources, has_reward
 from rlweave.algo_helpers.rollout import make_rollout, sampling_params
 from rlweave.algo_helpers.rollout_tape import ReplayedRewards, ReplayPipeline, TapeReader, TapeWriter, open_tape
 from rlweave.algo_helpers.run_modes import make_pipeline
 from rlweave.algo_helpers.step_metrics import reward_breakdown
 from rlweave.algo_helpers.weights import token_weights
+from rlweave.algo_parts.mismatch import mismatch_metrics
 from rlweave.data.batch import Batch
 from rlweave.interfaces.engine import SamplingParams
 from rlweave.residency import Residency
@@ -106,6 +111,8 @@ class ExperienceKit:
         self._moves = 0
         self._eval_fn: Any = None
         self._said_no_eval = False
+        self._per_pass = 0  # updates of one pass over the last batch split into mini-batches
+        self.mismatch_monitor = MismatchMonitor.for_run(ctx.config, config)
 
     # ------------------------------------------------------------------ a step
     def begin_step(self) -> None:
@@ -129,12 +136,14 @@ class ExperienceKit:
 
     def generate(self, records: list[dict[str, Any]], salt: int = 0) -> Batch:
         """The trajectories the step trains, from the pipeline (``salt``: another round of the same
-        step, sync mode)."""
+        step, sync mode); with token field ``staleness`` where the batch carries ``weight_version``."""
         self.enter("generate")
         t0 = time.perf_counter()
         params = self.sampling if not salt else (lambda s: self.sampling(salt + s))
         with TRACE.phase("generate"):
             batch = self.pipeline.next_batch(records, self.steps_done, params)
+        if "weight_version" in batch.token:
+            batch.add_token("staleness", self.steps_done - batch.token["weight_version"])
         if self.recorder is not None:
             self.recorder.batch(batch)
         self.add_time("generate", time.perf_counter() - t0)
@@ -238,6 +247,7 @@ class ExperienceKit:
                 mb = batch.select(part)
                 mb.add_token("token_weight", token_weights(mb, loss_agg, max_len=max_len))
                 out.append(mb)
+        self._per_pass = len(out) // epochs if epochs else 0
         self.add_time("train/prepare", time.perf_counter() - t0)
         self.add_time("train", time.perf_counter() - t0)  # preparing is part of the update phase
         return out
@@ -275,6 +285,16 @@ class ExperienceKit:
         for role, batches, _ in plan:
             out[role] = [results[(role, i)] for i in range(len(batches))]
             self.add_time(key[role], max([times[(role, i)] for i in range(len(batches))], default=0.0))
+        return out
+
+    def mismatch(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        """The step's ``mismatch/*`` metrics from the policy's update metrics ``rows`` (in the order
+        trained; the first pass over the batch counts, each sample once: the last
+        :meth:`mini_batches` says how many updates it has), after :meth:`finish`; a jump of the gap
+        is warned about (:class:`~rlweave.algo_helpers.mismatch_monitor.MismatchMonitor`)."""
+        first = list(rows)[: self._per_pass] if self._per_pass else list(rows)
+        out = mismatch_metrics(first)
+        self.mismatch_monitor.observe(out, self.steps_done)
         return out
 
     def finish(self, batch: Batch, updated: bool = True) -> dict[str, float]:

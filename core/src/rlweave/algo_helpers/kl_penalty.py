@@ -37,15 +37,16 @@ class KLPenalty:
     def in_reward(self) -> bool:
         return bool(self.section.in_reward) and self.section.enabled
 
-    def reward(self, batch: Batch, metrics: dict[str, float]) -> torch.Tensor | None:
+    def reward(self, batch: Batch, metrics: dict[str, float], old: str = "old_logprobs") -> torch.Tensor | None:
         """Per-token rewards ``-coef * KL_t`` on the trained tokens of ``batch`` (token fields
-        ``old_logprobs``, ``ref_logprobs``, ``loss_mask``) when the KL is in the reward, else None;
-        adds ``kl_reward`` and ``kl_coef`` to ``metrics`` and keeps the step's KL for
-        :meth:`update`."""
+        ``old``: the policy's log-probs before the update, ``ref_logprobs``, ``loss_mask``) when the
+        KL is in the reward, else None; adds ``kl_reward`` and ``kl_coef`` to ``metrics`` and keeps
+        the step's KL for :meth:`update`. ``old``: ``rollout_logprobs`` when the engine's log-probs
+        stand in for the old ones (``off_policy.mode: bypass``)."""
         if not self.in_reward:
             return None
         mask = batch.token["loss_mask"]
-        kl_tok = kl_value(self.part.load(), batch.token["old_logprobs"], batch.token["ref_logprobs"],
+        kl_tok = kl_value(self.part.load(), batch.token[old], batch.token["ref_logprobs"],
                           self.section.clamp) * mask
         seq_kl = torch.zeros(len(batch)).index_add_(0, batch.sample_index(), kl_tok)
         self._measured = (float(seq_kl.mean()), len(batch))

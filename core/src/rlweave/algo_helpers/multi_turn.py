@@ -322,12 +322,14 @@ class MultiTurnRollout(Rollout):
 def episodes_to_batch(groups: Sequence[Sequence[Trajectory]], ids: Sequence[str],
                       meta: Sequence[dict[str, Any]]) -> Batch:
     """One packed sample per trajectory, group-major (see the module docstring). Token fields
-    ``input_ids``, ``loss_mask`` (the model's tokens), ``rollout_logprobs``; sample fields
+    ``input_ids``, ``loss_mask`` (the model's tokens), ``rollout_logprobs``, ``weight_version``
+    (the engine's weight version of each model token, 0 elsewhere; left out when a trajectory
+    has none); sample fields
     ``prompt_len``, ``response_len`` (everything after the prompt), ``group``, ``env_reward`` (0
     where the environment gave none); ``meta``: the record's plus ``prompt`` (the rendered
     opening), ``response_ids`` (the last model turn), ``finish_reason`` and ``episode`` (how it
     ended, ``ended_by``, and its counters)."""
-    seqs, plens, rlens, grp, sids, metas, lps, masks, rewards = [], [], [], [], [], [], [], [], []
+    seqs, plens, rlens, grp, sids, metas, lps, masks, rewards, vers = [], [], [], [], [], [], [], [], [], []
     for g, (group, pid, m) in enumerate(zip(groups, ids, meta)):
         for k, t in enumerate(group):
             if not t.ids:
@@ -341,10 +343,15 @@ def episodes_to_batch(groups: Sequence[Sequence[Trajectory]], ids: Sequence[str]
                           "episode": {"ended_by": t.ended_by, **t.stats}})
             lps += [0.0] * len(t.prompt_ids) + t.logprobs
             masks += [0.0] * len(t.prompt_ids) + [float(x) for x in t.mask]
+            if vers is not None:  # None once a trajectory has no version per token
+                vers = vers + [0] * len(t.prompt_ids) + [int(v) for v in t.versions] \
+                    if len(t.versions) == len(t.ids) else None
             rewards.append(t.reward or 0.0)
     batch = Batch.from_sequences(seqs, ids=sids, meta=metas, prompt_lens=plens)
     batch.add_token("loss_mask", torch.tensor(masks, dtype=torch.float32))
     batch.add_token("rollout_logprobs", torch.tensor(lps, dtype=torch.float32))
+    if vers is not None:
+        batch.add_token("weight_version", torch.tensor(vers, dtype=torch.long))
     batch.add_sample("response_len", torch.tensor(rlens, dtype=torch.long))
     batch.add_sample("group", torch.tensor(grp, dtype=torch.long))
     batch.add_sample("env_reward", torch.tensor(rewards, dtype=torch.float32))

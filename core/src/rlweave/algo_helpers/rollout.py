@@ -99,12 +99,16 @@ def generations_to_batch(
     gens: Sequence[Sequence[Generation]],
     ids: Sequence[str],
     meta: Sequence[dict[str, Any]],
+    version: int | None = None,
 ) -> Batch:
     """One packed sample per generation, prompt-major (prompt 0's samples first).
 
     Token fields: ``input_ids`` (prompt + response), ``loss_mask`` (1 on response tokens),
     ``rollout_logprobs`` (the engine's log-prob of each response token under the
-    prediction convention, 0 on the prompt). Sample fields: ``prompt_len``,
+    prediction convention, 0 on the prompt), ``weight_version`` (the engine's weight version
+    that generated each response token, 0 on the prompt: ``Generation.versions``, or
+    ``version`` for generations the engine did not stamp; left out when neither says).
+    Sample fields: ``prompt_len``,
     ``response_len``, ``group`` (the prompt's index). Sample ids are ``f"{id}/{k}"``;
     ``meta`` is a copy of the prompt's meta plus ``response_ids`` and ``finish_reason``.
     """
@@ -120,6 +124,7 @@ def generations_to_batch(
     sids: list[str] = []
     metas: list[dict[str, Any]] = []
     lps: list[float] = []  # flat, one entry per token: 0 on the prompt
+    vers: list[int] | None = []  # likewise; None once a generation has no version
     for g, (p, glist, pid, m) in enumerate(zip(prompt_ids, gens, ids, meta)):
         p = list(p)
         zeros = [0.0] * len(p)
@@ -135,8 +140,14 @@ def generations_to_batch(
             metas.append({**m, "response_ids": resp, "finish_reason": gen.finish_reason})
             lps.extend(zeros)
             lps.extend(gen.logprobs)
+            if vers is not None:
+                stamped = len(gen.versions) == len(resp)
+                vers = (vers + [0] * len(p) + (list(gen.versions) if stamped else [version] * len(resp))
+                        if stamped or version is not None else None)
     batch = Batch.from_sequences(seqs, ids=sids, meta=metas, prompt_lens=plens)
     batch.add_token("rollout_logprobs", torch.tensor(lps, dtype=torch.float32))
+    if vers is not None:
+        batch.add_token("weight_version", torch.tensor(vers, dtype=torch.long))
     batch.add_sample("response_len", torch.tensor(rlens, dtype=torch.long))
     batch.add_sample("group", torch.tensor(groups, dtype=torch.long))
     return batch
@@ -157,7 +168,8 @@ class SingleTurnRollout(Rollout):
             version: int = 0) -> Batch:
         prompt_ids, meta = encode_records(self.tok, records)
         gens = generate(prompt_ids, dataclasses.replace(sampling, n=n))
-        batch = generations_to_batch(prompt_ids, gens, [str(r.get("id", i)) for i, r in enumerate(records)], meta)
+        batch = generations_to_batch(prompt_ids, gens, [str(r.get("id", i)) for i, r in enumerate(records)], meta,
+                                     version)
         batch.add_sample("env_reward", torch.zeros(len(batch), dtype=torch.float32))
         return batch
 

@@ -1,7 +1,7 @@
-"""Named algorithm parts: advantage estimators, policy losses, KL estimators and loss
-aggregations, each a plain tensor function selected by name in YAML.
+"""Named algorithm parts: advantage estimators, policy losses, KL estimators, loss
+aggregations and rollout corrections, each a plain tensor function selected by name in YAML.
 
-Four families, one registry each (a plugin kind with its own hook, see
+Five families, one registry each (a plugin kind with its own hook, see
 :mod:`rlweave.plugins.hookspecs`); the built-in entries register through the same hooks as a
 third party's (:mod:`rlweave.algo_parts.plugin`). A config names an entry
 (``algorithm.advantage: rloo``), a ``module:function`` of the user's own, or a mapping with
@@ -18,7 +18,10 @@ out by ``cu_seqlens``):
   (per-token loss (T,), {"clipped": (T,), "ratio": (T,)})`` (:mod:`.policy_losses`);
 * KL estimator ``fn(logp, ref_logp) -> (T,)`` (:mod:`.kl`);
 * loss aggregation ``fn(mask, cu_seqlens, *, max_len, **options) -> weights (T,)``: the
-  token weights of :mod:`rlweave.interfaces.backend`'s convention (:mod:`.aggregation`).
+  token weights of :mod:`rlweave.interfaces.backend`'s convention (:mod:`.aggregation`);
+* rollout correction ``fn(log_ratio, *, active, sample_index, num_samples, **options) ->
+  Correction``: the stop-gradient factor of each token's policy-gradient term
+  (:mod:`.corrections`, applied by :mod:`.offpolicy`).
 
 Statistics follow one convention everywhere (:mod:`.stats`). This package imports no torch at
 import time; the function modules do.

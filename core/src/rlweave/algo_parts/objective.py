@@ -9,14 +9,16 @@ aggregation (:mod:`rlweave.algo_parts.aggregation`)::
          + ptx_coef * sum_t p_t * (-logp_t)             pre-training (ptx) term, weights p_t
 
 ``pg_t`` comes from the policy loss (``ppo_clip``, ``gspo``, ``cispo`` or a plugin's), ``c_t``
-from ``algorithm.off_policy`` (:mod:`rlweave.algo_parts.offpolicy`; 1 when off). Without
-``old_logprobs`` in the batch (one update per batch) the old policy is the current one,
-detached. The ptx term reads token field ``ptx_weight`` (PPO's InstructGPT mix).
+from the rollout correction of ``algorithm.off_policy`` (:mod:`rlweave.algo_parts.offpolicy`; 1
+when off). The old policy of ``pg_t`` is token field ``old_logprobs``, or without it (one update
+per batch) the current one, detached; with ``off_policy.mode: bypass`` it is the engine's
+(``rollout_logprobs``). The ptx term reads token field ``ptx_weight`` (PPO's InstructGPT mix).
 
 Metrics are token-weighted sums (the backend sums micro-batches and ranks, giving means):
 ``pg_loss``, ``clip_frac``, ``ratio``, ``ppo_kl`` (k3 estimate of KL(old || new)), ``weight``,
 ``tokens_trained``, ``kl`` (with a KL term), ``entropy`` (when the backend returns it),
-``logprob_gap`` (with the engine's log-probs), ``ptx_loss`` and ``offpolicy/*``.
+``logprob_gap`` (with the engine's log-probs), ``ptx_loss`` and ``offpolicy/*``; with the
+engine's log-probs also the sums of the mismatch metrics (:mod:`rlweave.algo_parts.mismatch`).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from typing import Any
 
 import torch
 
-from rlweave.algo_parts.offpolicy import OffPolicyConfig, policy_correction
 from rlweave.algo_parts.kl import kl_value
+from rlweave.algo_parts.mismatch import mismatch_sums
+from rlweave.algo_parts.offpolicy import KEY, OffPolicyConfig, apply_correction, proximal_logprobs
 from rlweave.algo_parts.spec import ResolvedPart
 
 
@@ -36,8 +39,10 @@ class PolicyObjective:
     """Picklable loss function for ``policy.train(batch, loss_fn)`` (see the module docstring).
 
     Batch token fields read: ``token_weight``, ``advantages``, ``loss_mask``; when present
-    ``old_logprobs``, ``ref_logprobs`` (KL term), ``rollout_logprobs`` (gap, off-policy),
-    ``ptx_weight``."""
+    ``old_logprobs``, ``ref_logprobs`` (KL term), ``rollout_logprobs`` (gap, off-policy,
+    mismatch; required by ``off_policy.mode: bypass``), ``staleness`` (mismatch metrics by
+    staleness), ``ptx_weight``. ``correction``: the off-policy correction resolved (set from
+    ``off_policy`` when not given)."""
 
     policy_loss: ResolvedPart
     kl: ResolvedPart | None = None
@@ -49,8 +54,13 @@ class PolicyObjective:
     temperature: float = 1.0
     needs_entropy: bool = True
     off_policy: OffPolicyConfig | None = None
+    correction: ResolvedPart | None = None
 
     def __post_init__(self) -> None:
+        if self.correction is None and self.off_policy is not None and self.off_policy.enabled:
+            object.__setattr__(self, "correction", self.off_policy.part)
+        if self.correction is not None and self.off_policy is None:
+            object.__setattr__(self, "off_policy", OffPolicyConfig())  # decoupled mode
         if self.entropy_coef > 0 and not self.needs_entropy:
             raise ValueError("policy objective: entropy_coef > 0 needs needs_entropy=True")
         if self.kl_beta > 0 and self.kl is None:
@@ -70,13 +80,22 @@ class PolicyObjective:
         dev, dt = logp.device, logp.dtype
         w = tok["token_weight"].to(dev, dt)
         adv = tok["advantages"].to(dev, dt)
-        old = tok["old_logprobs"].to(dev, dt) if "old_logprobs" in tok else logp.detach()
+        behav = tok["rollout_logprobs"].to(dev, dt) if "rollout_logprobs" in tok else None
+        if self.off_policy is not None and self.off_policy.bypass:
+            if behav is None:
+                raise ValueError(f"{KEY}.mode is 'bypass', which uses the engine's log-probs as the old ones: the "
+                                 "batch lacks token field 'rollout_logprobs'")
+            old = behav
+        else:
+            old = tok["old_logprobs"].to(dev, dt) if "old_logprobs" in tok else logp.detach()
         mask = tok["loss_mask"].to(dev, dt)
         pg, info = self.policy_loss.load()(logp, old, adv, mask=mask, cu_seqlens=batch.cu_seqlens.to(dev),
                                            **self.policy_loss.options)
-        coef, off_metrics = policy_correction(self.off_policy, logp, batch)
-        if coef is not None:
-            pg = pg * coef
+        applied = None
+        if self.correction is not None:
+            applied = apply_correction(self.off_policy, self.correction, logp, batch, info["ratio"])
+            pg = pg * applied.coef
+        off_metrics = applied.metrics if applied is not None else {}
         loss = (w * pg).sum() + zero
         log_r = (old - logp.detach()).clamp(-20.0, 20.0)
         metrics.update({
@@ -92,9 +111,13 @@ class PolicyObjective:
             kl = kl_value(self.kl.load(), logp, tok["ref_logprobs"].to(dev, dt), self.kl_clamp)
             loss = loss + self.kl_beta * (w * kl).sum()
             metrics["kl"] = float((w * kl).detach().sum())
-        if "rollout_logprobs" in tok:
-            gap = (logp.detach() - tok["rollout_logprobs"].to(dev, dt)).abs()
-            metrics["logprob_gap"] = float((w * gap).sum())
+        if behav is not None:
+            metrics["logprob_gap"] = float((w * (logp.detach() - behav).abs()).sum())
+            trainer = applied.prox if applied is not None else proximal_logprobs(self.off_policy, logp, batch)
+            corr = applied.correction if applied is not None else None
+            metrics.update(mismatch_sums(trainer, behav, w > 0, batch.sample_index().to(dev), len(batch),
+                                         tok.get("staleness"), corr.keep if corr else None,
+                                         corr.truncated if corr else None))
         entropy = getattr(outputs, "entropy", None)
         if entropy is not None:
             metrics["entropy"] = float((w * entropy.detach()).sum())

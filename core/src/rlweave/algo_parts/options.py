@@ -3,9 +3,9 @@ names a part as a mapping (``algorithm.policy_loss: {name: gspo, clip_high: 4.0e
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Options(BaseModel):
@@ -48,3 +48,49 @@ class NormLenOptions(_Options):
     norm_len: Optional[int] = Field(
         None, ge=1, description="The constant length each sample's token sum is divided by (null: max_new_tokens)."
     )
+
+
+# ---------------------------------------------------------------- rollout corrections
+class CapOptions(_Options):
+    cap: float = Field(2.0, gt=0, description="Largest importance weight kept: larger ones are truncated to it.")
+
+
+class BandOptions(_Options):
+    """A ratio band ``[low, high]``: weights outside it are dropped (``low`` null: ``1 / high``)."""
+
+    low: Optional[float] = Field(None, gt=0, description="Lower edge of the band (null: 1 / high).")
+    high: float = Field(2.0, gt=0, description="Upper edge of the band.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "BandOptions":
+        low = 1.0 / self.high if self.low is None else self.low
+        if not low < self.high:
+            raise ValueError(f"low ({low:g}{'' if self.low is not None else ', 1 / high'}) must be smaller than "
+                             f"high ({self.high:g})")
+        return self
+
+
+class IcePopOptions(BandOptions):
+    low: Optional[float] = Field(0.5, gt=0, description="Lower edge of the band (IcePop: 0.5; null: 1 / high).")
+    high: float = Field(5.0, gt=0, description="Upper edge of the band (IcePop: 5).")
+
+
+class GeoMaskOptions(BandOptions):
+    high: float = Field(1.001, gt=0, description="Upper edge of the band of a sample's geometric-mean weight.")
+    token_weights: bool = Field(True, description="Kept samples carry their tokens' importance weights (false: 1, "
+                                "pure rejection).")
+
+
+class LegacyCorrectionOptions(_Options):
+    """Options of ``tis`` and ``decoupled`` (also accepted beside ``correction`` in
+    ``algorithm.off_policy``, as before)."""
+
+    level: Literal["token", "sequence"] = Field("token", description="One weight per token, or one per sequence.")
+    cap: float = Field(2.0, gt=0, description="Truncation point (tis) or drop threshold (decoupled).")
+    floor: Optional[float] = Field(None, gt=0, description="Weights below this are dropped (null: off).")
+
+    @model_validator(mode="after")
+    def _floor_below_cap(self) -> "LegacyCorrectionOptions":
+        if self.floor is not None and not self.floor < self.cap:
+            raise ValueError(f"floor ({self.floor:g}) must be smaller than cap ({self.cap:g})")
+        return self

@@ -5,11 +5,12 @@ the tensor functions are imported by ``record.load()``."""
 from __future__ import annotations
 
 from rlweave.algo_parts import options as o
-from rlweave.plugins import AdvantageRecord, KLRecord, LossAggRecord, PolicyLossRecord, hookimpl
+from rlweave.plugins import AdvantageRecord, CorrectionRecord, KLRecord, LossAggRecord, PolicyLossRecord, hookimpl
 
 _ADV = "rlweave.algo_parts.advantages:"
 _LOSS = "rlweave.algo_parts.policy_losses:"
 _AGG = "rlweave.algo_parts.aggregation:"
+_CORR = "rlweave.algo_parts.corrections:"
 
 
 @hookimpl
@@ -64,4 +65,27 @@ def rlweave_loss_aggregations() -> list[LossAggRecord]:
                       _AGG + "seq_mean_token_sum_norm", config_model=o.NormLenOptions),
         LossAggRecord("token_sum", "sum over every trained token", _AGG + "token_sum"),
         LossAggRecord("seq_mean", "the same as seq_mean_token_mean (its earlier name)", _AGG + "seq_mean_token_mean"),
+    ]
+
+
+@hookimpl
+def rlweave_rollout_corrections() -> list[CorrectionRecord]:
+    return [
+        CorrectionRecord("none", "no correction: the algorithm's own loss", _CORR + "none"),
+        CorrectionRecord("token_tis", "token-level truncated IS: min(rho_t, cap)", _CORR + "token_tis",
+                         config_model=o.CapOptions),
+        CorrectionRecord("seq_tis", "sequence-level truncated IS: min(prod_t rho_t, cap) on every token",
+                         _CORR + "seq_tis", config_model=o.CapOptions),
+        CorrectionRecord("token_mis", "token-level masked IS: rho_t, tokens outside [low, high] dropped",
+                         _CORR + "token_mis", config_model=o.BandOptions),
+        CorrectionRecord("seq_mis", "sequence-level masked IS: prod_t rho_t, samples outside [low, high] dropped",
+                         _CORR + "seq_mis", config_model=o.BandOptions),
+        CorrectionRecord("icepop", "IcePop: rho_t inside the two-sided band [0.5, 5], other tokens dropped",
+                         _CORR + "icepop", config_model=o.IcePopOptions),
+        CorrectionRecord("geo_mask", "samples whose geometric-mean ratio leaves [low, high] dropped",
+                         _CORR + "geo_mask", config_model=o.GeoMaskOptions),
+        CorrectionRecord("tis", "truncated IS per token or sequence (level), with cap and floor", _CORR + "tis",
+                         config_model=o.LegacyCorrectionOptions),
+        CorrectionRecord("decoupled", "decoupled PPO: weights above cap dropped, proximal policy recomputed",
+                         _CORR + "decoupled", config_model=o.LegacyCorrectionOptions, needs=("proximal",)),
     ]

@@ -97,12 +97,20 @@ def resolve(kind: str, spec: "PartSpec | str | dict", pm: Any = None) -> Resolve
         try:
             options = record.config_model.model_validate(options).model_dump()
         except ValidationError as exc:
-            bad = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+            bad = "; ".join(_option_error(e) for e in exc.errors())
             raise ValueError(f"{label} '{spec.name}': bad options: {bad}") from None
     elif options:
         raise ValueError(f"{label} '{spec.name}' takes no options (got {', '.join(sorted(options))})")
     return ResolvedPart(kind, spec.name, record.target, options, tuple(getattr(record, "needs", ())),
                         getattr(record, "loss_agg", None))
+
+
+def _option_error(err: dict[str, Any]) -> str:
+    """One option's validation error: ``key: message`` (the message alone when it concerns several
+    options, which it then names)."""
+    msg = err["msg"].removeprefix("Value error, ")
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {msg}" if where else msg
 
 
 def choose_loss_agg(explicit: "PartSpec | None", policy_loss: ResolvedPart, advantage: ResolvedPart,

@@ -174,6 +174,25 @@ def rlweave_loss_aggregations():  # type: ignore[empty-body]
 
 
 @hookspec
+def rlweave_rollout_corrections():  # type: ignore[empty-body]
+    """Rollout corrections this plugin provides (:mod:`rlweave.algo_parts.corrections`): how the
+    policy loss weights or drops tokens that the engine sampled with another policy (older weights,
+    another numeric stack).
+
+    Selected in YAML by ``algorithm.off_policy.correction`` (a name, or ``{name: ..., <options>}``).
+    ``needs=("proximal",)`` asks for the proximal policy recomputed before the update (refused with
+    ``off_policy.mode: bypass``). Example::
+
+        @hookimpl
+        def rlweave_rollout_corrections():
+            return [CorrectionRecord(name="soft_band", summary="IS weight, squashed outside [low, high]",
+                                     target="my_parts.corrections:soft_band", config_model=BandOptions)]
+
+    :return: list of :class:`~rlweave.plugins.types.CorrectionRecord`
+    """
+
+
+@hookspec
 def rlweave_environments():  # type: ignore[empty-body]
     """Environments for multi-turn rollouts this plugin provides (:mod:`rlweave.interfaces.environment`).
 
@@ -249,6 +268,7 @@ HOOK_KINDS: dict[str, str] = {
     "rlweave_policy_losses": "policy_loss",
     "rlweave_kl_estimators": "kl",
     "rlweave_loss_aggregations": "loss_agg",
+    "rlweave_rollout_corrections": "rollout_correction",
     "rlweave_environments": "environment",
     "rlweave_tool_parsers": "tool_parser",
     "rlweave_rollouts": "rollout",

@@ -35,6 +35,7 @@ KIND_LABELS: dict[str, str] = {
     "policy_loss": "policy loss",
     "kl": "KL estimator",
     "loss_agg": "loss aggregation",
+    "rollout_correction": "rollout correction",
     "environment": "environment",
     "tool_parser": "tool-call parser",
     "rollout": "rollout",

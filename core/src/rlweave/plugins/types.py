@@ -235,6 +235,21 @@ class LossAggRecord(PluginRecord):
 
 
 @dataclass(frozen=True)
+class CorrectionRecord(PluginRecord):
+    """A rollout correction (:mod:`rlweave.algo_parts.corrections` states the calling
+    convention): ``load()`` returns ``fn(log_ratio, *, active, sample_index, num_samples,
+    **options) -> Correction``, the stop-gradient factor of each token's policy-gradient term
+    from the log-ratio of the proximal to the behaviour policy.
+
+    ``needs``: ``("proximal",)`` when the correction needs the proximal policy recomputed before
+    the update (the algorithm then always runs that pass; ``off_policy.mode: bypass``, which skips
+    it, is refused). ``config_model`` validates its options."""
+
+    kind: ClassVar[str] = "rollout_correction"
+    needs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class EnvironmentRecord(PluginRecord):
     """An environment of multi-turn rollouts: ``load()`` returns a
     :class:`rlweave.interfaces.environment.Environment` subclass, built once per episode as
@@ -321,6 +336,6 @@ class RunModeRecord(PluginRecord):
 
 RECORD_TYPES: dict[str, type[PluginRecord]] = {
     r.kind: r for r in (BackendRecord, EngineRecord, AlgorithmRecord, RewardRecord, KernelRecord,
-                        AdvantageRecord, PolicyLossRecord, KLRecord, LossAggRecord, EnvironmentRecord,
+                        AdvantageRecord, PolicyLossRecord, KLRecord, LossAggRecord, CorrectionRecord, EnvironmentRecord,
                         ToolParserRecord, RolloutRecord, RunModeRecord)
 }

@@ -15,9 +15,10 @@ dataflow::
       -> advantage estimator -> policy.train per mini-batch -> sync(policy -> rollout)
 
 Old log-probs are recomputed only when the batch is used for more than one optimizer step
-(``ppo_epochs > 1`` or ``mini_batches > 1``), the KL goes into the reward, or decoupled PPO needs
-a proximal policy; with one update the "old" policy is the current one (ratio 1), which saves a
-full forward pass.
+(``ppo_epochs > 1`` or ``mini_batches > 1``), the KL goes into the reward, or the rollout
+correction needs a proximal policy; with one update the "old" policy is the current one (ratio
+1), which saves a full forward pass. With ``off_policy.mode: bypass`` they are never recomputed:
+the engine's log-probs stand in for them (:mod:`rlweave.algo_parts.offpolicy`).
 """
 
 from __future__ import annotations
@@ -64,10 +65,13 @@ class GRPO(KitAlgorithm):
 
     def _need_old(self) -> bool:
         """Old log-probs are needed with several updates per batch, when the KL goes into
-        the reward (it needs the policy's log-probs before the update), or for decoupled PPO
-        (its proximal policy)."""
+        the reward (it needs the policy's log-probs before the update), or when the rollout
+        correction needs its proximal policy (decoupled PPO); never in ``bypass`` mode, where the
+        engine's log-probs stand in for them."""
         c = self.config
-        return c.ppo_epochs > 1 or c.mini_batches > 1 or self.kl.in_reward or c.off_policy.correction == "decoupled"
+        if c.off_policy.bypass:
+            return False
+        return c.ppo_epochs > 1 or c.mini_batches > 1 or self.kl.in_reward or c.off_policy.needs_proximal
 
     def _passes(self, batch: Batch) -> dict[str, Any]:
         """The reference and old log-prob calls ``batch`` needs, by name."""
@@ -116,7 +120,8 @@ class GRPO(KitAlgorithm):
                 batch.add_token(key, results[name]["logprobs"].float())
         rewards = scores + overlong_penalty(batch.sample["response_len"], c.max_new_tokens, c.overlong_buffer,
                                             c.overlong_penalty)
-        adv = self._advantages(batch, rewards, self.kl.reward(batch, metrics))
+        old = "rollout_logprobs" if c.off_policy.bypass else "old_logprobs"
+        adv = self._advantages(batch, rewards, self.kl.reward(batch, metrics, old))
         rows = self._update(batch)
         self.kl.update()
         metrics.update(kit.finish(batch))
@@ -128,6 +133,7 @@ class GRPO(KitAlgorithm):
                         "adv/max": float(adv.max()) if len(adv) else 0.0})
         metrics.update(update_metrics(rows))
         metrics.update(logprob_gap(batch, rows))
+        metrics.update(kit.mismatch(rows))
         return metrics
 
     def _advantages(self, batch: Batch, rewards: torch.Tensor, token_rewards: torch.Tensor | None) -> torch.Tensor:

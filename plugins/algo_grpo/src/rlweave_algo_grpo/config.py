@@ -49,8 +49,9 @@ class GRPOConfig(SamplingConfig, MultiTurnKeys, PolicyParts):
     kl: KLSection = Field(default_factory=KLSection, description="KL to the reference model.")
     off_policy: OffPolicyConfig = Field(
         default_factory=OffPolicyConfig,
-        description="Off-policy correction of the policy loss against the engine's (behaviour) log-probs: "
-        "truncated importance sampling or decoupled PPO (rlweave.algo_parts.offpolicy).",
+        description="Off-policy correction of the policy loss against the engine's (behaviour) log-probs: a named "
+        "rollout correction (truncated or masked importance sampling, IcePop, geometric-mean rejection...) and where "
+        "the old policy comes from (rlweave.algo_parts.offpolicy).",
     )
     # rewards
     reward_models: list[RewardModelEntry] = Field(

@@ -11,8 +11,10 @@ regression for the critic. Dataflow of one step (each arrow is a call on a role 
       (issued together, so they overlap on separate devices)  -> KL penalty -> GAE
       -> for each epoch, mini-batch: policy.train + critic.train -> sync(policy -> rollout)
 
-The old log-probs are always recomputed by the policy, so they are the proximal policy of an
-off-policy correction (``algorithm.off_policy``, :mod:`rlweave.algo_parts.offpolicy`).
+The old log-probs are recomputed by the policy, so they are the proximal policy of an
+off-policy correction (``algorithm.off_policy``, :mod:`rlweave.algo_parts.offpolicy`); with
+``off_policy.mode: bypass`` that pass is skipped and the engine's log-probs stand in for them (the
+KL in the reward, the ratio and its clip, the reference where there is none).
 
 The step around this dataflow (rollout and run mode, reward sources, waiting with the engine
 fed, mini-batches, residency of colocated roles, sync, evaluation, checkpoint state) is the
@@ -90,11 +92,15 @@ class PPO(KitAlgorithm):
         if c.uses_reference:
             calls["reference"] = lambda: roles["reference"].logprobs(batch, temperature=c.temperature)
         calls["values"] = lambda: roles["critic"].values(batch)
-        calls["old_logprobs"] = lambda: roles["policy"].logprobs(batch, temperature=c.temperature, with_entropy=True)
+        if not c.off_policy.bypass:  # bypass: the engine's log-probs stand in for the old ones
+            calls["old_logprobs"] = lambda: roles["policy"].logprobs(batch, temperature=c.temperature,
+                                                                     with_entropy=True)
         exp = kit.experience(batch, calls)
         res, mask = exp.results, batch.token["loss_mask"]
-        batch.add_token("old_logprobs", res["old_logprobs"]["logprobs"].float() * mask)
-        ref = res["reference"]["logprobs"].float() * mask if c.uses_reference else batch.token["old_logprobs"]
+        if "old_logprobs" in res:
+            batch.add_token("old_logprobs", res["old_logprobs"]["logprobs"].float() * mask)
+        old = batch.token["old_logprobs"] if "old_logprobs" in res else batch.token["rollout_logprobs"] * mask
+        ref = res["reference"]["logprobs"].float() * mask if c.uses_reference else old
         batch.add_token("ref_logprobs", ref)
         batch.add_token("old_values", res["values"].float() * mask)
         metrics: dict[str, float] = {}
@@ -116,7 +122,8 @@ class PPO(KitAlgorithm):
         metrics.update(update_metrics(rows.get("policy", [])))
         metrics.update(update_metrics(rows["critic"], CRITIC_KEYS, prefix="critic/"))
         metrics.update(logprob_gap(batch, rows.get("policy", [])))
-        if "entropy" in res["old_logprobs"]:  # of the policy that sampled, before the update
+        metrics.update(kit.mismatch(rows.get("policy", [])))
+        if "entropy" in res.get("old_logprobs", {}):  # of the policy that sampled, before the update
             metrics["entropy"] = masked_moments(res["old_logprobs"]["entropy"].float(), mask)[0]
         return metrics
 
@@ -129,9 +136,10 @@ class PPO(KitAlgorithm):
         mask = batch.token["loss_mask"]
         score = normalize_scores(raw_score, c.reward_norm, self.reward_moments, c.reward_clip,
                                  groups=batch.sample["group"])
+        old = "rollout_logprobs" if c.off_policy.bypass else "old_logprobs"
         adv, ret = self.advantage.load()(
             scores=score, groups=batch.sample["group"], mask=mask, cu_seqlens=batch.cu_seqlens,
-            token_rewards=self.kl.reward(batch, metrics), values=batch.token["old_values"], baseline=None,
+            token_rewards=self.kl.reward(batch, metrics, old), values=batch.token["old_values"], baseline=None,
             **self.advantage.options)
         if ret is None:
             raise ValueError(f"ppo: advantage estimator '{self.advantage.name}' returned no returns for the critic")
@@ -148,7 +156,7 @@ class PPO(KitAlgorithm):
         c = self.config
         policy_loss = PolicyObjective(self.policy_loss, entropy_coef=c.entropy_coef, ptx_coef=c.ptx_coef,
                                       temperature=c.temperature,
-                                      off_policy=c.off_policy if c.off_policy.enabled else None,
+                                      off_policy=c.off_policy if c.off_policy.enabled or c.off_policy.bypass else None,
                                       **self.kl.loss_terms())
         mbs = self.kit.mini_batches(batch, epochs=c.ppo_epochs, parts=c.mini_batches, shuffle=c.shuffle_mini_batches,
                                     loss_agg=self.loss_agg, max_len=c.max_new_tokens)

@@ -72,8 +72,9 @@ class PPOConfig(SamplingConfig, MultiTurnKeys, PolicyParts):
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient (0: off).")
     off_policy: OffPolicyConfig = Field(
         default_factory=OffPolicyConfig,
-        description="Off-policy correction of the policy loss against the engine's (behaviour) log-probs: "
-        "truncated importance sampling or decoupled PPO (rlweave.algo_parts.offpolicy).",
+        description="Off-policy correction of the policy loss against the engine's (behaviour) log-probs: a named "
+        "rollout correction (truncated or masked importance sampling, IcePop, geometric-mean rejection...) and where "
+        "the old policy comes from (rlweave.algo_parts.offpolicy).",
     )
     # critic
     value_clip: Optional[float] = Field(
