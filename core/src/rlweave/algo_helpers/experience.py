@@ -20,7 +20,8 @@ pipeline of ``run.mode`` (:mod:`rlweave.interfaces.pipeline`), the reward source
 held-out evaluation, and its part of the checkpoint (:meth:`state_dict`).
 
 Metric names are the same for every algorithm: ``time/<phase>`` (seconds: ``generate``,
-``reward``, each pass by name, ``train``, ``<role>_train``, ``sync``, ``offload``), ``sync_bytes``,
+``reward``, each pass by name, ``train``, ``<role>_train``, ``sync``, ``offload``; with rewards
+overlapped with generation ``reward/overlapped`` and ``reward/wait``), ``sync_bytes``,
 ``offload/moves``, ``reward/*`` (``reward/rules``, each rule, each reward model), and what the
 pipeline measures (``staleness/*``, ``queue/*``, ``time/idle/*``).
 """
@@ -83,9 +84,12 @@ class ExperienceKit:
         self.ctx, self.config, self.name = ctx, config, name
         self.residency = Residency.for_run(ctx, roles, phases)
         self.rollout, self.rollout_record = make_rollout(ctx.config, config, ctx.tokenizer)
-        self.pipeline = make_pipeline(ctx, self.rollout, self.rollout_record, config.n_samples,
-                                      config.max_new_tokens)
         self.sources = build_sources(ctx, config, self.wait)
+        generating = self.rollout  # what the pipeline runs: the sources may start on finished groups
+        for src in self.sources:
+            generating = src.during_rollout(generating)
+        self.pipeline = make_pipeline(ctx, generating, self.rollout_record, config.n_samples,
+                                      config.max_new_tokens)
         if not has_reward(self.sources, pays=not self.rollout_record.streams):
             raise ValueError(f"{name} needs a reward: an entry under 'rewards', algorithm.reward_models, or a "
                              "rollout whose environment pays")
@@ -316,6 +320,8 @@ class ExperienceKit:
 
     def close(self) -> None:
         self.pipeline.close()
+        for src in self.sources:
+            src.close()
         self.rollout.close()
 
     def state_dict(self) -> dict[str, Any]:
