@@ -202,10 +202,6 @@ class MultiTurnRollout(Rollout):
         unreported = set(range(len(groups))) if on_done is not None else set()
         try:
             while True:
-                for g in sorted(unreported):  # records whose episodes ended since the last look
-                    if all(t is not None and t.ended_by is not None for t in groups[g]):
-                        unreported.discard(g)
-                        on_done(g, groups[g])  # type: ignore[misc, arg-type]
                 live = sum(t.ended_by is None and not t.paused for t in started)
                 while waiting and live < limit:  # start episodes while there is room
                     g, k = waiting.pop()
@@ -221,6 +217,10 @@ class MultiTurnRollout(Rollout):
                         live += 1
                 if not (ready or stepping or generating):
                     break
+                for g in sorted(unreported):  # records whose episodes ended while others go on
+                    if all(t is not None and t.ended_by is not None for t in groups[g]):
+                        unreported.discard(g)
+                        on_done(g, groups[g])  # type: ignore[misc, arg-type]
                 if ready and len(generating) < self.cfg.engine_calls:  # else they join the next call
                     for ts, prompts, params in self._turn_requests(ready, sampling, turn):
                         if self.engine_pool is None:
