@@ -111,3 +111,30 @@ def test_a_non_append_only_template_starts_new_samples_and_stays_token_exact(eng
     _check_token_exact(batch, calls)
     stats = [t.stats for g in groups for t in g]
     assert all(s["template_resets"] == 1 and s["samples"] == 2 for s in stats)
+
+
+def test_each_finished_group_is_reported_packed_as_in_the_batch(engine):
+    """``run(on_group=...)`` tells of each record whose episodes all ended while others still run,
+    its samples packed as the run's batch holds them (what overlapped rewards score)."""
+    from rlweave.algo_helpers.agent.rollout import AgentRollout
+    from rlweave.algo_helpers.multi_turn_config import MultiTurnConfig
+    from rlweave.interfaces.engine import SamplingParams
+
+    eng, tok = engine
+    records = [{"id": f"g{i}", "prompt": f"{i}+2=", "kind": i % 4} for i in range(8)]
+    cfg = MultiTurnConfig.model_validate({"agent": {"target": "x:y", "parser": f"{scn.__file__}:every_turn_calls",
+                                                    "timeout_s": 120}, "max_turns": 6, "max_total_tokens": 200,
+                                          "max_in_flight": 4})
+    rollout, reported = AgentRollout(cfg, scn.scripted, tok), {}
+    try:
+        batch = rollout.run(records, 2, SamplingParams(max_new_tokens=4, stop_token_ids=[tok.eos_token_id], seed=3),
+                            lambda p, s: eng.generate(p, s), on_group=lambda g, b: reported.setdefault(g, b))
+    finally:
+        rollout.close()
+    assert 0 < len(reported) < len(records)  # the last record to finish is not reported
+    cu = batch.cu_seqlens.tolist()
+    for g, part in reported.items():
+        rows = [k for k, gid in enumerate(batch.sample["group"].tolist()) if gid == g]
+        assert part.ids == [batch.ids[k] for k in rows] and part.meta == [batch.meta[k] for k in rows]
+        ids = batch.token["input_ids"]
+        assert part.token["input_ids"].tolist() == [t for k in rows for t in ids[cu[k]:cu[k + 1]].tolist()]

@@ -173,3 +173,32 @@ def test_a_run_killed_during_episodes_resumes_like_an_uninterrupted_one(grpo_wor
     assert rows(cut) == rows(straight)
     a, b = load_file(straight / "hf" / "model.safetensors"), load_file(cut / "hf" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_rewards_overlapped_with_episodes_train_as_rewards_scored_after_them(grpo_workspace, tmp_path):
+    """GRPO with rule rewards on episodes, ``reward_overlap`` on (default) and off: each record's
+    group is scored while the other records' episodes run, with the step's reward time split into
+    ``time/reward/overlapped`` and ``time/reward/wait``, and the run trains exactly as one whose
+    rewards are scored after all episodes (the same rewards, losses and final weights). Lock-step
+    turns keep the engine calls, and so the samples, the same in both runs."""
+    ws = grpo_workspace
+    runs = {}
+    for overlap in (True, False):
+        episodes = {"multi_turn": {**EPISODES["multi_turn"], "scheduling": "lockstep", "reward_overlap": overlap}}
+        cfg = ws.config(f"mt-overlap-{overlap}", 2, run={"scheduler": "in_process"}, algorithm=episodes)
+        rc, out, pids = run_cli(["train", str(cfg), "--run-dir", str(tmp_path / str(overlap))], cli_env())
+        assert rc == 0, out[-4000:]
+        assert not leftovers(pids)
+        runs[overlap] = [r for r in metrics_rows(tmp_path / str(overlap)) if r["step"] >= 1]
+    for r in runs[True]:
+        assert r["time/reward/overlapped"] >= 0 and r["time/reward/wait"] >= 0, r
+    assert all("time/reward/overlapped" not in r for r in runs[False])
+
+    def trained(rows):
+        return [{k: v for k, v in r.items() if k.startswith(("reward/", "episode/", "response_len/"))
+                 or k in ("loss", "samples", "grad_norm")} for r in rows]
+
+    assert len(runs[True]) == 2 and trained(runs[True]) == trained(runs[False])
+    assert runs[True][0]["reward/rules"] == runs[False][0]["reward/rules"]
+    a, b = (load_file(tmp_path / str(o) / "hf" / "model.safetensors") for o in (True, False))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -83,6 +83,9 @@ EXEMPT = {
     Key("roles.<role>.options.moe_aux_loss_coef", "megatron"):
         "read only for a mixture-of-experts model; the reward-model run here is dense; read and tested against "
         "FSDP in plugins/backend_megatron/tests/test_megatron_moe.py",
+    Key("algorithm.multi_turn.reward_overlap", "online_dpo"):
+        "read only where rule rewards score the episodes; the OnlineDPO run here ranks by a reward model "
+        "(reward_source: model); read in the GRPO and PPO runs, tested in core/tests/test_reward_overlap.py",
     Key("logging.entity"): "read only by the wandb backend, which needs W&B's offline mode to run here "
         "(core/tests/test_loggers.py)",
 }

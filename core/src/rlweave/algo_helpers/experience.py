@@ -23,7 +23,8 @@ records each step's batches and rewards; with ``rollout.replay`` it reads them b
 pipeline and the reward sources (:mod:`rlweave.algo_helpers.rollout_tape`).
 
 Metric names are the same for every algorithm: ``time/<phase>`` (seconds: ``generate``,
-``reward``, each pass by name, ``train``, ``<role>_train``, ``sync``, ``offload``), ``sync_bytes``,
+``reward``, each pass by name, ``train``, ``<role>_train``, ``sync``, ``offload``; with rewards
+overlapped with generation ``reward/overlapped`` and ``reward/wait``), ``sync_bytes``,
 ``offload/moves``, ``reward/*`` (``reward/rules``, each rule, each reward model), and what the
 pipeline measures (``staleness/*``, ``queue/*``, ``time/idle/*``); :meth:`ExperienceKit.mismatch` adds
 ``mismatch/*`` (:mod:`rlweave.algo_parts.mismatch`). A batch whose tokens carry ``weight_version``
@@ -98,9 +99,12 @@ class ExperienceKit:
             self.pipeline: Any = ReplayPipeline(self.replaying)
             self.sources: list[Any] = [ReplayedRewards(self.replaying, lambda: self.steps_done)]
         else:
-            self.pipeline = make_pipeline(ctx, self.rollout, self.rollout_record, config.n_samples,
-                                          config.max_new_tokens)
             self.sources = build_sources(ctx, config, self.wait)
+            generating = self.rollout  # what the pipeline runs: the sources may start on finished groups
+            for src in self.sources:
+                generating = src.during_rollout(generating)
+            self.pipeline = make_pipeline(ctx, generating, self.rollout_record, config.n_samples,
+                                          config.max_new_tokens)
         if not has_reward(self.sources, pays=not self.rollout_record.streams):
             raise ValueError(f"{name} needs a reward: an entry under 'rewards', algorithm.reward_models, or a "
                              "rollout whose environment pays")
@@ -372,6 +376,8 @@ class ExperienceKit:
 
     def close(self) -> None:
         self.pipeline.close()
+        for src in self.sources:
+            src.close()
         self.rollout.close()
 
     def state_dict(self) -> dict[str, Any]:

@@ -63,7 +63,7 @@ from rlweave.devices.openmp import releasing
 from rlweave.interfaces.engine import Generation, SamplingParams
 from rlweave.interfaces.environment import Environment, EnvStep
 from rlweave.interfaces.failures import PluginCodeError
-from rlweave.interfaces.rollout import GenerateFn, Rollout
+from rlweave.interfaces.rollout import GenerateFn, GroupFn, Rollout
 from rlweave.rewards.fields import reward_fields
 from rlweave.scheduler.trace import TRACE
 
@@ -136,7 +136,10 @@ class MultiTurnRollout(Rollout):
     :class:`~rlweave.interfaces.rollout.Rollout` of ``algorithm.multi_turn``.
 
     ``generate(prompts, sampling) -> list[list[Generation]]`` is the engine call (blocking), and
-    ``tokenizer`` renders messages. :meth:`close` stops the step threads."""
+    ``tokenizer`` renders messages. :meth:`close` stops the step threads. :meth:`run` reports each
+    record whose episodes all ended to ``on_group`` (:mod:`rlweave.interfaces.rollout`)."""
+
+    reports_groups = True
 
     def __init__(self, cfg: Any, env_cls: Callable[[Any], Environment], env_args: Any, tokenizer: Any):
         self.cfg = cfg
@@ -163,21 +166,25 @@ class MultiTurnRollout(Rollout):
             shutdown()
 
     def run(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,
-            version: int = 0) -> Batch:
-        """``n`` episodes per record as one batch (:func:`episodes_to_batch`)."""
-        groups = self.episodes(records, n, sampling, generate, version)
-        return episodes_to_batch(groups, [str(r.get("id", i)) for i, r in enumerate(records)],
-                                 [reward_fields(r) for r in records])
+            version: int = 0, on_group: GroupFn | None = None) -> Batch:
+        """``n`` episodes per record as one batch (:func:`episodes_to_batch`); ``on_group``: told
+        of each record whose episodes all ended while others still run."""
+        ids, meta = [str(r.get("id", i)) for i, r in enumerate(records)], [reward_fields(r) for r in records]
+        done = None if on_group is None else (lambda g, ts: report_group(on_group, g, ts, ids[g], meta[g]))
+        groups = self.episodes(records, n, sampling, generate, version, on_done=done)
+        return episodes_to_batch(groups, ids, meta)
 
     def episodes(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,
                  version: int = 0, carry: list[list[Trajectory | None]] | None = None, budget: int | None = None,
-                 max_rounds: int = 1) -> list[list[Trajectory]]:
+                 max_rounds: int = 1,
+                 on_done: Callable[[int, list[Trajectory]], None] | None = None) -> list[list[Trajectory]]:
         """``n`` episodes per record, grouped by record. At most ``max_in_flight`` episodes run at
         once (the next one starts, its environment built and reset, when one ends). ``carry``:
         the groups an earlier call returned for the same ``records`` (None where an episode is to
         start afresh): its paused episodes continue, its ended ones are left as they are. With
         ``budget`` the call is a round (module docstring): it returns when every episode ended or
-        paused."""
+        paused. ``on_done(g, episodes)``: called once per record ``g`` whose episodes all ended, while
+        others still run (not for a record done when the call returns)."""
         groups: list[list[Trajectory | None]] = carry if carry is not None else [[None] * n for _ in records]
         waiting = [(g, k) for g in range(len(groups)) for k in range(len(groups[g])) if groups[g][k] is None][::-1]
         started: list[Trajectory] = []
@@ -192,6 +199,7 @@ class MultiTurnRollout(Rollout):
         generating: dict[Future, list[Trajectory]] = {}
         limit = self.cfg.max_in_flight or len(waiting) + len(started)
         turn = 0
+        unreported = set(range(len(groups))) if on_done is not None else set()
         try:
             while True:
                 live = sum(t.ended_by is None and not t.paused for t in started)
@@ -209,6 +217,10 @@ class MultiTurnRollout(Rollout):
                         live += 1
                 if not (ready or stepping or generating):
                     break
+                for g in sorted(unreported):  # records whose episodes ended while others go on
+                    if all(t is not None and t.ended_by is not None for t in groups[g]):
+                        unreported.discard(g)
+                        on_done(g, groups[g])  # type: ignore[misc, arg-type]
                 if ready and len(generating) < self.cfg.engine_calls:  # else they join the next call
                     for ts, prompts, params in self._turn_requests(ready, sampling, turn):
                         if self.engine_pool is None:
@@ -317,6 +329,16 @@ class MultiTurnRollout(Rollout):
             return False
         t.add_observation(obs)
         return True
+
+
+def report_group(on_group: GroupFn, g: int, group: Sequence[Trajectory], pid: str, meta: dict[str, Any]) -> None:
+    """``on_group(g, batch)`` with record ``g``'s trajectories packed as :func:`episodes_to_batch`
+    packs them in the whole batch; nothing when they cannot be packed (the whole batch raises)."""
+    try:
+        batch = episodes_to_batch([group], [pid], [meta])
+    except ValueError:
+        return
+    on_group(g, batch)
 
 
 def episodes_to_batch(groups: Sequence[Sequence[Trajectory]], ids: Sequence[str],

@@ -18,6 +18,11 @@ A new source is one class here added to :data:`SOURCES` (or registered by
 algorithm's config: ``reward_models`` (a list of
 :class:`~rlweave.algo_helpers.reward_models.RewardModelEntry`) and ``rule_rewards`` (False: the
 ``rewards`` rules only judge held-out answers), both optional.
+
+A source may also start work during generation: :meth:`RewardSource.during_rollout` gives the
+rollout the pipeline runs. The rule rewards do so with ``algorithm.multi_turn.reward_overlap``
+(:mod:`rlweave.algo_helpers.reward_overlap`): each record's samples are scored as soon as its
+episodes ended, with the same result as scoring the batch at once.
 """
 
 from __future__ import annotations
@@ -65,6 +70,14 @@ class RewardSource(ABC):
     def collect(self, pending: Any, batch: Batch) -> Contribution:
         """The scores of ``batch`` (blocking)."""
 
+    def during_rollout(self, rollout: Any) -> Any:
+        """The rollout the run mode's pipeline runs: ``rollout`` (default), or one that lets this
+        source start on finished groups while others generate (its batches are the same)."""
+        return rollout
+
+    def close(self) -> None:
+        """Stop what the source runs in the background (the toolkit calls it once, at the end)."""
+
 
 class RuleRewards(RewardSource):
     """The top-level ``rewards`` rules (a :class:`~rlweave.rewards.RewardSet`, run in the reward
@@ -72,28 +85,48 @@ class RuleRewards(RewardSource):
 
     name = "rules"
 
-    def __init__(self, rules: Any, tokenizer: Any):
+    def __init__(self, rules: Any, tokenizer: Any, overlap: bool = False):
         self.rules, self.tok = rules, tokenizer
+        #: scoring of finished groups during generation (``reward_overlap``), or None
+        self.early: Any = None
+        if overlap and callable(getattr(rules, "run_calls", None)) and callable(getattr(rules, "tally", None)):
+            from rlweave.algo_helpers.reward_overlap import EarlyRules
+
+            self.early = EarlyRules(rules, tokenizer)
 
     @classmethod
     def build(cls, ctx: Any, config: Any, wait: Any) -> "RuleRewards | None":
         rs = ctx.rewards
         if rs is None or not getattr(rs, "entries", True) or not getattr(config, "rule_rewards", True):
             return None
-        return cls(rs, ctx.tokenizer)
+        partial = getattr(getattr(getattr(ctx, "config", None), "rollout", None), "partial", None)
+        overlap = bool(getattr(getattr(config, "multi_turn", None), "reward_overlap", False)) and partial is None
+        return cls(rs, ctx.tokenizer, overlap)
+
+    def during_rollout(self, rollout: Any) -> Any:
+        return self.early.wrap(rollout) if self.early is not None else rollout
 
     def collect(self, pending: Any, batch: Batch) -> Contribution:
         t0 = time.perf_counter()
         samples = reward_samples(self.tok, batch)
         t1 = time.perf_counter()
+        metrics: dict[str, float] = {}
         try:
-            totals, breakdown = TRACE.wrap("rewards", "score", self.rules.score)(samples)  # on the timeline
+            if self.early is None:
+                totals, breakdown = TRACE.wrap("rewards", "score", self.rules.score)(samples)  # on the timeline
+            else:
+                outcomes, metrics = self.early.outcomes(batch, samples)
+                totals, breakdown = self.rules.tally(samples, outcomes)
         except RewardFailureError as exc:  # name the failing sample's record
             raise exc.on_records(batch.ids)
         scores = torch.tensor(totals, dtype=torch.float32)
-        metrics = {"reward/rules": float(scores.mean()) if len(scores) else 0.0,
-                   "time/reward/decode": t1 - t0, "time/reward/pool": time.perf_counter() - t1}
+        metrics.update({"reward/rules": float(scores.mean()) if len(scores) else 0.0,
+                        "time/reward/decode": t1 - t0, "time/reward/pool": time.perf_counter() - t1})
         return Contribution(scores, metrics, list(breakdown))
+
+    def close(self) -> None:
+        if self.early is not None:
+            self.early.close()
 
 
 class RewardModels(RewardSource):

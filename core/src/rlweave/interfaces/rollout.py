@@ -21,6 +21,14 @@ record 0 first), sample ids ``f"{record id}/{k}"``:
   last model turn: what rule rewards score), ``finish_reason`` and, for episodes, ``episode``
   (how it ended and its counters).
 
+**Finished groups** (optional): a rollout whose class sets :attr:`Rollout.reports_groups` accepts
+``on_group`` in :meth:`Rollout.run` and calls ``on_group(g, batch)`` once per record ``g`` as soon as
+all its trajectories are final, while the others may still generate: ``batch`` holds that record's
+samples packed exactly as they will be in run's result (the same ids, meta and tokens; ``group`` 0).
+It is called from the thread that runs :meth:`Rollout.run`, must not block, and a record whose
+samples cannot be packed yet is not reported (run's result is the authority). Reward sources use it
+to score a group while the others still run (:mod:`rlweave.algo_helpers.reward_overlap`).
+
 Light: no torch at import time.
 """
 
@@ -37,6 +45,8 @@ if TYPE_CHECKING:
 
 #: ``generate(prompt_ids, sampling) -> one list of generations per prompt`` (blocking engine call)
 GenerateFn = Callable[[list[list[int]], "SamplingParams"], list[list["Generation"]]]
+#: ``on_group(record index, batch of that record's samples)`` (see the module docstring)
+GroupFn = Callable[[int, "Batch"], None]
 
 
 @dataclass
@@ -53,6 +63,9 @@ class RolloutContext:
 
 class Rollout(ABC):
     """Turns data records into trajectories (see the module docstring)."""
+
+    #: True: :meth:`run` accepts ``on_group`` and reports each finished record (module docstring)
+    reports_groups: bool = False
 
     @classmethod
     def create(cls, ctx: RolloutContext) -> "Rollout":

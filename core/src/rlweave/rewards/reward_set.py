@@ -11,6 +11,11 @@ than ``runtime.max_failed_share`` of one reward's calls in this ``score()`` fail
 many, which reward and its key, the first failure and its sample), which stops the run (see
 :mod:`rlweave.rewards.failures`).
 
+:meth:`RewardSet.score` is :meth:`RewardSet.run_calls` (the worker calls, in sample order) then
+:meth:`RewardSet.tally` (totals, breakdown, warnings and the failure-share stop over all the samples
+given): a caller may run the calls of a batch's samples in several parts, as they become ready, and
+tally them once, with the same result as one ``score()`` of the batch.
+
 Calls run in sandboxed worker processes (``runtime.sandbox``, see
 :mod:`rlweave.sandbox.pool`): a memory limit, a CPU budget per call, a private directory,
 process starts refused and network allowed by default.
@@ -19,6 +24,7 @@ process starts refused and network allowed by default.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from typing import Any
 
@@ -73,17 +79,40 @@ class RewardSet:
             sandbox=self.runtime.sandbox,
         )
         self.stats: Counter[str] = Counter()  #: cumulative counts: calls, error, timeout, crash
+        self._lock = threading.Lock()  # the pool runs one set of calls at a time
 
     def score(self, samples: list[dict[str, Any]]) -> tuple[list[float], list[dict[str, Any]]]:
         """Weighted total per sample and a per-sample breakdown ``{name: value, "failed": [names]}``.
 
         Raises :class:`~rlweave.rewards.failures.RewardFailureError` when more than
         ``runtime.max_failed_share`` of one reward's calls failed (see the module docstring)."""
+        return self.tally(samples, self.run_calls(samples))
+
+    def run_calls(self, samples: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+        """The outcome of every reward on every sample (``("ok", value)``, ``("error", message)``,
+        ``("timeout", ...)``, ``("crash", ...)``), sample-major: sample ``i``'s are
+        ``[i * m : (i + 1) * m]`` for the ``m`` entries. Safe to call from several threads (the
+        calls run one set at a time); nothing is counted or raised for failures here (see
+        :meth:`tally`). Raises ``KeyError`` for a sample without ``prompt`` or ``response`` and
+        :class:`~rlweave.sandbox.pool.RewardWorkerError` when the workers cannot start."""
         for n, sample in enumerate(samples):
             if "prompt" not in sample or "response" not in sample:
                 raise KeyError(f"reward sample {n} needs 'prompt' and 'response' (has {sorted(sample)})")
         calls = [(j, {**sample, **entry.args}) for sample in samples for j, entry in enumerate(self.entries)]
-        outcomes = self._pool.run(calls) if calls else []
+        if not calls:
+            return []
+        with self._lock:
+            return self._pool.run(calls)
+
+    def tally(self, samples: list[dict[str, Any]],
+              outcomes: list[tuple[str, Any]]) -> tuple[list[float], list[dict[str, Any]]]:
+        """Totals and breakdown of ``samples`` from their :meth:`run_calls` outcomes (in the same
+        order, possibly gathered from several calls): counts :attr:`stats`, warns once per reward
+        and kind of failure, and raises :class:`~rlweave.rewards.failures.RewardFailureError` when
+        more than ``runtime.max_failed_share`` of one reward's calls among ``samples`` failed."""
+        if len(outcomes) != len(samples) * len(self.entries):
+            raise ValueError(f"{len(outcomes)} reward outcomes for {len(samples)} samples x "
+                             f"{len(self.entries)} rewards")
         totals: list[float] = []
         breakdown: list[dict[str, Any]] = []
         problems: dict[tuple[str, str], list[str]] = {}

@@ -37,10 +37,10 @@ from rlweave.algo_helpers.agent.engine_queue import EngineQueue
 from rlweave.algo_helpers.agent.episode import AgentEpisode
 from rlweave.algo_helpers.agent.ledger import Ledger
 from rlweave.algo_helpers.agent.server import Endpoint
-from rlweave.algo_helpers.multi_turn import Trajectory, episodes_to_batch
+from rlweave.algo_helpers.multi_turn import Trajectory, episodes_to_batch, report_group
 from rlweave.data.batch import Batch
 from rlweave.interfaces.engine import SamplingParams
-from rlweave.interfaces.rollout import GenerateFn, Rollout
+from rlweave.interfaces.rollout import GenerateFn, GroupFn, Rollout
 from rlweave.rewards.fields import reward_fields
 
 log = logging.getLogger("rlweave.algo")
@@ -51,7 +51,10 @@ LOGGED_ERRORS = 5
 class AgentRollout(Rollout):
     """See the module docstring. ``cfg``: the validated ``algorithm.multi_turn`` (with ``agent``);
     ``agent``: the user's function. The endpoint starts on the first :meth:`run` and stops in
-    :meth:`close`."""
+    :meth:`close`. :meth:`run` reports each record whose episodes all ended to ``on_group``
+    (:mod:`rlweave.interfaces.rollout`)."""
+
+    reports_groups = True
 
     def __init__(self, cfg: Any, agent: Callable[[AgentEpisode], Any], tokenizer: Any):
         self.cfg, self.agent, self.tok = cfg, agent, tokenizer
@@ -71,20 +74,26 @@ class AgentRollout(Rollout):
             self.endpoint = None
 
     def run(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,
-            version: int = 0) -> Batch:
-        """``n`` agent episodes per record as one batch (:func:`episodes_to_batch`)."""
-        groups = self.episodes(records, n, sampling, generate, version)
-        return episodes_to_batch(groups, [str(r.get("id", i)) for i, r in enumerate(records)],
-                                 [reward_fields(r) for r in records])
+            version: int = 0, on_group: GroupFn | None = None) -> Batch:
+        """``n`` agent episodes per record as one batch (:func:`episodes_to_batch`); ``on_group``:
+        told of each record whose episodes all ended while others still run."""
+        ids, meta = [str(r.get("id", i)) for i, r in enumerate(records)], [reward_fields(r) for r in records]
+        done = None if on_group is None else (lambda g, ts: report_group(on_group, g, ts, ids[g], meta[g]))
+        groups = self.episodes(records, n, sampling, generate, version, on_done=done)
+        return episodes_to_batch(groups, ids, meta)
 
     def episodes(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,
-                 version: int = 0) -> list[list[Trajectory]]:
-        """``n`` episodes per record, each record's samples as one group (see the module docstring)."""
+                 version: int = 0,
+                 on_done: Callable[[int, list[Trajectory]], None] | None = None) -> list[list[Trajectory]]:
+        """``n`` episodes per record, each record's samples as one group (see the module docstring);
+        ``on_done(g, samples)``: called once per record ``g`` whose episodes all ended while others
+        still run."""
         ep = self._endpoint()
         todo = deque((g, k) for g in range(len(records)) for k in range(n))
         limit = self.cfg.max_in_flight or len(todo)
         running: dict[Future, tuple[int, Ledger, float]] = {}
         groups: list[list[Trajectory]] = [[] for _ in records]
+        left = [n] * len(records)  # episodes of each record not ended yet
         engine = EngineQueue(generate, lambda: len(running), sampling.seed)
         ep.serve(engine, sampling, version)
         errors = 0
@@ -105,6 +114,9 @@ class AgentRollout(Rollout):
                     samples, failed = self._finish(fut, ledger, records[g], why)
                     groups[g] += samples
                     errors += failed
+                    left[g] -= 1
+                    if on_done is not None and left[g] == 0 and (todo or running):
+                        on_done(g, groups[g])
         finally:
             for fut, (_, ledger, _) in running.items():
                 ep.close_episode(ledger.eid, "the rollout stopped")
