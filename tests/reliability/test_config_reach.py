@@ -20,7 +20,8 @@ The runs (tiny fp32 model, 1-2 steps, no Ray: :mod:`rlweave.testing.recorded_run
   its own); ``vllm_args``: a vLLM engine asked for the arguments it gives ``vllm.LLM``
   (``enforce_eager: false`` costs 20 s of compilation here);
 * ``in_process``: a GRPO step of the real run loop with ``run.scheduler: in_process`` (its own role
-  builder, which the recorded run does not replace);
+  builder, which the recorded run does not replace); ``grpo_agent``: the same with an agent function
+  driving the rollout through the OpenAI-compatible endpoint;
 * ``ray_address`` / ``ray_local``: ``start_ray`` with ``ray.init`` recorded instead of called.
 
 A key may be exempt only in :data:`EXEMPT`, with a reason (checked where the code allows); an
@@ -86,6 +87,17 @@ EXEMPT = {
     Key("algorithm.multi_turn.reward_overlap", "online_dpo"):
         "read only where rule rewards score the episodes; the OnlineDPO run here ranks by a reward model "
         "(reward_source: model); read in the GRPO and PPO runs, tested in core/tests/test_reward_overlap.py",
+    Key("algorithm.multi_turn.agent.target", "ppo"): "the agent section is GRPO's (one model, AgentSpec), read by "
+        "the same agent rollout: set in the grpo_agent run; PPO with an agent is in tests/test_agent_training.py",
+    Key("algorithm.multi_turn.agent.timeout_s", "ppo"): "as algorithm.multi_turn.agent.target",
+    Key("algorithm.multi_turn.agent.on_error", "ppo"): "as algorithm.multi_turn.agent.target",
+    Key("algorithm.multi_turn.agent.parser", "ppo"): "as algorithm.multi_turn.agent.target",
+    Key("algorithm.multi_turn.agent.target", "online_dpo"): "as algorithm.multi_turn.agent.target of ppo",
+    Key("algorithm.multi_turn.agent.timeout_s", "online_dpo"): "as algorithm.multi_turn.agent.target of ppo",
+    Key("algorithm.multi_turn.agent.on_error", "online_dpo"): "as algorithm.multi_turn.agent.target of ppo",
+    Key("algorithm.multi_turn.agent.parser", "online_dpo"): "as algorithm.multi_turn.agent.target of ppo",
+    Key("rollout.replay"): "needs the dump of an earlier run of the same model and seed (rollout.dump is set in the "
+        "ppo_kl_loss run); tests/test_reproducibility.py replays one and compares the weights bit for bit",
     Key("logging.entity"): "read only by the wandb backend, which needs W&B's offline mode to run here "
         "(core/tests/test_loggers.py)",
 }
@@ -121,6 +133,22 @@ def flaky(prompt, response, **_):
 
 
 from rlweave.interfaces.environment import Environment, EnvStep
+
+
+def agent(episode):
+    """An agent of one model request that lists a tool (so its parser reads the reply); it fails on
+    prompts starting with 3 (so its episode's error policy applies)."""
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+    episode.client.chat.completions.create(model="policy", max_tokens=2, tools=tools,
+                                           messages=[{"role": "user", "content": episode.record["prompt"]}])
+    if episode.record["prompt"].startswith("3"):
+        raise RuntimeError("agent failure")
+    return None
+
+
+def no_calls(text):
+    """A tool-call parser that finds no call."""
+    return [], []
 
 
 class Echo(Environment):
@@ -242,6 +270,7 @@ RUNS = {
     "megatron_rm": _loop_run,
     "deepspeed_rm": _loop_run,
     "in_process": _loop_run,
+    "grpo_agent": _loop_run,
     "fsdp_init": lambda user, rec: _build_only(user, rec, "policy", init=True),
     "hf_unseeded": lambda user, rec: _build_only(user, rec, "rollout", init=True, calls=_unseeded_generate()),
     "vllm_args": lambda user, rec: _build_only(user, rec, "rollout", init=False, calls=ENGINE_ARGS),
