@@ -227,6 +227,16 @@ CASES = [
      ["unknown training backend 'fsdpp'", "Did you mean 'fsdp'?"]),
     ("engine-unknown-name", ["roles.rollout.engine=vlm"], "roles.rollout.engine",
      ["unknown inference engine 'vlm'", "Did you mean 'vllm'?"]),
+    ("replay-router-dense-model", ["algorithm.multi_turn=null", "algorithm.router_replay=r3"], "algorithm.router_replay",
+     ["router_replay r3 needs a mixture-of-experts policy; model model is dense"]),
+    ("replay-router-engine-records-none", ["algorithm.multi_turn=null", "algorithm.router_replay=r3",
+                                           "model.path=moe_model", "roles.rollout.engine=vllm"], "roles.rollout.engine",
+     ["algorithm.router_replay r3 needs the engine's routing: engine 'vllm' does not record"]),
+    ("replay-router-r2-bypass", ["algorithm.multi_turn=null", "algorithm.router_replay=r2", "model.path=moe_model",
+                                 "algorithm.off_policy={correction: tis, mode: bypass}"], "algorithm.router_replay",
+     ["router_replay r2 records the routing in the old-log-prob pass, which algorithm.off_policy.mode bypass skips"]),
+    ("replay-router-multi-turn", ["algorithm.router_replay=r3", "model.path=moe_model"], "algorithm",
+     ["router_replay r3 replays the routing of one engine continuation per sample"]),
     ("lora-unknown-target-module", ["roles.policy.lora={r: 4, target_modules: [q_proj, qkv]}"],
      "roles.policy.lora.target_modules",
      ["no linear layer named 'qkv' in model model", "down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj"]),
@@ -253,6 +263,10 @@ def workspace(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("bad-inputs")
     (root / "model").mkdir()
     (root / "model" / "config.json").write_text(json.dumps(QWEN2))
+    (root / "moe_model").mkdir()
+    (root / "moe_model" / "config.json").write_text(json.dumps({**QWEN2, "architectures": ["Qwen3MoeForCausalLM"],
+                                                               "model_type": "qwen3_moe", "num_experts": 4,
+                                                               "num_experts_per_tok": 2, "moe_intermediate_size": 32}))
     rows = [{"id": "a", "prompt": "1+1=", "answer": 2}, {"id": "b", "prompt": "2+3=", "answer": 5}]
     (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for name, text in USER_FILES.items():

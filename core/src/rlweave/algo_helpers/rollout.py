@@ -33,7 +33,8 @@ def reward_samples(tokenizer: Any, batch: Batch) -> list[dict[str, Any]]:
 def sampling_params(config: Any, tokenizer: Any, seed: int, ignore_eos: bool = False) -> SamplingParams:
     """Rollout sampling settings from an RL algorithm's config (``n_samples``, ``temperature``,
     ``top_p``, ``top_k``, ``max_new_tokens``), stopping at the tokenizer's EOS when it has one,
-    unless ``ignore_eos`` (then every sample is ``max_new_tokens`` long: equal work, benchmarks).
+    unless ``ignore_eos`` (then every sample is ``max_new_tokens`` long: equal work, benchmarks),
+    asking for the MoE routing with ``router_replay: r3``.
     ``seed`` is the caller's per-step seed, so every algorithm keeps its own seeding scheme."""
     eos = None if ignore_eos else getattr(tokenizer, "eos_token_id", None)
     return SamplingParams(
@@ -45,6 +46,7 @@ def sampling_params(config: Any, tokenizer: Any, seed: int, ignore_eos: bool = F
         stop_token_ids=[eos] if eos is not None else [],
         seed=seed,
         ignore_eos=ignore_eos,
+        return_routing=getattr(config, "router_replay", "none") == "r3",
     )
 
 
@@ -107,7 +109,8 @@ def generations_to_batch(
     ``rollout_logprobs`` (the engine's log-prob of each response token under the
     prediction convention, 0 on the prompt), ``weight_version`` (the engine's weight version
     that generated each response token, 0 on the prompt: ``Generation.versions``, or
-    ``version`` for generations the engine did not stamp; left out when neither says).
+    ``version`` for generations the engine did not stamp; left out when neither says),
+    ``routing`` where the engine reported it (``Generation.routing``).
     Sample fields: ``prompt_len``,
     ``response_len``, ``group`` (the prompt's index). Sample ids are ``f"{id}/{k}"``;
     ``meta`` is a copy of the prompt's meta plus ``response_ids`` and ``finish_reason``.
@@ -150,7 +153,23 @@ def generations_to_batch(
         batch.add_token("weight_version", torch.tensor(vers, dtype=torch.long))
     batch.add_sample("response_len", torch.tensor(rlens, dtype=torch.long))
     batch.add_sample("group", torch.tensor(groups, dtype=torch.long))
+    routing = _routing([g for glist in gens for g in glist], batch.seqlens.tolist())
+    if routing is not None:
+        batch.add_token("routing", routing)
     return batch
+
+
+def _routing(gens: Sequence[Generation], lens: Sequence[int]) -> torch.Tensor | None:
+    """The ``routing`` token field of the generations' samples (``lens`` tokens each), None when
+    no engine reported routing; a sample without it (or whose prompt the engine cut) gets -1
+    (the trainer's router chooses)."""
+    known = [g.routing for g in gens if g.routing is not None]
+    if not known:
+        return None
+    layers, top_k = known[0].shape[1:]
+    parts = [g.routing if g.routing is not None and g.routing.shape[0] == n
+             else torch.full((n, layers, top_k), -1, dtype=known[0].dtype) for g, n in zip(gens, lens)]
+    return torch.cat(parts)
 
 
 class SingleTurnRollout(Rollout):

@@ -15,8 +15,8 @@ metadata ``rlweave`` is JSON: ``{"step": n, "events": [...]}``, each event with 
 (``batch`` or ``scores``), ``label``, and ``ids``, ``meta``, ``token`` and ``sample`` key lists
 (a batch) or ``breakdown`` and ``metrics`` (a scoring). Every per-token and per-sample tensor of a
 batch is kept: token ids, ``loss_mask``, the engine's ``rollout_logprobs``, weight versions, and
-MoE routing once the engines report it (a per-token ``routing`` tensor is written and replayed
-like any other key: the slot router replay will use). The header beside the steps is
+MoE routing where the engine reports it (``algorithm.router_replay: r3``: the per-token ``routing``
+tensor is written and replayed like any other key). The header beside the steps is
 :mod:`rlweave.config.replay`'s.
 """
 

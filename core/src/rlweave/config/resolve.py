@@ -283,6 +283,14 @@ class _Pass:
         for path, message in determinism_problems(self.cfg, engine):
             self.issue(path, message)
 
+    def router_replay(self) -> None:
+        """``algorithm.router_replay``: an MoE policy on a backend that replays, an engine that records (r3)."""
+        from rlweave.config.router_replay import router_replay_problems
+
+        started = not self.cfg.rollout.replay
+        for path, message in router_replay_problems(self.cfg, self.out.algorithm_config, self.out.roles, started):
+            self.issue(path, message)
+
     def lora(self) -> None:
         from rlweave.config.lora import adapter_sync_problems, lora_problems
 
@@ -443,6 +451,7 @@ def collect_plugin_issues(cfg: RunConfig, pm: PluginManager, source: str,
     run.replay()
     run.roles()
     run.determinism()
+    run.router_replay()
     run.lora()
     run.rewards()
     run.kernels()

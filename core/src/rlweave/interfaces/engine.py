@@ -45,7 +45,11 @@ class SamplingParams:
     ``max_new_tokens``). A sample the budget stops before it stops or reaches
     ``max_new_tokens`` comes back unfinished, ``finish_reason="aborted"``, with what it has so
     far; a later call continues it with prompt + those tokens as its prompt (partial
-    rollout)."""
+    rollout).
+
+    ``return_routing``: an engine whose record says ``routing`` reports, for MoE models, the
+    experts every token was routed to (``Generation.routing``); others ignore it (validation
+    refuses to ask them)."""
 
     n: int = 1
     temperature: float = 1.0
@@ -56,6 +60,7 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     token_budget: int | None = None
+    return_routing: bool = False
 
 
 @dataclass
@@ -91,6 +96,10 @@ class Generation:
     error: str | None = None
     truncated: bool = False
     versions: list[int] = field(default_factory=list)
+    #: with ``SamplingParams.return_routing`` (MoE models): ``(len(prompt) + len(token_ids), layers,
+    #: top_k)`` int16 expert indices per token of prompt and response, ``-1`` where the engine
+    #: ran no forward on the token (the last sampled one); None otherwise
+    routing: Any = None
 
 
 class RolloutEngine(Worker):

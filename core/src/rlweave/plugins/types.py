@@ -95,6 +95,10 @@ class BackendRecord(PluginRecord):
     ``lora``: its workers train LoRA adapters when ``WorkerContext.lora`` is set
     (``roles.<role>.lora``) and take ``compute_logprobs(..., adapters=False)`` (the base model's
     log-probs: a reference without a reference role); validation refuses ``lora`` otherwise.
+
+    ``router_replay``: for MoE models its workers replay a batch's ``routing`` token field in every
+    pass and take ``compute_logprobs(..., with_routing=True)`` (:mod:`rlweave.backend_helpers.router_replay`);
+    ``algorithm.router_replay`` refuses a policy backend without it.
     """
 
     kind: ClassVar[str] = "backend"
@@ -102,6 +106,7 @@ class BackendRecord(PluginRecord):
     parallel: tuple[str, ...] = ("dp",)
     kernels: tuple[str, ...] = ()
     lora: bool = False
+    router_replay: bool = False
     check: Callable[[str, Any, Any], list[tuple[str, str]]] = field(default=_nothing_to_refuse, kw_only=True)
 
 
@@ -123,6 +128,10 @@ class EngineRecord(PluginRecord):
     ``deterministic``: one seed and one set of weights give identical generations, run after run
     (``SamplingParams.seed``, with torch's deterministic algorithms on); ``run.deterministic``
     refuses an engine that does not promise it.
+
+    ``routing``: for MoE models it reports the experts each token was routed to
+    (``SamplingParams.return_routing``, ``Generation.routing``); ``algorithm.router_replay: r3``
+    refuses an engine that does not.
     """
 
     kind: ClassVar[str] = "engine"
@@ -130,6 +139,7 @@ class EngineRecord(PluginRecord):
     rank_spans: tuple[str, ...] = ()
     lora: bool = False
     deterministic: bool = False
+    routing: bool = False
 
 
 def _no_roles(config: Any) -> tuple[str, ...]:

@@ -182,9 +182,14 @@ class RoleHandle:
         return self._all("wake_up")
 
     # ------------------------------------------------------------ training
-    def logprobs(self, batch: "Batch", temperature: float = 1.0, with_entropy: bool = False) -> RoleFuture:
-        """``{"logprobs": (T,), "entropy": (T,) if asked}`` in batch order."""
-        return self._dp_call("compute_logprobs", (batch,), {"temperature": temperature, "with_entropy": with_entropy}, None)
+    def logprobs(self, batch: "Batch", temperature: float = 1.0, with_entropy: bool = False,
+                 with_routing: bool = False) -> RoleFuture:
+        """``{"logprobs": (T,), "entropy": (T,) if asked, "routing": (T, layers, top_k) if asked}`` in
+        batch order (``with_routing``: MoE models on a backend whose record says ``router_replay``)."""
+        kw: dict[str, Any] = {"temperature": temperature, "with_entropy": with_entropy}
+        if with_routing:
+            kw["with_routing"] = True
+        return self._dp_call("compute_logprobs", (batch,), kw, None)
 
     def values(self, batch: "Batch") -> RoleFuture:
         """Per-token values ``(T,)`` in batch order."""

@@ -15,10 +15,15 @@ dataflow::
       -> advantage estimator -> policy.train per mini-batch -> sync(policy -> rollout)
 
 Old log-probs are recomputed only when the batch is used for more than one optimizer step
-(``ppo_epochs > 1`` or ``mini_batches > 1``), the KL goes into the reward, or the rollout
-correction needs a proximal policy; with one update the "old" policy is the current one (ratio
-1), which saves a full forward pass. With ``off_policy.mode: bypass`` they are never recomputed:
-the engine's log-probs stand in for them (:mod:`rlweave.algo_parts.offpolicy`).
+(``ppo_epochs > 1`` or ``mini_batches > 1``), the KL goes into the reward, the rollout
+correction needs a proximal policy, or router replay r2 records its routing; with one update the
+"old" policy is the current one (ratio 1), which saves a full forward pass. With
+``off_policy.mode: bypass`` they are never recomputed: the engine's log-probs stand in for them
+(:mod:`rlweave.algo_parts.offpolicy`; router replay r2 is refused with it).
+
+MoE router replay (``router_replay``, docs/moe.md): the batch's ``routing`` token field is what the
+policy's passes replay. With ``r3`` the engine fills it at generation; with ``r2`` the old-log-prob
+pass records it. The reference model routes by itself (it gets the batch without the field).
 """
 
 from __future__ import annotations
@@ -71,16 +76,20 @@ class GRPO(KitAlgorithm):
         c = self.config
         if c.off_policy.bypass:
             return False
-        return c.ppo_epochs > 1 or c.mini_batches > 1 or self.kl.in_reward or c.off_policy.needs_proximal
+        return (c.ppo_epochs > 1 or c.mini_batches > 1 or self.kl.in_reward or c.off_policy.needs_proximal
+                or c.router_replay == "r2")
 
     def _passes(self, batch: Batch) -> dict[str, Any]:
         """The reference and old log-prob calls ``batch`` needs, by name."""
         c, roles = self.config, self.ctx.roles
         calls = {}
         if c.kl.enabled:
-            calls["reference"] = lambda: roles["reference"].logprobs(batch, temperature=c.temperature)
+            own = batch.shallow_copy()
+            own.token.pop("routing", None)  # the reference routes by itself
+            calls["reference"] = lambda: roles["reference"].logprobs(own, temperature=c.temperature)
         if self._need_old():
-            calls["old_logprobs"] = lambda: roles["policy"].logprobs(batch, temperature=c.temperature)
+            calls["old_logprobs"] = lambda: roles["policy"].logprobs(batch, temperature=c.temperature,
+                                                                     with_routing=c.router_replay == "r2")
         return calls
 
     def _greedy(self, records: list[dict[str, Any]]) -> Batch:
@@ -118,6 +127,8 @@ class GRPO(KitAlgorithm):
         for key, name in (("ref_logprobs", "reference"), ("old_logprobs", "old_logprobs")):
             if name in results:
                 batch.add_token(key, results[name]["logprobs"].float())
+        if c.router_replay == "r2" and "old_logprobs" in results:
+            batch.add_token("routing", results["old_logprobs"]["routing"])
         rewards = scores + overlong_penalty(batch.sample["response_len"], c.max_new_tokens, c.overlong_buffer,
                                             c.overlong_penalty)
         old = "rollout_logprobs" if c.off_policy.bypass else "old_logprobs"

@@ -69,6 +69,13 @@ class GRPOConfig(SamplingConfig, MultiTurnKeys, PolicyParts):
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass (the batch is split).")
     shuffle_mini_batches: bool = Field(True, description="Shuffle samples before splitting into mini-batches.")
+    # mixture-of-experts
+    router_replay: Literal["none", "r2", "r3"] = Field(
+        "none", description="MoE router replay (docs/moe.md): none; r2: the experts the old-log-prob pass chose are "
+        "replayed in the updates; r3: the experts the rollout engine chose, per token, are replayed in the "
+        "old-log-prob pass and the updates. Needs an MoE policy on a backend that replays (fsdp) and, for r3, an "
+        "engine that records routing (hf)."
+    )
     # evaluation
     eval_reward: Optional[str] = Field(
         None,
@@ -94,6 +101,9 @@ class GRPOConfig(SamplingConfig, MultiTurnKeys, PolicyParts):
                 f"overlong_buffer ({self.overlong_buffer}) must be smaller than max_new_tokens ({self.max_new_tokens})"
             )
         check_entries(self.reward_models)
+        if self.router_replay == "r3" and self.multi_turn is not None:
+            raise ValueError("router_replay r3 replays the routing of one engine continuation per sample; multi_turn "
+                             "episodes do not record it: use router_replay r2 or none")
         if self.needs_baseline and self.dynamic_sampling:
             raise ValueError(f"advantage '{self.advantage.name}' needs a greedy baseline per prompt, which "
                              "dynamic_sampling does not keep: turn one of them off")

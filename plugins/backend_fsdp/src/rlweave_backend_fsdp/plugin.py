@@ -20,6 +20,7 @@ def rlweave_training_backends():
             model_types=("causal_lm", "value", "reward"),
             parallel=("dp", "sp"),
             kernels=("moe_groupgemm",),
+            router_replay=True,  # replays and records MoE routing (rlweave.backend_helpers.router_replay)
             lora=True,
             check=check_role,
         )

@@ -25,7 +25,10 @@ Mixture-of-experts models (:mod:`.moe`): when the role selected the ``moe_groupg
 it replaces the experts' forward before sharding (transformers' experts otherwise);
 ``train_step`` adds the router load-balancing loss (``moe_aux_loss_coef``) to each
 micro-batch's loss under the same token weighting and reports ``moe_aux_loss`` and the
-expert-load metrics; weights leave in checkpoint names (:mod:`.moe_layout`).
+expert-load metrics; weights leave in checkpoint names (:mod:`.moe_layout`). Router replay
+(:mod:`rlweave.backend_helpers.router_replay`): a batch's ``routing`` token field is replayed in
+every pass (no-grad and training, activation recomputation included), and
+``compute_logprobs(with_routing=True)`` records the routing of the pass.
 
 LoRA (``ctx.lora``, :mod:`.lora`): PEFT adapters wrap the targeted linear layers before sharding;
 only they (and ``modules_to_save``) train, sit in the optimizer and in checkpoints; weights leave
@@ -46,7 +49,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from rlweave.backend_helpers import finite
+from rlweave.backend_helpers import finite, router_replay
 from rlweave.backend_helpers.device import rank_device
 from rlweave.backend_helpers.hf_model import attention, micro, modeling, prefix
 from rlweave.backend_helpers.hf_model.outputs import Window
@@ -105,6 +108,7 @@ class FSDPWorker(HFModelWorker):
         if coef is None:
             coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
         self.moe_state = moe.MoETraining(blocks, coef) if blocks else None
+        self.router = router_replay.RouterReplay(blocks) if blocks else None
         self.skip_names = {"lm_head.weight"} if modeling.tied_lm_head(lora.base_of(model)) else set()
         self.step = 0
         self.offloaded = False
@@ -118,13 +122,13 @@ class FSDPWorker(HFModelWorker):
                              + "; ".join(f"roles.{self.ctx.role}.{k}: {m}" for k, m in problems))
 
     # ------------------------------------------------- the HF model layer's hooks
-    def _raw(self, ids: torch.Tensor, cu: torch.Tensor,
-             shared: prefix.SharedRow | None = None) -> tuple[torch.Tensor, Window | None]:
+    def _raw(self, ids: torch.Tensor, cu: torch.Tensor, shared: prefix.SharedRow | None = None,
+             routing: torch.Tensor | None = None, record: bool = False) -> tuple[torch.Tensor, Window | None]:
         """The HF model layer's forward; with sequence parallelism, only the positions of this
-        rank's window (:meth:`_raw_sp`)."""
+        rank's window (:meth:`_raw_sp`; MoE models, hence routing, are refused with it)."""
         if self.sp is not None:
             return self._raw_sp(ids, cu, shared)
-        return super()._raw(ids, cu, shared)
+        return super()._raw(ids, cu, shared, routing=routing, record=record)
 
     def _after_forward(self, flat: torch.Tensor | None) -> None:
         if self.moe_state is not None:

@@ -26,6 +26,9 @@ Behaviour beyond :class:`rlweave.interfaces.engine.RolloutEngine`:
   (``RolloutEngine.control_plane``): a weight sync that arrives while a call runs lands
   between two decoding steps (the same ``StoppingCriteria`` hook parks the call while the
   weights are copied in place), and the call goes on with the new weights and its KV cache.
+* **Routing.** With ``SamplingParams.return_routing`` (MoE models), each generation carries the
+  experts every prompt and response token was routed to (``Generation.routing``: the prefill's
+  routing for the prompt, each decoding step's for the token it read; :mod:`.routing`).
 * **Sleep.** Nothing persists between calls but the weights. On CUDA, ``sleep(level=2)``
   moves the weights to host memory and ``wake_up`` brings them back; on CPU there is nothing
   to release and ``sleep`` reports ``freed_bytes: 0``.
@@ -195,7 +198,13 @@ class HFEngine(RolloutEngine):
             versions.append(self.weight_version)
             self.step_gate.boundary()
 
-        with torch.no_grad(), torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+        import contextlib
+
+        from rlweave_infer_hf.routing import GenerateRouting
+
+        recorder = GenerateRouting(model, len(reqs), self.where) if params.return_routing else None
+        with torch.no_grad(), torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]), \
+                (recorder or contextlib.nullcontext()):
             torch.manual_seed(seed)
             out = model.generate(
                 input_ids=ids.to(self.device),
@@ -212,10 +221,14 @@ class HFEngine(RolloutEngine):
         else:
             lp = torch.zeros_like(new, dtype=torch.float32)
         versions += [self.weight_version] * (new.shape[1] - len(versions))
+        grid = recorder.grid() if recorder is not None else None
         result = []
         for row, r in enumerate(reqs):
-            result.append(finish_generation(r, new[row].tolist(), lp[row].tolist(), stops, versions[:new.shape[1]],
-                                            aborted=aborted))
+            gen = finish_generation(r, new[row].tolist(), lp[row].tolist(), stops, versions[:new.shape[1]],
+                                    aborted=aborted)
+            if grid is not None:
+                gen.routing = recorder.sample(grid, row, width, len(r.prompt_ids), len(gen.token_ids))
+            result.append(gen)
         return result
 
     # --------------------------------------------------------------- weights

@@ -17,6 +17,7 @@ def rlweave_inference_engines():
             config_model=HFEngineConfig,
             parallel=(),
             lora=True,  # applies the policy's LoRA adapter itself (weight_sync.lora: adapter), through PEFT
+            routing=True,  # records MoE routing (SamplingParams.return_routing)
             deterministic=True,  # generate samples with torch's generator seeded from SamplingParams.seed
         )
     ]

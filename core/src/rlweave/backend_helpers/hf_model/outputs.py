@@ -28,6 +28,7 @@ class Outputs:
     logprobs: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    routing: torch.Tensor | None = None  # MoE: the experts each token was routed to, when recorded
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,11 @@ how its outputs become per-token results.
   the train step's forward/backward (``_accumulate``), with the same number of forwards on
   every rank (empty micro-batches run a 2-token forward of zero loss), as sharded
   collectives need;
-* ``save_hf``: a Hugging Face directory from the backend's full-tensor stream.
+* ``save_hf``: a Hugging Face directory from the backend's full-tensor stream;
+* MoE router replay (:mod:`rlweave.backend_helpers.router_replay`), when the backend set
+  ``router``: every forward of a micro-batch with a ``routing`` token field runs with those
+  experts (its row layout mapped from token order), and ``compute_logprobs(with_routing=True)``
+  returns the routing its forward chose, in token order.
 
 Gradients follow the token-weight convention: micro-batch losses are summed and multiplied by
 the number of ranks before backward (undoing the data-parallel gradient averaging of FSDP and
@@ -40,7 +44,7 @@ from typing import Any, Callable, ContextManager
 import torch
 import torch.distributed as dist
 
-from rlweave.backend_helpers import hf_dir
+from rlweave.backend_helpers import hf_dir, router_replay
 from rlweave.backend_helpers.hf_model import attention, micro, prefix
 from rlweave.backend_helpers.hf_model.cpu import DeviceChoices
 from rlweave.backend_helpers.hf_model.outputs import Outputs, Window, last_token_scores, token_logprobs, token_values
@@ -56,6 +60,8 @@ class HFModelWorker(TrainingSkeleton):
     packing: bool
     choices: DeviceChoices
     skip_names: set[str]
+    router: router_replay.RouterReplay | None = None  # set by a backend for an MoE model
+    _routing_out: torch.Tensor | None = None  # the routing the last recording forward chose, token order
 
     # ---------------------------------------------------------- backend hooks
     def _forward(self, **kw: Any) -> Any:
@@ -116,37 +122,66 @@ class HFModelWorker(TrainingSkeleton):
             return None
         return prefix.share(mb.token["input_ids"].cpu(), mb.cu_seqlens, mb.sample["prompt_len"].tolist())
 
-    def _raw(self, ids: torch.Tensor, cu: torch.Tensor,
-             shared: prefix.SharedRow | None = None) -> tuple[torch.Tensor, Window | None]:
+    def _raw(self, ids: torch.Tensor, cu: torch.Tensor, shared: prefix.SharedRow | None = None,
+             routing: torch.Tensor | None = None, record: bool = False) -> tuple[torch.Tensor, Window | None]:
         """Model output per packed token: logits ``(T, V)`` or head values ``(T,)``; with
         ``shared``, per position of its row ``(T', ...)``. Returns it and the window of row
-        positions it covers (None: all; a backend splitting rows over ranks returns its own)."""
+        positions it covers (None: all; a backend splitting rows over ranks returns its own).
+        ``routing`` (token order) is replayed and, with ``record``, the routing chosen is kept
+        for :meth:`_outputs` (MoE models: :meth:`_route`)."""
         flat = None  # padded rows: the flat index of each real token
         if shared is not None:
             kw = {"input_ids": shared.input_ids.view(1, -1).to(self.device),
                   "position_ids": shared.position_ids.view(1, -1).to(self.device),
                   "rlweave_plan": shared.plan, "attention_mask": None}
+            index, n_rows = shared.tok_row, int(shared.input_ids.numel())
         elif self.packing:
             # no mask: varlen kernels build none (attention.padding_mask, FA2's); sdpa builds a block mask
             kw = micro.packed_inputs(ids, cu, self.device)
+            index, n_rows = None, int(ids.numel())
         else:
             kw, flat = micro.padded_inputs(ids, cu, self.device)
+            index, n_rows = flat, int(kw["input_ids"].numel())
+        self._route(routing, record, n_rows, index)
         out = self._forward(**kw)
         self._after_forward(flat)
+        if record and self.router is not None:
+            self._routing_out = router_replay.from_rows(self.router.take(), index)
         raw = out if self.kind != "causal_lm" else out.logits
         # squeeze, not raw[0]: the backward of a select allocates and zero-fills a (1, T, V) gradient
         return (raw.squeeze(0) if flat is None else raw.reshape(-1, *raw.shape[2:])[flat]), None
 
-    def _outputs(self, mb: Batch, temperature: float = 1.0, with_entropy: bool = False) -> Outputs:
+    def _route(self, routing: torch.Tensor | None, record: bool, n_rows: int, index: torch.Tensor | None) -> None:
+        """Set the next forward's routing (token-order ``routing`` laid out on its ``n_rows`` row
+        positions, ``index``: :func:`.router_replay.to_rows`) and recording; a dense model
+        ignores a routing field and refuses to record."""
+        if self.router is None:
+            if record:
+                raise ValueError(f"{self.backend} backend: role {self.ctx.role}: routing asked of a model without "
+                                 "MoE layers")
+            return
+        rows = None
+        if routing is not None:
+            self.router.check(routing, f"{self.backend} backend: role {self.ctx.role}")
+            rows = router_replay.to_rows(routing.to(self.device), n_rows, index)
+        self.router.set(rows, record)
+
+    def _outputs(self, mb: Batch, temperature: float = 1.0, with_entropy: bool = False,
+                 record: bool = False) -> Outputs:
+        """The micro-batch's per-token outputs; its ``routing`` token field is replayed, and with
+        ``record`` the routing chosen is returned too (``Outputs.routing``, token order)."""
         ids = mb.token["input_ids"].to(self.device)
         shared = self._shared(mb)
-        raw, window = self._raw(ids, mb.cu_seqlens, shared)
+        raw, window = self._raw(ids, mb.cu_seqlens, shared, routing=mb.token.get(router_replay.FIELD),
+                                record=record)
+        routing = self._routing_out.cpu() if record else None
+        self._routing_out = None
         rows = shared.tok_row if shared is not None else None
         if self.kind == "causal_lm":
             lp, ent = token_logprobs(raw, ids, mb.cu_seqlens, temperature, with_entropy, rows,
                                      compiled=self.choices.compiled_logprobs, window=window)
-            return Outputs(logprobs=lp, entropy=ent)
-        return Outputs(values=token_values(raw, mb.cu_seqlens, rows, window))
+            return Outputs(logprobs=lp, entropy=ent, routing=routing)
+        return Outputs(values=token_values(raw, mb.cu_seqlens, rows, window), routing=routing)
 
     def _dummy_loss(self) -> torch.Tensor:
         """An empty micro-batch: a 2-token forward whose loss is exactly zero."""
@@ -182,23 +217,30 @@ class HFModelWorker(TrainingSkeleton):
         return out
 
     def compute_logprobs(self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
-                         adapters: bool = True) -> dict[str, torch.Tensor]:
+                         adapters: bool = True, with_routing: bool = False) -> dict[str, torch.Tensor]:
         """See :class:`TrainingWorker`; ``adapters=False`` (a role with LoRA adapters): the base
-        model's log-probs, in :meth:`_adapters_off`."""
+        model's log-probs, in :meth:`_adapters_off`. ``with_routing`` (MoE models): also
+        ``routing`` ``(T, layers, top_k)`` int16, the experts each token was routed to (those of
+        the batch's ``routing`` field where it has one)."""
         if self.kind != "causal_lm":
             raise NotImplementedError(f"{self.backend} backend: role {self.ctx.role} is a {self.kind} model; no log-probs")
         if not adapters:
             with self._adapters_off():
-                return self.compute_logprobs(batch, temperature, with_entropy)
+                return self.compute_logprobs(batch, temperature, with_entropy, with_routing=with_routing)
+        if with_routing and self.router is None:
+            raise ValueError(f"{self.backend} backend: role {self.ctx.role}: routing asked of a model without MoE layers")
 
         def fn(mb: Batch):
-            o = self._outputs(mb, temperature, with_entropy)
-            return {"logprobs": o.logprobs, "entropy": o.entropy}
+            o = self._outputs(mb, temperature, with_entropy, record=with_routing)
+            return {"logprobs": o.logprobs, "entropy": o.entropy, "routing": o.routing}
 
         res = self._per_token(batch, fn)
         out = {"logprobs": self._scatter_tokens(batch, res, "logprobs")}
         if with_entropy:
             out["entropy"] = self._scatter_tokens(batch, res, "entropy")
+        if with_routing:
+            out["routing"] = (_scatter_rows(batch, res, "routing") if res else
+                              router_replay.unknown(0, self.router.layers, self.router.top_k))
         return out
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
@@ -265,3 +307,17 @@ class HFModelWorker(TrainingSkeleton):
             for _ in items:
                 pass
         dist.barrier()
+
+
+def _scatter_rows(batch: Batch, results, key: str) -> torch.Tensor:
+    """Per-token tensors ``(n, ...)`` of each micro-batch's samples back in batch order, in their dtype."""
+    first = results[0][1][key]
+    out = torch.zeros((batch.num_tokens, *first.shape[1:]), dtype=first.dtype)
+    cu = batch.cu_seqlens.tolist()
+    for group, vals in results:
+        v, pos = vals[key].cpu(), 0
+        for i in group:
+            n = cu[i + 1] - cu[i]
+            out[cu[i] : cu[i + 1]] = v[pos : pos + n]
+            pos += n
+    return out

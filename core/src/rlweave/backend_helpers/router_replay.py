@@ -1,0 +1,123 @@
+"""MoE router replay: record the experts each token was routed to, and run a forward with given
+experts instead of the router's own top-k.
+
+Routing is a per-token tensor ``(tokens, layers, top_k)`` of expert indices (int16; ``-1`` in a
+row: no routing known for that token in that layer, the router chooses itself), the layers in
+module order (:func:`rlweave.backend_helpers.hf_model.moe_blocks.find_blocks`). It travels as the
+``routing`` token field of a :class:`~rlweave.data.batch.Batch`, so packing, micro-batching and
+data-parallel sharding carry it with its tokens.
+
+:class:`RouterReplay` puts one forward hook on each block's router (transformers' top-k routers
+return ``(logits, weights, indices)``). For each forward, :meth:`RouterReplay.set` gives the
+routing of that forward's rows (or None: route as usual) and whether to record. With routing
+given, the hook keeps the router's logits (computed as usual, so the gate gets its gradient) and
+replaces the experts by the given ones and their weights by the softmax probabilities of those
+experts (renormalised over the top-k where the router normalises: ``norm_topk_prob``, Mixtral),
+in the router's own dtype. The routing stays set until the next :meth:`~RouterReplay.set`, so an
+activation-checkpointing recomputation in backward replays the same experts.
+
+The row layouts of a forward (a packed row, right-padded rows, a shared-prompt row) map to and
+from token order with :func:`to_rows` and :func:`from_rows`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+#: the batch's token field holding routing
+FIELD = "routing"
+#: the dtype routing is stored in (batches, dumps)
+DTYPE = torch.int16
+
+
+class RouterReplay:
+    """Record and replay hooks on the routers of ``blocks`` (each with ``.router``, ``.top_k``;
+    see the module docstring). Not thread-safe: one forward at a time."""
+
+    def __init__(self, blocks: Sequence[Any]):
+        self.blocks = list(blocks)
+        self.top_k = max((int(b.top_k) for b in self.blocks), default=0)
+        self._rows: torch.Tensor | None = None
+        self._record = False
+        self.recorded: list[torch.Tensor | None] = []
+        self._handles = [b.router.register_forward_hook(self._hook(i)) for i, b in enumerate(self.blocks)]
+
+    @property
+    def layers(self) -> int:
+        return len(self.blocks)
+
+    def check(self, routing: torch.Tensor, where: str) -> None:
+        """ValueError naming ``where`` unless ``routing`` is ``(tokens, layers, top_k)`` of this model."""
+        if routing.dim() != 3 or routing.shape[1] != self.layers or routing.shape[2] != self.top_k:
+            raise ValueError(f"{where}: token field {FIELD!r} has shape {tuple(routing.shape)}; this model's routing "
+                             f"is (tokens, {self.layers} MoE layers, top-{self.top_k})")
+
+    def set(self, rows: torch.Tensor | None, record: bool = False) -> None:
+        """The next forward's routing, one row per row position of its input (None: the routers
+        choose); with ``record``, that forward's routing is kept in :attr:`recorded` (one
+        ``(rows, top_k)`` tensor per layer)."""
+        self._rows = None if rows is None else rows.long()
+        self._record = bool(record)
+        self.recorded = [None] * self.layers
+
+    def take(self) -> torch.Tensor:
+        """The routing recorded by the last forward, ``(rows, layers, top_k)`` int16 (on the device)."""
+        if any(r is None for r in self.recorded):
+            raise RuntimeError("RouterReplay.take: the last forward did not record every MoE layer")
+        out = torch.stack(self.recorded, dim=1)
+        self._record = False
+        return out
+
+    def _hook(self, layer: int):
+        def hook(module: nn.Module, args: Any, out: Any) -> Any:
+            if self._rows is None and not self._record:
+                return None
+            if not isinstance(out, tuple) or len(out) != 3:
+                raise TypeError(f"router replay: router {type(module).__name__} returns "
+                                f"{type(out).__name__}; expected (logits, weights, indices)")
+            logits, weights, idx = out
+            if self._rows is not None:
+                given = self._rows[:, layer].to(idx.device)
+                if given.shape != idx.shape:
+                    raise ValueError(f"router replay: MoE layer {layer} routes {tuple(idx.shape)} "
+                                     f"(rows, top-k); the routing given has {tuple(given.shape)}")
+                idx = torch.where((given < 0).any(-1, keepdim=True), idx, given)
+                probs = torch.softmax(logits.float(), dim=-1).gather(-1, idx)
+                if getattr(module, "norm_topk_prob", type(module).__name__.startswith("Mixtral")):
+                    probs = probs / probs.sum(-1, keepdim=True)
+                out = (logits, probs.to(weights.dtype), idx)
+            if self._record:
+                self.recorded[layer] = idx.detach().to(DTYPE)
+            return out
+
+        return hook
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def to_rows(routing: torch.Tensor, n_rows: int, index: torch.Tensor | None) -> torch.Tensor:
+    """Token-order ``routing`` ``(T, L, k)`` laid out on a forward's ``n_rows`` row positions:
+    token ``j`` goes to row position ``index[j]`` (None: the identity, a packed row); other
+    positions (padding) get ``-1`` (the router chooses)."""
+    if index is None:
+        return routing
+    out = torch.full((n_rows, *routing.shape[1:]), -1, dtype=routing.dtype, device=routing.device)
+    out[index.to(routing.device)] = routing
+    return out
+
+
+def from_rows(rows: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    """The inverse of :func:`to_rows`: each token's routing from its row position."""
+    return rows if index is None else rows[index.to(rows.device)]
+
+
+def unknown(tokens: int, layers: int, top_k: int) -> torch.Tensor:
+    """Routing of ``tokens`` tokens for which none is known (all ``-1``)."""
+    return torch.full((tokens, layers, top_k), -1, dtype=DTYPE)
