@@ -96,6 +96,8 @@ EXEMPT = {
     Key("algorithm.multi_turn.agent.timeout_s", "online_dpo"): "as algorithm.multi_turn.agent.target of ppo",
     Key("algorithm.multi_turn.agent.on_error", "online_dpo"): "as algorithm.multi_turn.agent.target of ppo",
     Key("algorithm.multi_turn.agent.parser", "online_dpo"): "as algorithm.multi_turn.agent.target of ppo",
+    Key("algorithm.router_replay", "grpo"): "needs a mixture-of-experts policy; the runs here use the tiny dense "
+        "model (tests/test_router_replay.py replays routing on a tiny MoE model, from the engine and the old pass)",
     Key("rollout.replay"): "needs the dump of an earlier run of the same model and seed (rollout.dump is set in the "
         "ppo_kl_loss run); tests/test_reproducibility.py replays one and compares the weights bit for bit",
     Key("logging.entity"): "read only by the wandb backend, which needs W&B's offline mode to run here "
