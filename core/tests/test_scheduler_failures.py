@@ -165,6 +165,18 @@ def test_fault_rules_are_validated():
         faults.parse("policy:0:train_step:explode")
 
 
+def test_a_fired_rule_with_a_markers_directory_never_fires_again_in_a_new_rank(tmp_path):
+    first = faults.FaultPlan("policy", 0, "policy:0:setup:raise@1", fired=str(tmp_path))
+    with pytest.raises(RuntimeError, match="injected fault"):
+        first.before("setup")
+    assert (tmp_path / "policy-0-setup-raise-1").is_file()
+    again = faults.FaultPlan("policy", 0, "policy:0:setup:raise@1", fired=str(tmp_path))  # the rank rebuilt
+    again.before("setup")  # no fault
+    fresh = faults.FaultPlan("policy", 0, "policy:0:setup:raise@1", fired="")  # without markers: fresh counts
+    with pytest.raises(RuntimeError, match="injected fault"):
+        fresh.before("setup")
+
+
 def test_rebuild_starts_new_ranks_in_the_same_slots(built):
     builder, roles = built({"policy": {"devices": 2}, "reference": {"devices": 1}})
     old = pids(roles["policy"])

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from rlweave.scheduler import faults
+from rlweave.testing.chaos import drawn_ids, queued_ids
 from rlweave.testing.runs import cli_env, leftovers, metrics_rows, run_cli
 
 pytestmark = pytest.mark.slow
@@ -59,25 +60,6 @@ class Echo(Environment):
 '''
 
 
-def _queued_ids(pipeline: dict) -> list[str]:
-    """Ids of the records a checkpoint's pipeline state holds drawn but not trained: a rollout
-    queue's groups (``groups[].record``) or an episode pipeline's record batches (``records``)."""
-    ids = [g["record"]["id"] for g in pipeline.get("groups", [])]
-    ids += [r["id"] for batch in pipeline.get("records", []) for r in batch]
-    return ids
-
-
-def _drawn_ids(train: Path, data_state: dict) -> list[str]:
-    """Ids of the records the data iterator handed out up to ``data_state`` (first epoch only)."""
-    from rlweave.data.records import load_records
-    from rlweave.runner.data import DataIterator
-
-    if data_state["epoch"] != 0:
-        raise ValueError(f"expected the run to stay in its first epoch, got {data_state}")
-    it = DataIterator(load_records(train), 1, seed=data_state["seed"], shuffle=data_state["shuffle"])
-    return [it.next_batch()[0]["id"] for _ in range(data_state["position"])]
-
-
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_recovery_trains_every_drawn_prompt_exactly_once(grpo_workspace, guarantee, mode):
     ws = grpo_workspace
@@ -103,8 +85,8 @@ def test_recovery_trains_every_drawn_prompt_exactly_once(grpo_workspace, guarant
 
     state = json.loads((run_dir / "checkpoints" / f"step_{STEPS:06d}" / "state.json").read_text())
     algo = state["algorithm"]
-    drawn = _drawn_ids(ws.train, state["data"])
-    queued = _queued_ids(algo.get("pipeline") or {})
+    drawn = drawn_ids(ws.train, state["data"])
+    queued = queued_ids(algo.get("pipeline") or {})
     assert not set(queued) - set(drawn), f"queued records never drawn: {set(queued) - set(drawn)}"
     trained = Counter(drawn) - Counter(queued)
     assert sum(trained.values()) == STEPS * PROMPTS and max(trained.values()) == 1, (trained, queued)

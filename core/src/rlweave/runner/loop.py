@@ -281,11 +281,15 @@ class _Run:
         total = self.cfg.run.total_steps
         self.progress = Progress(total, desc=self.cfg.run.name, initial=start)
         eval_before = None
-        if start == 0:
-            eval_before = self._evaluate("before")
-            if eval_before:
-                self.metrics.log(0, eval_before)
-            self.progress.rewind(start)  # the time left is measured from the first step on
+        try:
+            self.algo.setup()
+            if start == 0:
+                eval_before = self._evaluate("before")
+                if eval_before:
+                    self.metrics.log(0, eval_before)
+        except Exception as exc:  # noqa: BLE001 - a worker lost before the first step is recovered from too
+            start = self._recover(exc)
+        self.progress.rewind(start)  # the time left is measured from the first step on
         if start >= total:
             self.say(f"nothing to do: checkpoint step {start} >= run.total_steps {total}")
         if self.data_iter is None and start < total:
@@ -417,7 +421,8 @@ class _Run:
         write_json(self.run_dir / "workers.json", rows)
 
     def _restore(self) -> int:
-        """Load the checkpoint to resume from (or, with ``max_restarts``, write step 0's); set up."""
+        """Load the checkpoint to resume from (or, with ``max_restarts``, write step 0's); the
+        algorithm's ``setup`` follows in :meth:`_execute`, where a lost worker is recovered from."""
         start = 0
         if self.latest is not None:
             start = self._load(self.latest)
@@ -426,7 +431,6 @@ class _Run:
                                      config=self.cfg)
         if self.latest is None and self.cfg.run.max_restarts > 0 and self.cfg.run.total_steps > 0:
             self._save(0)  # the state a recovery before the first checkpoint goes back to
-        self.algo.setup()
         return start
 
     def _train(self, start: int) -> dict[str, float] | None:
@@ -485,23 +489,36 @@ class _Run:
 
     def _recover(self, exc: Exception) -> int:
         """Rebuild the roles ``exc`` lost and go back to the newest complete checkpoint;
-        returns its step. Re-raises ``exc`` when it is not a lost worker or no restart is left."""
+        returns its step. A worker lost during the recovery itself (while roles are rebuilt,
+        the checkpoint loads or the weights are synced again) starts it again, as another
+        restart. Re-raises ``exc``, or the recovery's own failure, when it is not a lost worker,
+        no restart is left or there is no complete checkpoint."""
         from rlweave.runner.recovery import lost_roles
 
-        lost = lost_roles(exc, self.role_names)
-        if not lost or self.restarts >= self.cfg.run.max_restarts:
-            raise exc
-        latest = self.ckpt.resumable()
-        if latest is None:
-            raise exc
-        self.restarts += 1
-        why = "; ".join(f"{role}: {reason}" for role, reason in lost.items())
-        self.say(f"worker lost ({why}); restart {self.restarts} of {self.cfg.run.max_restarts}: rebuilding "
-                 f"{', '.join(lost)} and continuing from {latest.name}")
+        while True:
+            lost = lost_roles(exc, self.role_names)
+            if not lost or self.restarts >= self.cfg.run.max_restarts:
+                raise exc
+            latest = self.ckpt.resumable()
+            if latest is None:
+                raise exc
+            self.restarts += 1
+            why = "; ".join(f"{role}: {reason}" for role, reason in lost.items())
+            self.say(f"worker lost ({why}); restart {self.restarts} of {self.cfg.run.max_restarts}: rebuilding "
+                     f"{', '.join(lost)} and continuing from {latest.name}")
+            try:
+                return self._restart(list(lost), latest)
+            except Exception as again:  # noqa: BLE001 - recovered from in turn when it is a lost worker
+                exc = again
+
+    def _restart(self, lost: list[str], latest: Path) -> int:
+        """One recovery (see :meth:`_recover`): the ``lost`` roles rebuilt, the algorithm of the
+        failed step retired and a new one loaded from ``latest`` and set up; returns its step."""
         for role in lost:
             self.ctx.weight_sync.forget(role)
             self.roles[role] = self.builder.rebuild(role)
         self._write_workers()
+        self._retire_algorithm()
         self.algo = self.algo_cls(self.algo_cfg, self.ctx)
         start = self._load(latest)
         self.metrics.close()
@@ -509,6 +526,20 @@ class _Run:
         self.algo.setup()
         self.progress.rewind(start)
         return start
+
+    def _retire_algorithm(self) -> None:
+        """Stop the algorithm of a failed step before a new one takes over: generation it still
+        has on a live engine aborted, its background threads, environments and tool workers
+        closed. Its errors (calls on the lost ranks) are expected and only logged; the lost
+        roles are rebuilt first, so nothing waits on a dead or hung rank."""
+        old, self.algo = self.algo, None
+        if old is None:
+            return
+        for what, call in (("draining", lambda: old.drain(abort=True)), ("closing", old.close)):
+            try:
+                call()
+            except Exception as exc:  # noqa: BLE001 - the failed step's own errors
+                log.info("recovery: %s the failed step's algorithm: %s: %s", what, type(exc).__name__, exc)
 
     def _finish(self, start: int, eval_before, eval_after, t_start: float) -> dict[str, Any]:
         """HF export, plot and summary of a run whose steps are done."""

@@ -10,7 +10,10 @@
 Example: ``RLWEAVE_FAULTS=policy:0:train_step:hang@3`` hangs the policy's rank 0 in its third
 ``train_step``. The scheduler passes the variable from the controller to every rank it
 starts; a rank built again after a recovery starts with fresh counts, so a rule can fire
-again there. Without the variable nothing is checked beyond one dictionary lookup per call.
+again there. With ``RLWEAVE_FAULTS_FIRED`` naming a directory (passed on the same way), a rule
+that fires leaves a marker file there first and never fires again in the run, in any process
+(a fault during the first setup of a role, say, that its rebuilt rank would otherwise repeat).
+Without the variables nothing is checked beyond one dictionary lookup per call.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import time
 from dataclasses import dataclass
 
 ENV = "RLWEAVE_FAULTS"
+#: a directory of markers of the rules that fired (each fires once per run)
+FIRED_ENV = "RLWEAVE_FAULTS_FIRED"
 ACTIONS = ("hang", "kill", "raise")
 
 
@@ -31,6 +36,11 @@ class Fault:
     method: str
     action: str
     nth: int = 1
+
+    @property
+    def marker(self) -> str:
+        """The file name that records this rule fired (:data:`FIRED_ENV`)."""
+        return f"{self.role}-{self.rank}-{self.method}-{self.action}-{self.nth}"
 
 
 def parse(text: str) -> list[Fault]:
@@ -48,9 +58,12 @@ def parse(text: str) -> list[Fault]:
 class FaultPlan:
     """The rules for one rank, with per-method call counts."""
 
-    def __init__(self, role: str, rank: int, text: str | None = None) -> None:
+    def __init__(self, role: str, rank: int, text: str | None = None, fired: str | None = None) -> None:
         text = os.environ.get(ENV, "") if text is None else text
+        self.fired = (os.environ.get(FIRED_ENV) or None) if fired is None else fired
         self.rules = {f.method: f for f in parse(text) if f.role == role and f.rank == rank} if text else {}
+        if self.fired:
+            self.rules = {m: f for m, f in self.rules.items() if not os.path.exists(os.path.join(self.fired, f.marker))}
         self.calls: dict[str, int] = {}
 
     def before(self, method: str) -> None:
@@ -61,6 +74,12 @@ class FaultPlan:
         self.calls[method] = n = self.calls.get(method, 0) + 1
         if n != rule.nth:
             return
+        if self.fired:
+            try:  # exclusive: one process fires it
+                with open(os.path.join(self.fired, rule.marker), "x", encoding="utf-8") as f:
+                    f.write(f"{os.getpid()}\n")
+            except FileExistsError:
+                return
         if rule.action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if rule.action == "raise":

@@ -16,6 +16,8 @@ of the examples' tiny models).
   beside its tests, loaded with :func:`rlweave.testing.helper_modules.import_helper`.
 * :mod:`rlweave.testing.workers`: tiny probe workers for scheduler and weight-sync tests.
 * :mod:`rlweave.testing.runs`: drive ``rlweave`` in a subprocess and find what outlived it.
+* :mod:`rlweave.testing.chaos`: SIGKILL a run's processes (ranks, reward workers, the controller)
+  at random moments from a seeded plan, resume it, and check what it trained and left behind.
 * :mod:`rlweave.testing.tamper`: damage and booby-trap checkpoints.
 * :mod:`rlweave.testing.config_reach`, :mod:`rlweave.testing.config_keys` and
   :mod:`rlweave.testing.recorded_run`: the config mutation test (every key reaches its reader).

@@ -101,8 +101,9 @@ class RoleBuilder(BuilderInputs):
             self.classes[role] = self.records[role].load()
         on_cpu = placement.device == "cpu" or gpus_are_virtual()
         env = start_env(cfg.ray.cpu_malloc_reuse, on_cpu)
-        if os.environ.get(faults.ENV):  # test-only fault injection reaches every rank
-            env[faults.ENV] = os.environ[faults.ENV]
+        for name in (faults.ENV, faults.FIRED_ENV):  # test-only fault injection reaches every rank
+            if os.environ.get(name):
+                env[name] = os.environ[name]
         spans = spans_of(self.records[role])
         span = devices_per_rank(section.parallel, spans)
         ranks = section.devices // span
