@@ -388,6 +388,7 @@ class _Run:
                                    optimizer_total_steps=totals, kernel_records=resolved.kernels)
         if hasattr(self.builder, "run_dir") and os.environ.get(VERBOSE_ENV) != "1":
             self.builder.run_dir = self.run_dir  # each rank's own output: <run_dir>/logs/<role>-<rank>.log
+        self.console.tame()  # progress bars off before the roles load (in this process with in_process)
         self.roles.update(self.builder.build())
         self.console.tame()  # the loggers of what building the roles imported
         self._write_workers()
