@@ -10,7 +10,7 @@ Three runs of 20 steps of tiny GRPO (in process, FSDP policy, HF engine, a lengt
   reward called): the same checkpoint hash, and the same rows but for the times, the weight sync
   and the evaluations it skips.
 
-The dump holds what the issue names (token ids, masks, engine log-probs, rewards) in safetensors,
+The dump holds what a replay needs (token ids, masks, engine log-probs, rewards) in safetensors,
 with a header naming the model; a replay into another model is refused at ``rollout.replay``
 before anything starts.
 """
