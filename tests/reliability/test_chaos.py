@@ -52,19 +52,6 @@ KILLS_ENV, STEPS_ENV, OUT_ENV = "RLWEAVE_CHAOS_KILLS", "RLWEAVE_CHAOS_STEPS", "R
 #: "1": the long form (``bench/reliability.py --chaos``) also waits for Ray's agents of killed controllers
 LONG_ENV = "RLWEAVE_CHAOS_LONG"
 
-ECHO_ENV = '''
-from rlweave.interfaces.environment import Environment, EnvStep
-
-
-class Echo(Environment):
-    """Answers "1" to every model turn; the episode ends at max_turns."""
-
-    def reset(self, record):
-        return [{"role": "user", "content": record["prompt"]}]
-
-    def step(self, action):
-        return EnvStep(messages=[{"role": "tool", "content": "1"}])
-'''
 
 #: mode -> (config sections, staleness bound)
 MODES = {
@@ -96,7 +83,7 @@ GROUPS = {"sync": "chaos_a", "one_step_off": "chaos_a", "multi_turn": "chaos_a",
 @pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.xdist_group(GROUPS[m])) for m in sorted(MODES)])
 def test_chaos_run_keeps_every_guarantee(grpo_workspace, guarantee, mode):
     ws = grpo_workspace
-    (ws.root / "chaos_echo_env.py").write_text(ECHO_ENV)  # importable: cli_env puts ws.root on the path
+    (ws.root / "chaos_echo_env.py").write_text(chaos.ECHO_ENV)  # importable: cli_env puts ws.root on the path
     kills = int(os.environ.get(KILLS_ENV) or 2)
     long_form = os.environ.get(LONG_ENV) == "1"
     steps = _steps_for(kills)

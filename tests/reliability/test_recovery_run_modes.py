@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from rlweave.scheduler import faults
-from rlweave.testing.chaos import drawn_ids, queued_ids
+from rlweave.testing.chaos import ECHO_ENV, drawn_ids, queued_ids
 from rlweave.testing.runs import cli_env, leftovers, metrics_rows, run_cli
 
 pytestmark = pytest.mark.slow
@@ -44,20 +44,6 @@ MODES = {
                                  "multi_turn": {"env": {"name": "recovery_echo_env:Echo"}, "max_turns": 3,
                                                 "max_total_tokens": 64, "end_on_length": False}}},
 }
-
-ECHO_ENV = '''
-from rlweave.interfaces.environment import Environment, EnvStep
-
-
-class Echo(Environment):
-    """Answers "1" to every model turn; the episode ends at max_turns."""
-
-    def reset(self, record):
-        return [{"role": "user", "content": record["prompt"]}]
-
-    def step(self, action):
-        return EnvStep(messages=[{"role": "tool", "content": "1"}])
-'''
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))

@@ -492,3 +492,20 @@ def damaged_checkpoints(run_dir: str | os.PathLike[str]) -> list[str]:
     complete = {p.name for _, p in done}
     out += [f"incomplete checkpoint left: {p.name}" for p in root.iterdir() if p.is_dir() and p.name not in complete]
     return out
+
+
+#: a multi-turn environment module for test runs (write it where the run imports from): ``Echo``
+#: answers "1" to every model turn; its episodes end at ``max_turns``
+ECHO_ENV = '''
+from rlweave.interfaces.environment import Environment, EnvStep
+
+
+class Echo(Environment):
+    """Answers "1" to every model turn; the episode ends at max_turns."""
+
+    def reset(self, record):
+        return [{"role": "user", "content": record["prompt"]}]
+
+    def step(self, action):
+        return EnvStep(messages=[{"role": "tool", "content": "1"}])
+'''
