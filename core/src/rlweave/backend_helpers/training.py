@@ -69,7 +69,8 @@ def loss_settings(loss_fn: LossFn, kind: str, backend: str) -> tuple[bool, float
 def on_device(b: Batch, device: torch.device) -> Batch:
     """``b`` with its token and sample tensors on ``device`` (offsets stay where they are)."""
     mv = lambda d: {k: v.to(device) for k, v in d.items()}
-    return Batch(cu_seqlens=b.cu_seqlens, token=mv(b.token), sample=mv(b.sample), ids=b.ids, meta=b.meta)
+    return Batch(cu_seqlens=b.cu_seqlens, token=mv(b.token), sample=mv(b.sample), ids=b.ids, meta=b.meta,
+                 mm=[None if m is None else mv(m) for m in b.mm])
 
 
 class TrainingSkeleton(TrainingWorker, metaclass=ABCMeta):

@@ -12,6 +12,11 @@ Layout (``n`` samples, ``T`` tokens in all):
 * ``sample[key]``: tensors of shape ``(n, ...)``, one value per sample (rewards, scores).
 * ``ids``: a stable string id per sample, so nothing is lost or counted twice across
   retries and resumes. ``meta``: a JSON-able dict per sample (prompt text, answer...).
+* ``mm``: the vision inputs of each sample (vision-language models), empty when no sample has
+  any: then one entry per sample, None or a dict of tensors
+  (:data:`rlweave.data.vision.MM_KEYS`: ``pixel_values`` and ``image_grid_thw`` of its images,
+  in the order of their tokens). Selecting, splitting and concatenating keep each sample's
+  entry with it, so a packed micro-batch's images are its samples' entries in sample order.
 
 Every operation returns a new Batch and preserves sample order unless it says otherwise.
 """
@@ -31,6 +36,7 @@ class Batch:
     sample: dict[str, torch.Tensor] = field(default_factory=dict)
     ids: list[str] = field(default_factory=list)
     meta: list[dict[str, Any]] = field(default_factory=list)
+    mm: list[dict[str, torch.Tensor] | None] = field(default_factory=list)
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -95,6 +101,16 @@ class Batch:
             raise ValueError(f"token field {key!r} has {value.shape[0]} rows, batch has {self.num_tokens} tokens")
         self.token[key] = value
 
+    def set_mm(self, mm: Sequence[dict[str, torch.Tensor] | None]) -> None:
+        """Set the per-sample vision inputs (one entry per sample; all None clears them)."""
+        if len(mm) != len(self):
+            raise ValueError(f"{len(mm)} vision entries for a batch of {len(self)} samples")
+        self.mm = list(mm) if any(m is not None for m in mm) else []
+
+    @property
+    def has_images(self) -> bool:
+        return any(m is not None for m in self.mm)
+
     def add_sample(self, key: str, value: torch.Tensor) -> None:
         if value.shape[0] != len(self):
             raise ValueError(f"sample field {key!r} has {value.shape[0]} rows, batch has {len(self)} samples")
@@ -126,13 +142,14 @@ class Batch:
             sample={k: v[idx] for k, v in self.sample.items()},
             ids=[self.ids[i] for i in il],
             meta=[self.meta[i] for i in il],
+            mm=[self.mm[i] for i in il] if self.mm else [],
         )
 
     def shallow_copy(self) -> "Batch":
         """The same samples and tensors in new containers: fields added to or removed from the
         copy do not touch this batch (the tensors themselves are shared, not copied)."""
         return Batch(cu_seqlens=self.cu_seqlens, token=dict(self.token), sample=dict(self.sample),
-                     ids=list(self.ids), meta=list(self.meta))
+                     ids=list(self.ids), meta=list(self.meta), mm=list(self.mm))
 
     def split(self, parts: int) -> list["Batch"]:
         """Split into ``parts`` contiguous chunks of near-equal sample count."""
@@ -203,4 +220,5 @@ class Batch:
             sample={k: torch.cat([b.sample[k] for b in bs]) for k in keys_s},
             ids=[i for b in bs for i in b.ids],
             meta=[m for b in bs for m in b.meta],
+            mm=[m for b in bs for m in (b.mm or [None] * len(b))] if any(b.mm for b in bs) else [],
         )

@@ -57,7 +57,7 @@ def select_pair_batch(samples: Batch, pairs: Sequence[tuple[int, int]], pair_ids
     metas = [{**m, "pair": str(pid), "side": side} for m, (pid, side) in zip(picked.meta, sides)]
     out = Batch(cu_seqlens=picked.cu_seqlens,
                 token={k: picked.token[k] for k in ("input_ids", "loss_mask")},
-                sample={"prompt_len": picked.sample["prompt_len"]}, ids=ids, meta=metas)
+                sample={"prompt_len": picked.sample["prompt_len"]}, ids=ids, meta=metas, mm=picked.mm)
     return _with_pair_fields(out)
 
 

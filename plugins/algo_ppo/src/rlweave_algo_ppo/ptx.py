@@ -30,7 +30,7 @@ class PtxMix:
         """``mb`` followed by ptx samples: ``ptx_weight`` sums to 1 over the ptx tokens and is 0
         on ``mb``; the ptx samples carry zero ``token_weight``/``advantages`` (no RL term)."""
         rl = Batch(cu_seqlens=mb.cu_seqlens, token={**mb.token, "ptx_weight": torch.zeros(mb.num_tokens)},
-                   sample=dict(mb.sample), ids=list(mb.ids), meta=list(mb.meta))
+                   sample=dict(mb.sample), ids=list(mb.ids), meta=list(mb.meta), mm=list(mb.mm))
         ptx = supervised_batch(self.tok, self.records.next_batch(), encode_prompts)
         m = ptx.token["loss_mask"]
         ptx.add_token("ptx_weight", m / m.sum().clamp(min=1.0))

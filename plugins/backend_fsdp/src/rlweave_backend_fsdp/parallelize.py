@@ -74,9 +74,11 @@ def apply_compile(layers: list[nn.Module], enabled: bool, scope: str) -> None:
 
 
 def apply_fsdp(model: nn.Module, layers: list[nn.Module], device_type: str, world_size: int,
-               mixed_precision: str | None, reshard_after_forward: bool | None) -> None:
-    """FSDP2-shard each decoder layer, then the model, over a 1-D mesh of ``world_size``
-    ranks. ``mixed_precision: bf16`` computes in bf16 and reduces gradients in fp32;
+               mixed_precision: str | None, reshard_after_forward: bool | None,
+               units: list[nn.Module] = ()) -> None:
+    """FSDP2-shard each of ``units`` (modules called on their own, such as a vision tower) and
+    each decoder layer, then the model, over a 1-D mesh of ``world_size`` ranks.
+    ``mixed_precision: bf16`` computes in bf16 and reduces gradients in fp32;
     ``reshard_after_forward`` None: reshard unless one rank holds everything anyway (then
     backward skips the re-gather)."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -87,6 +89,6 @@ def apply_fsdp(model: nn.Module, layers: list[nn.Module], device_type: str, worl
                           else reshard_after_forward}
     if mixed_precision == "bf16":
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in layers:
+    for layer in [*units, *layers]:
         fully_shard(layer, **kw)
     fully_shard(model, **kw)

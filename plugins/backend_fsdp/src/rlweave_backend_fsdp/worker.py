@@ -52,6 +52,7 @@ import torch.distributed as dist
 from rlweave.backend_helpers import finite, router_replay
 from rlweave.backend_helpers.device import rank_device
 from rlweave.backend_helpers.hf_model import attention, micro, modeling, prefix
+from rlweave.backend_helpers.hf_model import vision as vision_forward
 from rlweave.backend_helpers.hf_model.outputs import Window
 from rlweave.backend_helpers.hf_model.worker import HFModelWorker
 from rlweave.backend_helpers.training import model_dtype
@@ -101,8 +102,12 @@ class FSDPWorker(HFModelWorker):
         layers = modeling.decoder_layers(model)
         model = parallelize.apply_lora(model, ctx.lora, self.kind, ctx.role)
         parallelize.apply_compile(layers, self.cfg.compile, self.choices.compile_scope)
+        tower = vision_forward.for_model(lora.base_of(model))
         parallelize.apply_fsdp(model, layers, self.device.type, self.world_size, self.cfg.mixed_precision,
-                               self.cfg.reshard_after_forward)
+                               self.cfg.reshard_after_forward, units=[tower.visual] if tower is not None else [])
+        if tower is not None:  # FSDP's state is set up by a first forward through the root, not the tower
+            with torch.no_grad():
+                model(input_ids=torch.zeros((1, 2), dtype=torch.long, device=self.device), use_cache=False)
         self.model = model
         coef = self.cfg.moe_aux_loss_coef
         if coef is None:
@@ -123,12 +128,16 @@ class FSDPWorker(HFModelWorker):
 
     # ------------------------------------------------- the HF model layer's hooks
     def _raw(self, ids: torch.Tensor, cu: torch.Tensor, shared: prefix.SharedRow | None = None,
-             routing: torch.Tensor | None = None, record: bool = False) -> tuple[torch.Tensor, Window | None]:
+             routing: torch.Tensor | None = None, record: bool = False,
+             mm: list | None = None) -> tuple[torch.Tensor, Window | None]:
         """The HF model layer's forward; with sequence parallelism, only the positions of this
         rank's window (:meth:`_raw_sp`; MoE models, hence routing, are refused with it)."""
         if self.sp is not None:
+            if self._vision() is not None:
+                raise ValueError(f"{self.backend} backend: role {self.ctx.role}: sequence parallelism "
+                                 f"(roles.{self.ctx.role}.parallel.sp) does not take vision-language models yet")
             return self._raw_sp(ids, cu, shared)
-        return super()._raw(ids, cu, shared, routing=routing, record=record)
+        return super()._raw(ids, cu, shared, routing=routing, record=record, mm=mm)
 
     def _after_forward(self, flat: torch.Tensor | None) -> None:
         if self.moe_state is not None:

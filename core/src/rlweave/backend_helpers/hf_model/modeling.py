@@ -2,7 +2,9 @@
 parts.
 
 * ``causal_lm``: ``AutoModelForCausalLM`` (the LM head is the model's own); state-dict names
-  are the HF names.
+  are the HF names. A vision-language directory (a ``vision_config`` in ``config.json``,
+  :func:`rlweave.data.vision.is_vision_model`) loads with ``AutoModelForImageTextToText``:
+  the vision tower, the language model and its head (:mod:`.vision` runs it).
 * ``value`` (critic) and ``reward``: the HF backbone (``AutoModel``) under a scalar head
   (:mod:`.heads`).
 
@@ -38,7 +40,16 @@ def load_model(model_cfg: dict[str, Any], attn_impl: str, dtype: torch.dtype, se
         trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
         local_files_only=True,
     )
-    if kind == "causal_lm":
+    from rlweave.data.vision import is_vision_model
+
+    if kind == "causal_lm" and is_vision_model(path):
+        from transformers import AutoModelForImageTextToText
+
+        model = AutoModelForImageTextToText.from_pretrained(path, **common)
+    elif is_vision_model(path):
+        raise ValueError(f"{backend} backend: model.path {path!r} is a vision-language model; model_type {kind!r} "
+                         "(a value or reward head) is not supported for it, only causal_lm")
+    elif kind == "causal_lm":
         model = AutoModelForCausalLM.from_pretrained(path, **common)
     elif kind in ("value", "reward"):
         backbone = AutoModel.from_pretrained(path, **common)
@@ -54,6 +65,7 @@ def load_model(model_cfg: dict[str, Any], attn_impl: str, dtype: torch.dtype, se
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The repeated transformer blocks, in order; ValueError for a model without them."""
     base = model.model if hasattr(model, "model") else model
+    base = getattr(base, "language_model", base)  # a vision-language model's text decoder
     base = getattr(base, "model", base) if not hasattr(base, "layers") else base
     layers = getattr(base, "layers", None)
     if layers is None:

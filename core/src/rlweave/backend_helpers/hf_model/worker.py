@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from rlweave.backend_helpers import hf_dir, router_replay
 from rlweave.backend_helpers.hf_model import attention, micro, prefix
+from rlweave.backend_helpers.hf_model import vision as vision_forward
 from rlweave.backend_helpers.hf_model.cpu import DeviceChoices
 from rlweave.backend_helpers.hf_model.outputs import Outputs, Window, last_token_scores, token_logprobs, token_values
 from rlweave.backend_helpers.training import TrainingSkeleton
@@ -106,7 +107,16 @@ class HFModelWorker(TrainingSkeleton):
     # ------------------------------------------------------------- one forward
     def _sharing(self, batch: Batch) -> bool:
         return (self.cfg.share_prompts and self.packing and self.attn_impl == attention.NAME
-                and "prompt_len" in batch.sample and len(batch) > 1)
+                and "prompt_len" in batch.sample and len(batch) > 1 and self._vision() is None)
+
+    def _vision(self) -> vision_forward.VisionForward | None:
+        """The vision-language forward of this model (None: a text model), found on first use."""
+        if "_vision_fwd" not in self.__dict__:
+            self._vision_fwd = vision_forward.for_model(self._base_model())
+            if self._vision_fwd is not None and not self.packing:
+                raise ValueError(f"{self.backend} backend: role {self.ctx.role}: a vision-language model runs on "
+                                 "packed rows only; set use_packing: true")
+        return self._vision_fwd
 
     def _plan(self, batch: Batch, budget: int) -> list[list[int]]:
         """Micro-batches of ``batch`` within ``budget`` tokens (shared-row tokens when sharing)."""
@@ -123,12 +133,14 @@ class HFModelWorker(TrainingSkeleton):
         return prefix.share(mb.token["input_ids"].cpu(), mb.cu_seqlens, mb.sample["prompt_len"].tolist())
 
     def _raw(self, ids: torch.Tensor, cu: torch.Tensor, shared: prefix.SharedRow | None = None,
-             routing: torch.Tensor | None = None, record: bool = False) -> tuple[torch.Tensor, Window | None]:
+             routing: torch.Tensor | None = None, record: bool = False,
+             mm: list | None = None) -> tuple[torch.Tensor, Window | None]:
         """Model output per packed token: logits ``(T, V)`` or head values ``(T,)``; with
         ``shared``, per position of its row ``(T', ...)``. Returns it and the window of row
         positions it covers (None: all; a backend splitting rows over ranks returns its own).
         ``routing`` (token order) is replayed and, with ``record``, the routing chosen is kept
-        for :meth:`_outputs` (MoE models: :meth:`_route`)."""
+        for :meth:`_outputs` (MoE models: :meth:`_route`). ``mm``: each sample's vision inputs
+        (vision-language models, :mod:`.vision`; their vision tower runs on every call)."""
         flat = None  # padded rows: the flat index of each real token
         if shared is not None:
             kw = {"input_ids": shared.input_ids.view(1, -1).to(self.device),
@@ -139,6 +151,9 @@ class HFModelWorker(TrainingSkeleton):
             # no mask: varlen kernels build none (attention.padding_mask, FA2's); sdpa builds a block mask
             kw = micro.packed_inputs(ids, cu, self.device)
             index, n_rows = None, int(ids.numel())
+            vis = self._vision()
+            if vis is not None:
+                kw.update(vis.inputs(ids, cu, mm or [], self.device))
         else:
             kw, flat = micro.padded_inputs(ids, cu, self.device)
             index, n_rows = flat, int(kw["input_ids"].numel())
@@ -173,7 +188,7 @@ class HFModelWorker(TrainingSkeleton):
         ids = mb.token["input_ids"].to(self.device)
         shared = self._shared(mb)
         raw, window = self._raw(ids, mb.cu_seqlens, shared, routing=mb.token.get(router_replay.FIELD),
-                                record=record)
+                                record=record, mm=mb.mm)
         routing = self._routing_out.cpu() if record else None
         self._routing_out = None
         rows = shared.tok_row if shared is not None else None
@@ -257,7 +272,7 @@ class HFModelWorker(TrainingSkeleton):
             ids = mb.token["input_ids"].to(self.device)
             shared = self._shared(mb)
             rows = shared.tok_row if shared is not None else None
-            raw, window = self._raw(ids, mb.cu_seqlens, shared)
+            raw, window = self._raw(ids, mb.cu_seqlens, shared, mm=mb.mm)
             return last_token_scores(raw, mb.cu_seqlens, rows, window).cpu()
 
         out = torch.zeros(len(batch), dtype=torch.float32)

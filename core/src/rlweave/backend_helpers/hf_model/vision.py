@@ -1,0 +1,89 @@
+"""A vision-language model's packed forward: its images' features and multimodal positions.
+
+:class:`VisionForward` (for a model with a vision tower, :func:`for_model`) turns one packed
+micro-batch (token ids, ``cu_seqlens`` and each sample's vision inputs,
+:attr:`rlweave.data.batch.Batch.mm`) into the extra keyword inputs of the model's forward:
+
+* ``position_ids`` ``(4, 1, T)``: row 0 each token's position inside its own sample (what
+  transformers reads to keep packed samples apart), rows 1-3 the multimodal rotary positions
+  of each sample (:func:`rlweave.data.vision.mrope_positions`, restarting at every sample and
+  continuing over its response), so a sample's outputs do not depend on what it is packed with;
+* ``mm_encoder_outputs``: the features of the micro-batch's images, in sample order, computed
+  by calling the vision tower on its own (never with the text's varlen keywords);
+* when the micro-batch has no image, the vision tower still runs, on one blank image of the
+  smallest grid, and its features, cut to none, enter the model where image features do: every
+  rank runs the same modules forward and backward in the same order (sharded parameters are
+  gathered and their gradients reduced on every rank alike) and the results are unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from rlweave.data.vision import mrope_positions
+
+
+def for_model(model: nn.Module) -> "VisionForward | None":
+    """The :class:`VisionForward` of ``model`` (an HF model, under no adapter wrapper), None for
+    a model without a vision tower."""
+    inner = getattr(model, "model", None)
+    if inner is None or getattr(inner, "visual", None) is None or not hasattr(inner, "get_image_features"):
+        return None
+    return VisionForward(inner, model.config)
+
+
+class VisionForward:
+    """See the module docstring. ``inner``: the model's backbone (``visual`` and
+    ``get_image_features``); ``config``: the top-level config (``image_token_id`` and the vision
+    config's ``spatial_merge_size``, ``patch_size``, ``temporal_patch_size``, ``in_channels``)."""
+
+    def __init__(self, inner: nn.Module, config: Any) -> None:
+        self.inner = inner
+        self.image_token_id = int(config.image_token_id)
+        vc = config.vision_config
+        self.merge = int(vc.spatial_merge_size)
+        self.patch_dim = int(vc.in_channels) * int(vc.temporal_patch_size) * int(vc.patch_size) ** 2
+
+    @property
+    def visual(self) -> nn.Module:
+        return self.inner.visual
+
+    def positions(self, ids: torch.Tensor, cu: torch.Tensor, mm: Sequence[dict | None]) -> torch.Tensor:
+        """``(4, 1, T)`` position ids of a packed row (module docstring)."""
+        bounds = cu.tolist()
+        rows = []
+        for i in range(len(bounds) - 1):
+            grid = mm[i]["image_grid_thw"] if mm and mm[i] is not None else None
+            rows.append(mrope_positions(ids[bounds[i]:bounds[i + 1]].cpu(), grid, self.image_token_id, self.merge))
+        mrope = torch.cat(rows, dim=1)
+        lens = cu[1:] - cu[:-1]
+        text = torch.arange(int(bounds[-1])) - torch.repeat_interleave(cu[:-1], lens)
+        return torch.cat([text.view(1, -1), mrope], dim=0).unsqueeze(1)
+
+    def features(self, mm: Sequence[dict | None], device) -> Any | None:
+        """The image features of the samples' images in order (``get_image_features``' output),
+        None when there are none."""
+        have = [m for m in (mm or []) if m is not None]
+        if not have:
+            return None
+        pixels = torch.cat([m["pixel_values"] for m in have]).to(device)
+        grid = torch.cat([m["image_grid_thw"] for m in have]).to(device)
+        return self.inner.get_image_features(pixels, grid, return_dict=True)
+
+    def blank(self, device) -> Any:
+        """The vision tower on one blank image of the smallest grid, its features cut to none:
+        features of zero image tokens that depend on every vision parameter."""
+        grid = torch.tensor([[1, self.merge, self.merge]], dtype=torch.long, device=device)
+        pixels = torch.zeros((self.merge * self.merge, self.patch_dim), device=device)
+        out = self.inner.get_image_features(pixels, grid, return_dict=True)
+        out.pooler_output = tuple(f[:0] for f in out.pooler_output)
+        return out
+
+    def inputs(self, ids: torch.Tensor, cu: torch.Tensor, mm: Sequence[dict | None], device) -> dict[str, Any]:
+        """The keyword inputs of one packed row's forward, which must follow (module docstring)."""
+        feats = self.features(mm, device)
+        return {"position_ids": self.positions(ids, cu, mm).to(device),
+                "mm_encoder_outputs": {"image": feats if feats is not None else self.blank(device)}}
