@@ -105,7 +105,7 @@ def list_plugins(as_json: bool = typer.Option(False, "--json", help="Print JSON 
     for col in ("name", "kind", "distribution", "version", "status", "summary"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        summary = r["summary"]
+        summary = r["summary"] + (" (takes vision-language models)" if r.get("vision") else "")
         if r["status"] != "ok" and r.get("error"):
             summary = f"{summary} — {r['error']}" if summary else r["error"]
         table.add_row(Text(r["name"]), Text(r["kind"]), Text(r["distribution"]), Text(str(r["version"])),

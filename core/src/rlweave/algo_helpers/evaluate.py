@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from rlweave.algo_helpers.rollout import encode_prompts, record_prompt
+from rlweave.algo_helpers.rollout import encode_records
 from rlweave.interfaces.engine import SamplingParams
 from rlweave.interfaces.rollout import Rollout
 from rlweave.rewards.failures import RewardFailureError
@@ -32,8 +32,10 @@ def exact_match(
     temperature: float = 1.0,
     seed: int = 0,
     trajectories: Rollout | None = None,
+    vision: Any = None,
 ) -> dict[str, float]:
-    """Generate one answer per record and score it.
+    """Generate one answer per record and score it (``vision``: the run's vision processor, for
+    records with images).
 
     ``trajectories``: the algorithm's :class:`~rlweave.interfaces.rollout.Rollout`, when it is not
     the plain single-turn one: each record is one trajectory (``max_new_tokens`` per model turn)
@@ -70,8 +72,9 @@ def exact_match(
         if eps:
             extra["tool_used_frac"] = sum(float(e.get("tool_calls", 0.0)) > 0 for e in eps) / len(eps)
     else:
-        texts = [record_prompt(r, tokenizer) for r in records]
-        gens = _result(rollout.generate(encode_prompts(tokenizer, texts), params))
+        prompts, meta = encode_records(tokenizer, records, vision)
+        texts = [m["prompt"] for m in meta]
+        gens = _result(rollout.generate(prompts, params))
         answers = [g[0].token_ids for g in gens]
         lengths = [len(a) for a in answers]
     responses = [tokenizer.decode(a, skip_special_tokens=True) for a in answers]

@@ -91,7 +91,8 @@ class ExperienceKit:
     def __init__(self, ctx: Any, config: Any, phases: Mapping[str, Sequence[str]], roles: Sequence[str], name: str):
         self.ctx, self.config, self.name = ctx, config, name
         self.residency = Residency.for_run(ctx, roles, phases)
-        self.rollout, self.rollout_record = make_rollout(ctx.config, config, ctx.tokenizer)
+        self.rollout, self.rollout_record = make_rollout(ctx.config, config, ctx.tokenizer,
+                                                         getattr(ctx, "vision", None))
         tape = open_tape(ctx)
         self.recorder = tape if isinstance(tape, TapeWriter) else None
         self.replaying = tape if isinstance(tape, TapeReader) else None
@@ -354,7 +355,7 @@ class ExperienceKit:
             "eval", exact_match, self.ctx.roles["rollout"], self.ctx.tokenizer, records, fn,
             max_new_tokens=c.eval_max_new_tokens, threshold=c.eval_threshold, greedy=c.eval_greedy,
             temperature=c.temperature, seed=int(self.ctx.seed),
-            trajectories=None if self.rollout_record.streams else self.rollout)
+            trajectories=None if self.rollout_record.streams else self.rollout, vision=getattr(self.ctx, "vision", None))
 
     def _eval_reward(self) -> Any:
         if self._eval_fn is None:

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from rlweave.data.batch import Batch
-from rlweave.interfaces.engine import Generation, SamplingParams
+from rlweave.interfaces.engine import Generation, SamplingParams, prompt_images
 from rlweave.interfaces.rollout import GenerateFn, Rollout, RolloutContext
 from rlweave.rewards.fields import reward_fields
 
@@ -88,12 +88,29 @@ def record_prompt(record: dict[str, Any], tokenizer: Any = None) -> str:
     raise ValueError(f"record {record.get('id', '?')}: no 'prompt', 'query' or 'messages' field")
 
 
-def encode_records(tokenizer: Any, records: Sequence[dict[str, Any]]) -> tuple[list[list[int]], list[dict[str, Any]]]:
+def encode_records(tokenizer: Any, records: Sequence[dict[str, Any]],
+                   vision: Any = None) -> tuple[list[list[int]], list[dict[str, Any]]]:
     """Prompt token ids of ``records`` (:func:`record_prompt`, then
     :func:`~rlweave.algo_helpers.rollout.encode_prompts`) and the meta each sample carries to
-    the rewards: the prompt text and the record's reward fields."""
+    the rewards: the prompt text and the record's reward fields. With ``vision`` (a
+    :class:`~rlweave.data.vision.VisionProcessor`), a record with ``images`` becomes a
+    :class:`~rlweave.interfaces.engine.VisionPrompt` (its placeholders expanded); records with
+    images without it raise ValueError naming the record."""
     texts = [record_prompt(r, tokenizer) for r in records]
-    return encode_prompts(tokenizer, texts), [{"prompt": t, **reward_fields(r)} for t, r in zip(texts, records)]
+    meta = [{"prompt": t, **reward_fields(r)} for t, r in zip(texts, records)]
+    if not any(r.get("images") for r in records):
+        return encode_prompts(tokenizer, texts), meta
+    if vision is None:
+        bad = next(r for r in records if r.get("images"))
+        raise ValueError(f"record {bad.get('id', '?')} has images, but the model is not a vision-language model")
+    from rlweave.data.vision_records import record_images
+    from rlweave.interfaces.engine import VisionPrompt
+
+    out: list[list[int]] = []
+    for t, r in zip(texts, records):
+        ids, mm = vision.encode(t, record_images(r))
+        out.append(VisionPrompt(ids, mm) if mm is not None else ids)
+    return out, meta
 
 
 def generations_to_batch(
@@ -113,7 +130,8 @@ def generations_to_batch(
     ``routing`` where the engine reported it (``Generation.routing``).
     Sample fields: ``prompt_len``,
     ``response_len``, ``group`` (the prompt's index). Sample ids are ``f"{id}/{k}"``;
-    ``meta`` is a copy of the prompt's meta plus ``response_ids`` and ``finish_reason``.
+    ``meta`` is a copy of the prompt's meta plus ``response_ids`` and ``finish_reason``; ``mm``
+    the vision inputs of prompts that carry images (:class:`~rlweave.interfaces.engine.VisionPrompt`).
     """
     if not (len(prompt_ids) == len(gens) == len(ids) == len(meta)):
         raise ValueError(
@@ -148,6 +166,7 @@ def generations_to_batch(
                 vers = (vers + [0] * len(p) + (list(gen.versions) if stamped else [version] * len(resp))
                         if stamped or version is not None else None)
     batch = Batch.from_sequences(seqs, ids=sids, meta=metas, prompt_lens=plens)
+    batch.set_mm([prompt_images(p) for p, glist in zip(prompt_ids, gens) for _ in glist])
     batch.add_token("rollout_logprobs", torch.tensor(lps, dtype=torch.float32))
     if vers is not None:
         batch.add_token("weight_version", torch.tensor(vers, dtype=torch.long))
@@ -176,16 +195,17 @@ class SingleTurnRollout(Rollout):
     """The default rollout: one engine call, one continuation per sample
     (:func:`encode_records`, then :func:`generations_to_batch`; ``env_reward`` is 0)."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, vision: Any = None):
         self.tok = tokenizer
+        self.vision = vision
 
     @classmethod
     def create(cls, ctx: RolloutContext) -> "SingleTurnRollout":
-        return cls(ctx.tokenizer)
+        return cls(ctx.tokenizer, ctx.vision)
 
     def run(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,
             version: int = 0) -> Batch:
-        prompt_ids, meta = encode_records(self.tok, records)
+        prompt_ids, meta = encode_records(self.tok, records, self.vision)
         gens = generate(prompt_ids, dataclasses.replace(sampling, n=n))
         batch = generations_to_batch(prompt_ids, gens, [str(r.get("id", i)) for i, r in enumerate(records)], meta,
                                      version)
@@ -193,10 +213,11 @@ class SingleTurnRollout(Rollout):
         return batch
 
 
-def make_rollout(run_config: Any, algorithm_config: Any, tokenizer: Any) -> tuple[Rollout, Any]:
+def make_rollout(run_config: Any, algorithm_config: Any, tokenizer: Any, vision: Any = None) -> tuple[Rollout, Any]:
     """``(rollout, its record)`` of a run (:mod:`rlweave.config.rollout`: ``rollout.name``, else
     ``multi_turn`` when the algorithm's config has that section, else ``single_turn``), built with
-    :meth:`Rollout.create`; the record is a :class:`~rlweave.plugins.RolloutRecord`."""
+    :meth:`Rollout.create`; the record is a :class:`~rlweave.plugins.RolloutRecord`. ``vision``:
+    the run's vision processor (a vision-language model), else None."""
     from rlweave.config.rollout import rollout_args, rollout_name
     from rlweave.plugins.manager import get_plugin_manager
 
@@ -204,5 +225,5 @@ def make_rollout(run_config: Any, algorithm_config: Any, tokenizer: Any) -> tupl
     args = rollout_args(run_config, algorithm_config)
     if record.config_model is not None and isinstance(args, dict):
         args = record.config_model.model_validate(args)
-    ctx = RolloutContext(tokenizer=tokenizer, args=args, algorithm=algorithm_config)
+    ctx = RolloutContext(tokenizer=tokenizer, args=args, algorithm=algorithm_config, vision=vision)
     return record.load().create(ctx), record

@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # pragma: no cover
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
     "added_tokens.json", "tokenizer.model", "chat_template.jinja", "chat_template.json", "generation_config.json",
+    # a vision-language model's processor
+    "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
 )
 
 

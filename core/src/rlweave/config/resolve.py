@@ -291,6 +291,13 @@ class _Pass:
         for path, message in router_replay_problems(self.cfg, self.out.algorithm_config, self.out.roles, started):
             self.issue(path, message)
 
+    def vision(self) -> None:
+        """A vision-language model: roles whose backend or engine takes it, and what carries no images yet."""
+        from rlweave.config.vision import vision_problems
+
+        for path, message in vision_problems(self.cfg, self.out.algorithm_config, self.out.roles):
+            self.issue(path, message)
+
     def lora(self) -> None:
         from rlweave.config.lora import adapter_sync_problems, lora_problems
 
@@ -452,6 +459,7 @@ def collect_plugin_issues(cfg: RunConfig, pm: PluginManager, source: str,
     run.roles()
     run.determinism()
     run.router_replay()
+    run.vision()
     run.lora()
     run.rewards()
     run.kernels()

@@ -56,6 +56,8 @@ class SampleRequest:
     truncated: bool = False
     error: str | None = None
     budget_limited: bool = False
+    #: the prompt's vision inputs (:class:`rlweave.interfaces.engine.VisionPrompt`), None without images
+    mm: Any = None
 
 
 def validate_params(params: "SamplingParams") -> None:
@@ -113,12 +115,16 @@ def plan_requests(
     out: list[SampleRequest] = []
     for i, prompt in enumerate(prompts):
         ids = [int(t) for t in prompt]
+        mm = getattr(prompt, "mm", None)
         error = None
         truncated = False
         if not ids:
             error = f"prompt {i} is empty ({where})"
         elif len(ids) >= max_model_len:
-            if long_prompt == "truncate":
+            if long_prompt == "truncate" and mm is not None:
+                error = (f"prompt {i} has {len(ids)} tokens with its images' tokens; {where} accepts at most "
+                         f"max_model_len={max_model_len} and a prompt with images is never cut")
+            elif long_prompt == "truncate":
                 keep = max_model_len - min(params.max_new_tokens, max_model_len // 2)
                 ids = ids[len(ids) - keep :]
                 truncated = True
@@ -139,6 +145,7 @@ def plan_requests(
                     truncated=truncated,
                     error=error,
                     budget_limited=budget_limited,
+                    mm=mm,
                 )
             )
     return out

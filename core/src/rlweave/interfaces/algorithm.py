@@ -35,6 +35,8 @@ class RunContext:
     (:class:`rlweave.weight_sync.WeightSync`; default: one over ``roles`` with the default
     ``weight_sync`` section). ``next_records``: returns the next batch of training records
     (algorithms that need more prompts in a step), or None when there is no training data.
+    ``vision``: the run's :class:`~rlweave.data.vision.VisionProcessor` when the model is a
+    vision-language model (it turns records with ``images`` into prompts), else None.
     """
 
     roles: dict[str, Any]
@@ -45,6 +47,7 @@ class RunContext:
     seed: int = 0
     weight_sync: "WeightSync" = None  # type: ignore[assignment] - filled in by __post_init__
     next_records: Callable[[], list[dict[str, Any]]] | None = None
+    vision: Any = None
 
     def __post_init__(self) -> None:
         if self.weight_sync is None:

@@ -102,6 +102,27 @@ class Generation:
     routing: Any = None
 
 
+class VisionPrompt(list):
+    """A prompt's token ids (a ``list[int]``) with its images' vision inputs ``mm``
+    (:data:`rlweave.data.vision.MM_KEYS`; the ids hold each image's placeholder tokens already
+    expanded, :class:`rlweave.data.vision.VisionProcessor`). Engines whose record says ``vision``
+    generate from it; others refuse it. It pickles with its images; slicing or adding to it
+    gives a plain list without them, so code that builds a new prompt from it must carry ``mm``
+    itself."""
+
+    def __init__(self, ids=(), mm: dict[str, Any] | None = None) -> None:
+        super().__init__(ids)
+        self.mm = mm
+
+    def __reduce__(self):
+        return (VisionPrompt, (list(self), self.mm))
+
+
+def prompt_images(prompt: Any) -> dict[str, Any] | None:
+    """The vision inputs a prompt carries (:class:`VisionPrompt`), None for plain token ids."""
+    return getattr(prompt, "mm", None)
+
+
 class RolloutEngine(Worker):
     """Generates with the policy's weights and accepts new weights in place.
 
@@ -175,7 +196,8 @@ class RolloutEngine(Worker):
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
-        """For each prompt (token ids) ``params.n`` generations, in prompt order."""
+        """For each prompt (token ids, or a :class:`VisionPrompt` for an engine that takes
+        images) ``params.n`` generations, in prompt order."""
 
     @abstractmethod
     def load_weights(self, named_tensors: Iterable[tuple[str, "torch.Tensor"]]) -> None:

@@ -54,11 +54,14 @@ class RolloutContext:
     """What a rollout is built from: the run's ``tokenizer``, its validated settings ``args``
     (the record's ``config_model`` instance for ``rollout.args``, ``algorithm.multi_turn`` for the
     multi-turn rollout, ``{}`` without settings) and the algorithm's validated config
-    ``algorithm`` (``n_samples``, ``max_new_tokens``...; may be None in tests)."""
+    ``algorithm`` (``n_samples``, ``max_new_tokens``...; may be None in tests); ``vision``: the
+    run's :class:`~rlweave.data.vision.VisionProcessor` for a vision-language model (records with
+    ``images``), None for a text model."""
 
     tokenizer: Any
     args: Any = None
     algorithm: Any = None
+    vision: Any = None
 
 
 class Rollout(ABC):

@@ -83,7 +83,9 @@ class Provided:
         return self.record.name
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready row for ``rlweave list-plugins --json``."""
+        """JSON-ready row for ``rlweave list-plugins --json``; backends and engines also say
+        whether they take vision-language models (``vision``)."""
+        extra = {"vision": bool(getattr(self.record, "vision", False))} if self.kind in ("backend", "engine") else {}
         return {
             "name": self.name,
             "kind": self.kind,
@@ -94,4 +96,5 @@ class Provided:
             "summary": self.record.summary,
             "api_version": self.record.api_version,
             "error": self.error,
+            **extra,
         }

@@ -99,6 +99,9 @@ class BackendRecord(PluginRecord):
     ``router_replay``: for MoE models its workers replay a batch's ``routing`` token field in every
     pass and take ``compute_logprobs(..., with_routing=True)`` (:mod:`rlweave.backend_helpers.router_replay`);
     ``algorithm.router_replay`` refuses a policy backend without it.
+
+    ``vision``: it trains vision-language models (:mod:`rlweave.data.vision`): its workers take
+    batches whose samples carry images (``Batch.mm``); validation refuses such a model otherwise.
     """
 
     kind: ClassVar[str] = "backend"
@@ -107,6 +110,7 @@ class BackendRecord(PluginRecord):
     kernels: tuple[str, ...] = ()
     lora: bool = False
     router_replay: bool = False
+    vision: bool = False
     check: Callable[[str, Any, Any], list[tuple[str, str]]] = field(default=_nothing_to_refuse, kw_only=True)
 
 
@@ -132,6 +136,9 @@ class EngineRecord(PluginRecord):
     ``routing``: for MoE models it reports the experts each token was routed to
     (``SamplingParams.return_routing``, ``Generation.routing``); ``algorithm.router_replay: r3``
     refuses an engine that does not.
+
+    ``vision``: it generates from prompts with images (:class:`rlweave.interfaces.engine.VisionPrompt`)
+    with vision-language models; validation refuses such a model otherwise.
     """
 
     kind: ClassVar[str] = "engine"
@@ -140,6 +147,7 @@ class EngineRecord(PluginRecord):
     lora: bool = False
     deterministic: bool = False
     routing: bool = False
+    vision: bool = False
 
 
 def _no_roles(config: Any) -> tuple[str, ...]:

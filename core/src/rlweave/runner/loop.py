@@ -101,6 +101,19 @@ def _load_tokenizer(cfg: RunConfig):
     return AutoTokenizer.from_pretrained(path, trust_remote_code=m.trust_remote_code)
 
 
+def _load_vision(cfg: RunConfig, tokenizer: Any) -> Any:
+    """The run's :class:`~rlweave.data.vision.VisionProcessor` when its model is a vision-language
+    model (pixel bounds from ``model.vision``), else None."""
+    from rlweave.data.vision import VisionProcessor, is_vision_model
+
+    m = _model_section(cfg)
+    if not m.path or not is_vision_model(m.path):
+        return None
+    bounds = getattr(m, "vision", None)
+    return VisionProcessor(m.path, getattr(bounds, "min_pixels", None), getattr(bounds, "max_pixels", None),
+                           tokenizer=tokenizer)
+
+
 def _trained_roles(cfg: RunConfig, roles: list[str]) -> list[str]:
     """Roles with their own checkpoints: training backends with an optimizer (never the
     rollout or the reference, whose ``optim`` validation warns about and ignores)."""
@@ -325,6 +338,7 @@ class _Run:
         _seed_everything(cfg.run.seed, cfg.run.deterministic)
 
         self.tokenizer = _load_tokenizer(cfg)
+        self.vision = _load_vision(cfg, self.tokenizer)
         self.data_iter = None
         train, evals = open_data(cfg.data, self.tokenizer, self.source)
         if train is not None:
@@ -398,7 +412,8 @@ class _Run:
         self.ctx = RunContext(roles=self.roles, tokenizer=self.tokenizer, run_dir=self.run_dir, config=cfg,
                               rewards=self.rewards, seed=cfg.run.seed,
                               weight_sync=WeightSync(self.roles, cfg.weight_sync, folder=self.run_dir / "weight_sync"),
-                              next_records=self.data_iter.next_batch if self.data_iter is not None else None)
+                              next_records=self.data_iter.next_batch if self.data_iter is not None else None,
+                              vision=self.vision)
         self.algo = self.algo_cls(self.algo_cfg, self.ctx)
 
     def _write_workers(self) -> None:

@@ -16,6 +16,10 @@ class FSDPConfig(BaseModel):
         "without fast bf16 matmuls (e.g. AVX2 only) a warning names this CPU's probed slowdown; use none there.",
     )
     activation_checkpointing: bool = Field(False, description="Recompute decoder-layer activations in backward.")
+    freeze_vision_tower: bool = Field(
+        False, description="Vision-language models: do not train the vision tower; its parameters stay out of the "
+        "optimizer, the checkpoints and the weight sync (the rollout engine keeps the tower it loaded).",
+    )
     max_tokens_per_micro_batch: int = Field(
         4096, ge=1, description="Token budget of one packed micro-batch (a longer sample gets its own). With "
         "parallel.sp = N it is the budget of the whole sequence-parallel group: each of its N ranks holds about 1/N "

@@ -69,6 +69,7 @@ class FSDPWorker(HFModelWorker):
 
     backend = "fsdp"
     sp: seqpar.SPGroup | None = None  # this rank's Ulysses group (parallel.sp > 1)
+    frozen_names: frozenset[str] | set[str] = frozenset()  # a frozen vision tower's parameters
     moe_state: moe.MoETraining | None = None  # set for a mixture-of-experts model
     moe_kernel: dict[str, Any] | None = None  # the moe_groupgemm kernel's report when it replaced experts
 
@@ -90,6 +91,8 @@ class FSDPWorker(HFModelWorker):
         self.packing = self.cfg.use_packing
         bf16 = self.cfg.mixed_precision == "bf16" or param_dtype == torch.bfloat16
         model = modeling.load_model(ctx.model, self.attn_impl, param_dtype, seed, backend=self.backend)
+        self.frozen_names = (vision_forward.freeze_tower(model, f"roles.{ctx.role}.options.freeze_vision_tower")
+                             if self.cfg.freeze_vision_tower else set())
         # the steps of parallelize.py, in its order
         blocks = moe.find_blocks(model)
         self._refuse(checks.moe_problems(sp, blocks[0].num_experts if blocks else None))
@@ -211,7 +214,8 @@ class FSDPWorker(HFModelWorker):
     def named_weights(self, dtype: torch.dtype | None = None, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named full tensors, one at a time; rank 0 yields (``device``, default CPU)."""
         self._check_ready("named_weights")
-        yield from hf_export.stream_full(self.model, self.rank, self.skip_names, dtype=dtype, device=device)
+        skip = self.skip_names | self.frozen_names  # a frozen vision tower: the engine has it already
+        yield from hf_export.stream_full(self.model, self.rank, skip, dtype=dtype, device=device)
 
     def _export_items(self) -> Iterator[tuple[str, torch.Tensor]]:
         """What ``save_hf`` writes: HF-named full tensors as stored, rank 0 yields (all ranks iterate)."""
@@ -240,11 +244,16 @@ class FSDPWorker(HFModelWorker):
         self._check_ready("save_checkpoint")
         self._refuse_nonfinite(path, finite.first_nonfinite(self.model, self.optimizer))
         extra = {"step": self.step, "scheduler": self._schedule_state()}
-        checkpoint.save(path, self.model, self.optimizer, extra, self.rank, frozen=not lora.is_peft(self.model),
+        checkpoint.save(path, self.model, self.optimizer, extra, self.rank, frozen=self._saves_frozen(),
                         device=self.device)
+
+    def _saves_frozen(self) -> bool:
+        """Whether checkpoints hold frozen parameters too: not with LoRA adapters or a frozen
+        vision tower (they stay as loaded from the model directory)."""
+        return not lora.is_peft(self.model) and not self.frozen_names
 
     def load_checkpoint(self, path: str) -> None:
         self._check_ready("load_checkpoint")
-        extra = checkpoint.load(path, self.model, self.optimizer, self.rank, frozen=not lora.is_peft(self.model))
+        extra = checkpoint.load(path, self.model, self.optimizer, self.rank, frozen=self._saves_frozen())
         self.step = extra.get("step", 0)
         self._load_schedule(extra.get("scheduler"))

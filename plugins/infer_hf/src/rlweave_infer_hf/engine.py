@@ -89,7 +89,13 @@ class HFEngine(RolloutEngine):
         dtype_name = self.cfg.dtype if self.cfg.dtype != "auto" else self.ctx.model.get("dtype", "float32")
         self.device = torch.device("cuda" if self.ctx.device == "cuda" and torch.cuda.is_available() else "cpu")
         t0 = time.perf_counter()
-        self.model = AutoModelForCausalLM.from_pretrained(
+        from rlweave.data.vision import is_vision_model
+
+        self.vision = is_vision_model(path)
+        auto = AutoModelForCausalLM
+        if self.vision:
+            from transformers import AutoModelForImageTextToText as auto
+        self.model = auto.from_pretrained(
             path, dtype=getattr(torch, dtype_name), trust_remote_code=bool(self.ctx.model.get("trust_remote_code"))
         )
         self.model.to(self.device).eval()
@@ -209,6 +215,7 @@ class HFEngine(RolloutEngine):
             out = model.generate(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
+                **self._vision_inputs(reqs, ids),
                 generation_config=gc,
                 stopping_criteria=StoppingCriteriaList([_after_step(stop_flag, after_step)]),
             )
@@ -230,6 +237,23 @@ class HFEngine(RolloutEngine):
                 gen.routing = recorder.sample(grid, row, width, len(r.prompt_ids), len(gen.token_ids))
             result.append(gen)
         return result
+
+    def _vision_inputs(self, reqs: list[SampleRequest], ids) -> dict[str, Any]:
+        """``generate``'s image inputs for the rows of ``reqs`` (padded ``ids``): their images in
+        row order and which tokens are image tokens; none without images. A prompt with images
+        for a text-only model is a ValueError."""
+        import torch
+
+        have = [r.mm for r in reqs if r.mm is not None]
+        if not have:
+            return {}
+        if not self.vision:
+            raise ValueError(f"{self.where}: a prompt with images, but model {self.ctx.model.get('path')!r} is not a "
+                             "vision-language model")
+        image_token = int(self.model.config.image_token_id)
+        return {"pixel_values": torch.cat([m["pixel_values"] for m in have]).to(self.device, self.dtype),
+                "image_grid_thw": torch.cat([m["image_grid_thw"] for m in have]).to(self.device),
+                "mm_token_type_ids": (ids == image_token).int().to(self.device)}
 
     # --------------------------------------------------------------- weights
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> dict[str, Any]:

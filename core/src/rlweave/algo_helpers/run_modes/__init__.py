@@ -40,7 +40,9 @@ def queue_pipeline(ctx: Any, n: int, max_new_tokens: int, schedule: Any) -> Any:
     from rlweave.algo_helpers.pipeline import RolloutPipeline
     from rlweave.algo_helpers.rollout import encode_records
 
-    return RolloutPipeline(ctx, n, max_new_tokens, functools.partial(encode_records, ctx.tokenizer), schedule)
+    return RolloutPipeline(ctx, n, max_new_tokens,
+                           functools.partial(encode_records, ctx.tokenizer, vision=getattr(ctx, "vision", None)),
+                           schedule)
 
 
 def episode_pipeline(ctx: Any, rollout: Any, n: int, lookahead: int) -> Any:

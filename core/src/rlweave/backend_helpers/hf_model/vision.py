@@ -26,6 +26,23 @@ from torch import nn
 from rlweave.data.vision import mrope_positions
 
 
+def freeze_tower(model: nn.Module, where: str) -> set[str]:
+    """Stop training ``model``'s vision tower (``requires_grad`` off) and return its parameters'
+    names (``model.named_parameters()``), which a backend then keeps out of the optimizer, its
+    checkpoints and the weight sync (the engine loaded the same tower). ValueError naming
+    ``where`` (the option's key) for a model without one."""
+    vis = for_model(model)
+    if vis is None:
+        raise ValueError(f"{where}: the model has no vision tower to freeze")
+    tower = {id(p) for p in vis.visual.parameters()}
+    names = set()
+    for name, p in model.named_parameters():
+        if id(p) in tower:
+            p.requires_grad_(False)
+            names.add(name)
+    return names
+
+
 def for_model(model: nn.Module) -> "VisionForward | None":
     """The :class:`VisionForward` of ``model`` (an HF model, under no adapter wrapper), None for
     a model without a vision tower."""

@@ -1,0 +1,65 @@
+"""Vision-language models through the HF engine and the FSDP backend: what the engine samples from
+prompts with images is what the trainer scores, with the same log-probs; packing and the other
+samples' images change nothing; a rank without images still steps; a frozen vision tower stays
+frozen and out of the optimizer and the weight sync."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlweave.testing.helper_modules import import_helper
+from rlweave.testing.ranks import run_ranks
+
+sc = import_helper(Path(__file__).with_name("vision_scenarios.py"))
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory) -> str:
+    return sc.build_model(str(tmp_path_factory.mktemp("vlm") / "model"))
+
+
+@pytest.fixture(scope="module")
+def one_rank(vlm) -> dict:
+    return run_ranks(sc.engine_and_trainer, 1, vlm)
+
+
+def _response(r: dict, key: str) -> torch.Tensor:
+    return r[key][r["mask"] > 0]
+
+
+def test_sampled_ids_are_trained_ids(one_rank):
+    assert one_rank["sampled"] == one_rank["trained"]
+    assert all(len(s) > 0 for s in one_rank["sampled"])
+
+
+def test_engine_logprobs_equal_trainer_logprobs(one_rank):
+    trainer, engine = _response(one_rank, "packed"), _response(one_rank, "engine")
+    assert torch.allclose(trainer, engine, atol=1e-5, rtol=0), (trainer - engine).abs().max()
+
+
+def test_trainer_logprobs_equal_transformers_per_sample(one_rank):
+    # every token, prompt included: image tokens, M-RoPE positions and the text after the images
+    assert torch.allclose(one_rank["packed"], one_rank["reference"], atol=1e-5, rtol=0)
+
+
+def test_packed_equals_unpacked(one_rank):
+    assert torch.allclose(one_rank["packed"], one_rank["alone"], atol=1e-6, rtol=0)
+
+
+def test_another_samples_image_changes_nothing_else(one_rank):
+    cu = one_rank["cu"].tolist()
+    first, third = slice(cu[0], cu[2]), slice(cu[2], cu[3])
+    assert torch.equal(one_rank["changed"][first], one_rank["packed"][first])
+    assert not torch.allclose(one_rank["changed"][third], one_rank["packed"][third])  # the control: it did change
+
+
+def test_rank_without_images_steps_and_frozen_tower_stays(vlm):
+    r = run_ranks(sc.two_ranks_frozen, 2, vlm)
+    assert r["tower"], "the model has a vision tower"
+    assert torch.isfinite(torch.tensor(r["loss"]))
+    assert r["tower_same"] and r["text_changed"]
+    assert not r["tower_in_optim"]
+    assert r["synced_tower"] == [] and r["synced"] > 0
