@@ -3,7 +3,9 @@ rollout role (SFT, DPO): the policy is saved in Hugging Face format and decoded 
 
 It follows the ``generate(prompts, params) -> list[list[Generation]]`` shape of a rollout
 engine, but returns the list directly (no future). Prompts of equal length are decoded
-together with a KV cache (no padding, so results equal one-at-a-time decoding).
+together with a KV cache (no padding, so results equal one-at-a-time decoding). A
+vision-language model decodes :class:`~rlweave.interfaces.engine.VisionPrompt` prompts with their
+images.
 """
 
 from __future__ import annotations
@@ -19,9 +21,13 @@ class LocalHFGenerator:
 
     def __init__(self, path: str, dtype: str = "float32", max_batch: int = 128):
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+        from rlweave.data.vision import is_vision_model
+
+        self.vision = is_vision_model(path)
+        auto = AutoModelForImageTextToText if self.vision else AutoModelForCausalLM
+        self.model = auto.from_pretrained(path, dtype=getattr(torch, dtype))
         self.model.eval()
         self.max_batch = max_batch
 
@@ -37,23 +43,44 @@ class LocalHFGenerator:
             for _, idx in sorted(by_len.items()):
                 for s in range(0, len(idx), self.max_batch):
                     chunk = idx[s : s + self.max_batch]
-                    for i, g in zip(chunk, self._batch([prompts[i] for i in chunk], params, gen)):
+                    for i, g in zip(chunk, self._batch([prompts[i] for i in chunk], params, gen,
+                                                       self._images([prompts[i] for i in chunk]))):
                         out[i].append(g)
         return out
 
-    def _batch(self, prompts: list[list[int]], params: SamplingParams, gen: Any) -> list[Generation]:
+    def _images(self, prompts: list[list[int]]) -> dict[str, Any]:
+        """The first forward's image inputs for ``prompts`` (one row each), none without images."""
+        import torch
+
+        from rlweave.interfaces.engine import prompt_images
+
+        have = [m for m in map(prompt_images, prompts) if m is not None]
+        if not have:
+            return {}
+        if not self.vision:
+            raise ValueError("a prompt with images, but the model is not a vision-language model")
+        ids = torch.tensor([list(p) for p in prompts])
+        return {"pixel_values": torch.cat([m["pixel_values"] for m in have]).to(self.model.dtype),
+                "image_grid_thw": torch.cat([m["image_grid_thw"] for m in have]),
+                "mm_token_type_ids": (ids == self.model.config.image_token_id).int()}
+
+    def _batch(self, prompts: list[list[int]], params: SamplingParams, gen: Any,
+               images: dict[str, Any] | None = None) -> list[Generation]:
         import torch
 
         stops = torch.tensor(sorted(set(params.stop_token_ids)) or [-1])
         n = len(prompts)
-        inp = torch.tensor(prompts)
+        inp = torch.tensor([list(p) for p in prompts])
         past = None
+        extra = dict(images or {})
+        if self.vision:  # transformers keeps the last call's M-RoPE offsets on the model: never reuse them
+            self.model.model.rope_deltas = None
         toks: list[list[int]] = [[] for _ in range(n)]
         lps: list[list[float]] = [[] for _ in range(n)]
         done = torch.zeros(n, dtype=torch.bool)
         for _ in range(params.max_new_tokens):
-            o = self.model(input_ids=inp, past_key_values=past, use_cache=True)
-            past = o.past_key_values
+            o = self.model(input_ids=inp, past_key_values=past, use_cache=True, **extra)
+            past, extra = o.past_key_values, {}
             logits = o.logits[:, -1].float()
             if params.temperature <= 0:
                 logp = torch.log_softmax(logits, -1)

@@ -165,6 +165,28 @@ class VisionProcessor:
         return list(self.tokenizer(expanded)["input_ids"]), mm
 
 
+def expand_placeholders(vision: VisionProcessor, ids: Sequence[int], mask: Sequence[int],
+                        images: Sequence[Any]) -> tuple[list[int], list[int], dict[str, Any] | None]:
+    """``(ids, mask, mm)``: token ids in which each single image placeholder token (as a text with
+    placeholders tokenizes) is expanded to its image's tokens, mask 0 on them, and the vision inputs
+    (None without images). ValueError when the placeholders and the images differ in number."""
+    n = sum(1 for t in ids if t == vision.image_token_id)
+    if n != len(images):
+        raise ValueError(f"the text has {n} image placeholder(s) ({vision.placeholder}) but {len(images)} image(s) "
+                         "were given")
+    if not images:
+        return list(ids), list(mask), None
+    mm = vision.image_inputs(images)
+    counts = iter(vision.tokens_per_image(mm["image_grid_thw"]))
+    out_ids: list[int] = []
+    out_mask: list[int] = []
+    for t, m in zip(ids, mask):
+        k = next(counts) if t == vision.image_token_id else 1
+        out_ids += [t] * k
+        out_mask += [m if k == 1 and t != vision.image_token_id else 0] * k
+    return out_ids, out_mask, mm
+
+
 def mrope_positions(input_ids, grid_thw, image_token_id: int, merge: int):
     """``(3, L)`` int64 rotary positions of one sequence ``input_ids`` ``(L,)`` whose image
     tokens (``image_token_id``, one contiguous run per image, in the order of ``grid_thw``

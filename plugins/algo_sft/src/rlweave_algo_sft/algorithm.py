@@ -28,7 +28,7 @@ from rlweave.data.batch import Batch
 from rlweave.interfaces.algorithm import Algorithm
 from rlweave.residency import EVAL_PHASES, Residency
 from rlweave_algo_sft.config import SFTConfig
-from rlweave_algo_sft.data import encode_record
+from rlweave_algo_sft.data import encode_record, expand_images
 from rlweave_algo_sft.loss import SFTLoss
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,13 @@ class SFT(Algorithm):
     def build_batch(self, records: list[dict[str, Any]]) -> Batch:
         """Encode records into a packed batch with ``loss_mask`` and ``token_weight``."""
         c = self.config
-        seqs, masks, ids, meta = [], [], [], []
+        seqs, masks, ids, meta, mms = [], [], [], [], []
+        vision = getattr(self.ctx, "vision", None)
         for i, r in enumerate(records):
             s, m = encode_record(self.ctx.tokenizer, r, c.append_eos)
+            mm = None
+            if r.get("images"):
+                s, m, mm = expand_images(vision, r, s, m)
             if len(s) > c.max_length:
                 log.warning("sft: record %s has %d tokens > max_length %d; skipped",
                             r.get("id", i), len(s), c.max_length)
@@ -71,9 +75,11 @@ class SFT(Algorithm):
             masks.append(m)
             ids.append(str(r.get("id", i)))
             meta.append({})
+            mms.append(mm)
         if not seqs:
             raise ValueError("sft: no usable record in this batch (all too long or empty)")
         batch = Batch.from_sequences(seqs, ids=ids, meta=meta)
+        batch.set_mm(mms)
         mask = torch.tensor([x for m in masks for x in m], dtype=torch.float32)
         if c.train_on_prompt:
             mask = torch.ones_like(mask)
@@ -103,14 +109,16 @@ class SFT(Algorithm):
             self.residency.enter("sync")
             self.ctx.weight_sync.sync("policy", "rollout")
             return self.residency.during("eval", exact_match, self.ctx.roles["rollout"], self.ctx.tokenizer, recs,
-                                         reward, c.eval_max_new_tokens, c.eval_threshold)
+                                         reward, c.eval_max_new_tokens, c.eval_threshold,
+                                         vision=getattr(self.ctx, "vision", None))
         from rlweave.algo_helpers.local_generate import LocalHFGenerator
 
         tmp = tempfile.mkdtemp(prefix="eval_hf_", dir=str(self.ctx.run_dir))
         try:
             self.ctx.roles["policy"].save_hf(tmp).result()
             gen = LocalHFGenerator(tmp)
-            return exact_match(gen, self.ctx.tokenizer, recs, reward, c.eval_max_new_tokens, c.eval_threshold)
+            return exact_match(gen, self.ctx.tokenizer, recs, reward, c.eval_max_new_tokens, c.eval_threshold,
+                               vision=getattr(self.ctx, "vision", None))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -8,6 +8,9 @@ Two record shapes:
 * ``{"messages": [{"role", "content"}, ...]}``: rendered with the tokenizer's chat template
   when it has one (else ``"role: content\\n"`` lines); every assistant turn is trained, the
   rest is context.
+
+A record with ``images`` (a vision-language model) is encoded the same way, then each image
+placeholder is expanded to its image's tokens (never trained): :func:`expand_images`.
 """
 
 from __future__ import annotations
@@ -69,6 +72,22 @@ def encode_messages(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[lis
         for t in range(start, len(upto)):
             mask[t] = 1
     return ids, mask
+
+
+def expand_images(vision: Any, record: dict[str, Any], ids: list[int],
+                  mask: list[int]) -> tuple[list[int], list[int], dict[str, Any] | None]:
+    """``(ids, mask, mm)`` of a record with ``images`` (:func:`rlweave.data.vision.expand_placeholders`);
+    ValueError naming the record when the model is not a vision-language model (``vision`` None) or
+    the placeholders and images differ in number."""
+    from rlweave.data.vision import expand_placeholders
+    from rlweave.data.vision_records import record_images
+
+    if vision is None:
+        raise ValueError(f"sft record {record.get('id', '?')} has images, but the model is not a vision-language model")
+    try:
+        return expand_placeholders(vision, ids, mask, record_images(record))
+    except ValueError as e:
+        raise ValueError(f"sft record {record.get('id', '?')}: {e}") from e
 
 
 def encode_record(tokenizer: Any, record: dict[str, Any], append_eos: bool = True) -> tuple[list[int], list[int]]:

@@ -244,6 +244,8 @@ class HFEngine(RolloutEngine):
         for a text-only model is a ValueError."""
         import torch
 
+        if self.vision:  # transformers keeps the last call's M-RoPE offsets on the model: never reuse them
+            self.model.model.rope_deltas = None
         have = [r.mm for r in reqs if r.mm is not None]
         if not have:
             return {}
