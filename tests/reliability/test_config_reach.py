@@ -78,6 +78,11 @@ EXEMPT = {
     Key("model.revision"): "read only for a hub name (org/name) in the Hugging Face cache; the runs here use local "
         "directories (core/tests/test_config_hub.py pins revisions in a cache it writes)",
     Key("roles.<role>.model.revision"): "as model.revision",
+    Key("model.vision.min_pixels"): "read only for a vision-language model; the runs here use a text model "
+        "(core/tests/test_config_vision_inputs.py checks that validation resizes images with it)",
+    Key("model.vision.max_pixels"): "as model.vision.min_pixels",
+    Key("roles.<role>.model.vision.min_pixels"): "as model.vision.min_pixels",
+    Key("roles.<role>.model.vision.max_pixels"): "as model.vision.min_pixels",
     Key("roles.<role>.options.sequence_parallel", "megatron"):
         "needs tp > 1, which the one-rank reward-model run here does not have; read and tested against FSDP in "
         "plugins/backend_megatron/tests/test_megatron_cpu.py (tp2sp)",

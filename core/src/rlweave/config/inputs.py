@@ -14,7 +14,9 @@ so that a missing path fails ``rlweave validate`` instead of a worker minutes la
   written by ``datasets``' ``save_to_disk``), and their first :data:`HEAD` records must be
   well-formed (:mod:`rlweave.data.records`: a bad record is named by file and line or row, and
   field; an empty file is an error too); records in chat form need a chat template
-  (``data.chat_template`` or the tokenizer's own);
+  (``data.chat_template`` or the tokenizer's own); records with images are read, counted and
+  measured against a vision-language model, and refused by a text-only one
+  (:mod:`rlweave.config.vision_inputs`);
 * metrics backends: each selected logger's package must be installed
   (:func:`rlweave.loggers.missing_packages`);
 * rewards: each one is dry-run on the first record of the data it scores
@@ -223,6 +225,12 @@ def collect_input_issues(cfg: RunConfig, resolved: ResolvedPlugins, source: str,
         chat = _chat_problem(cfg, head)
         if chat:
             issue(key, chat)
+    if heads:
+        from rlweave.config.vision_inputs import vision_issues
+
+        for key, message in vision_issues(cfg, resolved, heads):
+            if not skip(key):
+                issue(key, message)
     if cfg.rewards and heads:
         from rlweave.config.reward_dryrun import dry_run_rewards
 

@@ -124,6 +124,28 @@ class ResourcesSection(Strict):
     )
 
 
+class VisionSection(Strict):
+    """Image size bounds of a vision-language model, read by data validation, the engine and the
+    trainer alike so their image token counts agree (null: the model directory's own)."""
+
+    min_pixels: Optional[int] = Field(
+        None, ge=1, description="Smallest area (height x width, in pixels) an image is resized to (null: the "
+        "model's preprocessor_config.json).",
+    )
+    max_pixels: Optional[int] = Field(
+        None, ge=1, description="Largest area (height x width, in pixels) an image is resized to; fewer pixels, "
+        "fewer image tokens (null: the model's preprocessor_config.json).",
+    )
+
+    @field_validator("max_pixels")
+    @classmethod
+    def _not_below_min(cls, value: Optional[int], info: Any) -> Optional[int]:
+        low = info.data.get("min_pixels")
+        if value is not None and low is not None and value < low:
+            raise ValueError(f"must be at least min_pixels ({low}), got {value}")
+        return value
+
+
 class ModelSection(Strict):
     path: Optional[str] = Field(
         None, description="Local Hugging Face model directory, or a hub name (org/name) already in the Hugging Face "
@@ -137,6 +159,10 @@ class ModelSection(Strict):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
     model_type: Literal["causal_lm", "value", "reward"] = Field("causal_lm", description="Head on the model.")
     trust_remote_code: bool = Field(False, description="Allow model code from the model directory.")
+    vision: Optional[VisionSection] = Field(
+        None, description="Vision-language models: image size bounds, the same for validation, the engine and the "
+        "trainer (null: the model directory's own).",
+    )
 
 
 class CallTimeouts(Strict):

@@ -1,7 +1,8 @@
 """Records in chat form: checking ``messages`` and rendering them with a chat template.
 
 A chat record carries ``messages``: a list of ``{"role": str, "content": str}`` (TRL's
-conversational form). The data loader (:mod:`rlweave.data.records`) renders its prompt once,
+conversational form); a content may also be a list of text and image parts
+(:mod:`rlweave.data.vision_records`). The data loader (:mod:`rlweave.data.records`) renders its prompt once,
 with the tokenizer's chat template (or ``data.chat_template``) and the generation prompt:
 ``prompt`` becomes the conversation up to, not including, a last assistant turn. The
 conversation itself stays in ``messages`` (SFT trains on its assistant turns). A ``prompt``
@@ -17,6 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rlweave.data.vision_records import parts_problem
+
 #: fields that may hold a message list
 MESSAGE_FIELDS = ("messages", "prompt", "chosen", "rejected")
 
@@ -26,7 +29,8 @@ class NoChatTemplate(ValueError):
 
 
 def message_problem(value: Any) -> str | None:
-    """Why ``value`` is not a list of ``{role, content}`` messages (None when it is)."""
+    """Why ``value`` is not a list of ``{role, content}`` messages (None when it is); a content
+    is a string or a list of parts (:func:`~rlweave.data.vision_records.parts_problem`)."""
     if not isinstance(value, list):
         return f"expected a list of {{role, content}} messages, got {type(value).__name__}"
     if not value:
@@ -37,7 +41,11 @@ def message_problem(value: Any) -> str | None:
         for key in ("role", "content"):
             if m.get(key) is None:  # a null in a table column is a missing key
                 return f"message {i} has no '{key}'"
-            if not isinstance(m[key], str):
+            if key == "content" and isinstance(m[key], list):
+                problem = parts_problem(m[key])
+                if problem:
+                    return f"message {i}: {problem}"
+            elif not isinstance(m[key], str):
                 return f"message {i}: '{key}' must be a string, got {type(m[key]).__name__}"
     return None
 

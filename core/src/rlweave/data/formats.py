@@ -8,7 +8,8 @@ file is jsonl. :func:`iter_rows` yields ``(location, record)`` in file order, wh
 is ``"line N"`` (jsonl, 1-based line number) or ``"row N"`` (parquet and datasets, 0-based
 row index); :func:`default_id` is the stable id of a record without its own ``id``. A table
 has one schema for all rows, so a row of a parquet file or saved dataset leaves out the
-columns that are null in it (a null is a missing field, as in jsonl).
+columns that are null in it (a null is a missing field, as in jsonl). Image columns of a saved
+dataset are read as stored, ``{"bytes", "path"}`` mappings, not decoded.
 
 Problems raise :class:`DataError`, one line naming the file and the record. Parquet needs
 ``pyarrow`` and saved datasets need ``datasets`` (``pip install 'rlweave[data]'``); both are
@@ -108,8 +109,22 @@ def _hf_disk(path: Path, limit: int | None) -> Iterator[tuple[str, Any]]:
     except Exception as exc:  # noqa: BLE001
         raise DataError(f"{path}: cannot load the saved dataset: {type(exc).__name__}: {exc}") from None
     n = len(ds) if limit is None else min(limit, len(ds))
+    raw = _has_images(ds.features)
+    table = ds.with_format("arrow") if raw else ds
     for row in range(n):
-        yield f"row {row}", _present(ds[row])
+        yield f"row {row}", _present(table[row].to_pylist()[0] if raw else ds[row])
+
+
+def _has_images(feature: Any) -> bool:
+    """Whether a dataset's features hold an image column (read undecoded: ``{bytes, path}``)."""
+    if type(feature).__name__ == "Image":
+        return True
+    if isinstance(feature, dict):
+        return any(_has_images(f) for f in feature.values())
+    if isinstance(feature, (list, tuple)):
+        return any(_has_images(f) for f in feature)
+    inner = getattr(feature, "feature", None)
+    return inner is not None and _has_images(inner)
 
 
 def iter_rows(path: str | Path, fmt: str | None = None, limit: int | None = None) -> Iterator[tuple[str, Any]]:

@@ -11,10 +11,16 @@ Contracts:
   such a list) are checked and, when a tokenizer is given, get their ``prompt`` rendered with
   its chat template or ``chat_template`` (:mod:`rlweave.data.chat`); without a template that
   is an error saying so.
+* Records with images (image parts in their messages, or an ``images`` field) get the
+  normalised ``images`` field of :mod:`rlweave.data.vision_records`: every image value in
+  placeholder order, relative paths made absolute against the folder the data file (or saved
+  dataset directory) is in; their image parts become ``{"type": "image"}``, which the chat
+  template renders. Text-only records are left as they are.
 * Every problem raises :class:`~rlweave.data.formats.DataError` (a ``ValueError``), one
   line naming the file, the record (``line N`` / ``row N``) and the field: bad JSON, a record
   that is not an object, a missing ``required`` field, none of ``require_any``, a malformed
-  ``messages`` or ``prompt``, a duplicate id, an empty file.
+  ``messages`` or ``prompt``, a message part or image value that cannot be used, a duplicate
+  id, an empty file.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 
 from rlweave.data.chat import MESSAGE_FIELDS, ChatRenderer, NoChatTemplate, message_problem
 from rlweave.data.formats import DataError, default_id, iter_rows
+from rlweave.data.vision_records import RecordImageError, normalise_images
 
 __all__ = ["TEXT_FIELDS", "DataError", "JsonlDataset", "RecordDataset", "chat_field", "iter_records", "load_records",
            "open_split"]
@@ -86,6 +93,7 @@ def iter_records(path: str | Path, *, tokenizer: Any = None, chat_template: str 
     required, require_any = tuple(required), tuple(require_any)
     chat = ChatRenderer(tokenizer, chat_template) if tokenizer is not None else None
     first: dict[str, str] = {}
+    base_dir = path.absolute().parent
     for location, rec in iter_rows(path, fmt=fmt, limit=limit):
         where = f"{path} {location}"
         _check_record(rec, where, required, require_any)
@@ -94,6 +102,10 @@ def iter_records(path: str | Path, *, tokenizer: Any = None, chat_template: str 
             raise DataError(f"{where}: duplicate id {rid!r} (first at {first[rid]})")
         first[rid] = location
         rec["id"] = rid
+        try:
+            normalise_images(rec, base_dir)
+        except RecordImageError as exc:
+            raise DataError(f"{where}: field '{exc.field}': {exc}") from None
         if chat is not None:
             _render(rec, where, chat)
         yield location, rec

@@ -3,10 +3,11 @@ vision inputs, and the multimodal positions of a sequence (Qwen2-VL family).
 
 Contracts:
 
-* :func:`load_image` reads one image given as a path (relative to the data file's folder), a
-  ``data:`` URL or bare base64 string, raw bytes, or a ``{"bytes", "path"}`` mapping (how
-  parquet and ``datasets`` store images); the result is an RGB ``PIL.Image``. Problems raise
-  :class:`ImageError` saying what was wrong with the value.
+* :func:`load_image` reads one image given as a path (relative to the data file's folder; a
+  ``file://`` URL is a path), a ``data:`` URL or bare base64 string (:func:`looks_like_base64`),
+  raw bytes, or a ``{"bytes", "path"}`` mapping (how parquet and ``datasets`` store images);
+  the result is an RGB ``PIL.Image``. Problems raise :class:`ImageError` saying what was wrong
+  with the value (a remote ``http(s)://`` URL is refused: nothing is downloaded).
 * :class:`VisionProcessor` is loaded from a model directory (its tokenizer, its
   ``preprocessor_config.json`` and its ``config.json``) and used by every component that needs
   token ids of an image prompt (data validation, the engines, the trainers), with the same
@@ -26,6 +27,7 @@ import base64
 import binascii
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -35,6 +37,10 @@ MM_KEYS = ("pixel_values", "image_grid_thw")
 
 #: the model families whose vision inputs this module lays out (``config.json`` ``model_type``)
 VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+
+
+#: URL schemes of images that would have to be downloaded (refused)
+REMOTE_SCHEMES = ("http://", "https://", "s3://", "gs://")
 
 
 class ImageError(ValueError):
@@ -65,13 +71,16 @@ def load_image(value: Any, base_dir: str | Path | None = None):
         else:
             raise ImageError("an image mapping needs 'bytes' or 'path'")
     if isinstance(value, str):
+        if value.startswith(REMOTE_SCHEMES):
+            raise ImageError(f"{value[:60]!r} is a remote URL; images are not downloaded: download it and give its "
+                             "path (or its bytes or base64)")
         if value.startswith("data:"):
             _, _, value = value.partition(",")
             data = _b64(value)
-        elif len(value) > 256 and "/" not in value[:64] and not Path(value[:200]).suffix:
+        elif looks_like_base64(value):
             data = _b64(value)
         else:
-            path = Path(value)
+            path = Path(value.removeprefix("file://"))
             if not path.is_absolute() and base_dir is not None:
                 path = Path(base_dir) / path
             if not path.is_file():
@@ -88,6 +97,17 @@ def load_image(value: Any, base_dir: str | Path | None = None):
     except (UnidentifiedImageError, OSError) as exc:
         raise ImageError(f"cannot decode the image ({exc})") from None
     return img.convert("RGB")
+
+
+#: base64 text: its alphabet only (line breaks allowed), at most two '=' of padding at the end
+_BASE64 = re.compile(r"[A-Za-z0-9+/\s]+={0,2}\s*")
+
+
+def looks_like_base64(text: str) -> bool:
+    """Whether an image string is bare base64 rather than a path: at least 64 characters, all of
+    the base64 alphabet (so no ``.`` of a file extension). JPEG's base64 starts with ``/9j/``,
+    so a ``/`` alone does not make a path."""
+    return len(text) >= 64 and _BASE64.fullmatch(text) is not None
 
 
 def _b64(text: str) -> bytes:
