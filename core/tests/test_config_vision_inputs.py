@@ -67,12 +67,15 @@ class EngineOptions(fakes._Strict):
 
 
 def make_pm():
-    """The fake plugins plus an engine ``gen`` whose options have ``max_model_len``."""
-    from rlweave.plugins import EngineRecord
+    """The fake plugins plus a backend ``train`` and an engine ``gen`` (options: ``max_model_len``)
+    that take vision-language models."""
+    from rlweave.plugins import BackendRecord, EngineRecord
 
     pm = fakes.make_pm()
-    pm.register(fakes.plugin(rlweave_inference_engines=lambda: [EngineRecord("gen", "generate", "x:y", EngineOptions)]),
-                name="gen", distribution="rlweave-gen", version="0.1.0")
+    pm.register(fakes.plugin(rlweave_training_backends=lambda: [BackendRecord("train", "trains", "x:y", vision=True)],
+                             rlweave_inference_engines=lambda: [EngineRecord("gen", "generates", "x:y", EngineOptions,
+                                                                             vision=True)]),
+                name="vlm", distribution="rlweave-vlm", version="0.1.0")
     return pm
 
 
@@ -80,7 +83,7 @@ def config(max_model_len: int | None = None, **changes):
     options = {"max_model_len": max_model_len} if max_model_len else {}
     data = {"resources": {"pools": {"default": {"devices_per_node": 2}}},
             "model": {"path": "model"},
-            "roles": {"policy": {"backend": "fsdp"}, "rollout": {"engine": "gen", "options": options}},
+            "roles": {"policy": {"backend": "train"}, "rollout": {"engine": "gen", "options": options}},
             "algorithm": {"name": "grpo"}, "data": {"train": "train.jsonl"}}
     data.update(changes)
     return data
@@ -202,7 +205,7 @@ def test_pixel_bounds_are_checked_and_shared_by_the_roles_running_the_policy():
     assert errors(config(model={"path": "model", "vision": {"min_pixels": 1024, "max_pixels": 256, "max": 1}})) == [
         "c.yaml: model.vision.max_pixels: must be at least min_pixels (1024), got 256",
         "c.yaml: model.vision.max: unknown key (allowed: min_pixels, max_pixels)"]
-    roles = {"policy": {"backend": "fsdp", "model": {"path": "model", "vision": {"max_pixels": 512}}},
+    roles = {"policy": {"backend": "train", "model": {"path": "model", "vision": {"max_pixels": 512}}},
              "rollout": {"engine": "gen", "model": {"path": "model"}}}
     assert errors(config(roles=roles)) == [
         "c.yaml: roles.rollout.model.vision: None differs from roles.policy.model.vision ({'min_pixels': None, "
