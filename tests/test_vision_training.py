@@ -56,10 +56,11 @@ def test_another_samples_image_changes_nothing_else(one_rank):
     assert not torch.allclose(one_rank["changed"][third], one_rank["packed"][third])  # the control: it did change
 
 
-def test_rank_without_images_steps_and_frozen_tower_stays(vlm):
-    r = run_ranks(sc.two_ranks_frozen, 2, vlm)
+@pytest.mark.parametrize("backend,options", [("fsdp", {}), ("deepspeed", {"zero_stage": 3})], ids=["fsdp", "deepspeed"])
+def test_rank_without_images_steps_and_frozen_tower_stays(vlm, backend, options):
+    r = run_ranks(sc.two_ranks_frozen, 2, vlm, backend, options)
     assert r["tower"], "the model has a vision tower"
     assert torch.isfinite(torch.tensor(r["loss"]))
     assert r["tower_same"] and r["text_changed"]
-    assert not r["tower_in_optim"]
+    assert not r["tower_in_optim"] and r["text_in_optim"]
     assert r["synced_tower"] == [] and r["synced"] > 0

@@ -100,17 +100,18 @@ def engine_and_trainer(ctx_kw: dict, path: str) -> dict:
             "sampled": [g.token_ids for g in gens], "trained": [s[len(p):].tolist() for s, p in zip(b.sequences(), ps)]}
 
 
-def two_ranks_frozen(ctx_kw: dict, path: str) -> dict:
-    """Two ranks, the vision tower frozen: rank 0 trains the image samples, rank 1 only the
-    text-only one (its micro-batch has no image). What the step changed, what the optimizer holds,
-    what the weight sync would send."""
-    w = sc.train_worker("fsdp", ctx_kw, {"path": path}, OPTIM, freeze_vision_tower=True)
+def two_ranks_frozen(ctx_kw: dict, path: str, backend: str = "fsdp", options: dict | None = None) -> dict:
+    """Two ranks of ``backend``, the vision tower frozen: rank 0 trains the image samples, rank 1
+    only the text-only one (its micro-batch has no image). What the step changed, what the
+    optimizer holds, what the weight sync would send."""
+    w = sc.train_worker(backend, ctx_kw, {"path": path}, OPTIM, freeze_vision_tower=True, **(options or {}))
     ps = prompts(path)
     b = batch_of(ps, [[5, 6, 7], [8, 9], [10, 11, 12]])
     full = dict(_full_params(w))
     metrics = w.train_step(b.select([0, 2] if ctx_kw["rank"] == 0 else [1]), sc.nll_loss)
     after = dict(_full_params(w))
-    in_optim = {id(p) for g in w.optimizer.param_groups for p in g["params"]}
+    # the FSDP optimizer holds the parameters themselves (DeepSpeed's holds flat partitions)
+    in_optim = {id(p) for g in w.optimizer.param_groups for p in g["params"]} if backend == "fsdp" else None
     synced = [n for n, _ in w.named_weights()]
     if ctx_kw["rank"] != 0:
         return {}
@@ -118,12 +119,18 @@ def two_ranks_frozen(ctx_kw: dict, path: str) -> dict:
     return {"loss": metrics["loss"], "tower": tower,
             "tower_same": all(torch.equal(full[n], after[n]) for n in tower),
             "text_changed": any(not torch.equal(full[n], after[n]) for n in full if n not in tower),
-            "tower_in_optim": any(id(p) in in_optim for n, p in w.model.named_parameters() if n in tower),
+            "tower_in_optim": in_optim is not None and any(id(p) in in_optim for n, p in w.model.named_parameters()
+                                                           if n in tower),
+            "text_in_optim": in_optim is None or all(id(p) in in_optim for n, p in w.model.named_parameters()
+                                                     if n not in tower),
             "synced_tower": [n for n in synced if ".visual." in f".{n}"], "synced": len(synced)}
 
 
 def _full_params(w):
     from torch.distributed.tensor import DTensor
 
+    if w.backend == "deepspeed":
+        yield from ((n, t.clone()) for n, t in w._stream())  # every parameter, gathered (rank 0 yields)
+        return
     for n, p in w.model.named_parameters():
         yield n, (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()

@@ -207,32 +207,33 @@ def expand_placeholders(vision: VisionProcessor, ids: Sequence[int], mask: Seque
     return out_ids, out_mask, mm
 
 
-def mrope_positions(input_ids, grid_thw, image_token_id: int, merge: int):
-    """``(3, L)`` int64 rotary positions of one sequence ``input_ids`` ``(L,)`` whose image
-    tokens (``image_token_id``, one contiguous run per image, in the order of ``grid_thw``
-    ``(images, 3)``) are laid out on each image's merged grid. Text tokens take the next
-    position on all three rows; after an image the next position is its start plus the larger
-    of its merged height and width (Qwen2-VL's rule). ValueError when the image tokens do not
-    match ``grid_thw``."""
+def mrope_positions(input_ids, grid_thw, image_token_id: int, merge: int, with_mask: bool = False):
+    """``(3, L)`` int64 rotary positions of one sequence ``input_ids`` ``(L,)`` whose images are
+    laid out on their merged grids: the first run of ``image_token_id`` tokens is image 0 of
+    ``grid_thw`` ``(images, 3)``, the next image 1, and so on (each run exactly as long as its
+    image's tokens); image tokens past the last image (a model that sampled one) are text. Text
+    tokens take the next position on all three rows; after an image the next position is its start
+    plus the larger of its merged height and width (Qwen2-VL's rule). With ``with_mask``, also a
+    bool ``(L,)`` mask of the tokens that are images. ValueError when the images' tokens are not
+    where ``grid_thw`` says."""
     import torch
 
     ids = input_ids.reshape(-1)
     n = int(ids.numel())
     out = torch.empty((3, n), dtype=torch.long)
+    mask = torch.zeros(n, dtype=torch.bool)
     is_img = (ids == image_token_id).tolist()
     grids = [] if grid_thw is None else grid_thw.tolist()
     pos, i, k = 0, 0, 0
     while i < n:
-        if not is_img[i]:
-            j = i
-            while j < n and not is_img[j]:
+        if not is_img[i] or k >= len(grids):
+            j = i + 1
+            while j < n and (not is_img[j] or k >= len(grids)):
                 j += 1
             out[:, i:j] = torch.arange(pos, pos + j - i)
             pos += j - i
             i = j
             continue
-        if k >= len(grids):
-            raise ValueError(f"mrope_positions: more image-token runs than the {len(grids)} image(s) given")
         t, h, w = grids[k]
         gh, gw = h // merge, w // merge
         count = t * gh * gw
@@ -242,9 +243,10 @@ def mrope_positions(input_ids, grid_thw, image_token_id: int, merge: int):
         out[0, i:i + count] = tt.reshape(-1) + pos
         out[1, i:i + count] = hh.reshape(-1) + pos
         out[2, i:i + count] = ww.reshape(-1) + pos
+        mask[i:i + count] = True
         pos += max(gh, gw)
         i += count
         k += 1
     if k != len(grids):
         raise ValueError(f"mrope_positions: {len(grids)} image(s) given, {k} image-token run(s) found")
-    return out
+    return (out, mask) if with_mask else out

@@ -28,6 +28,10 @@ class DeepSpeedConfig(BaseModel):
         "ZeRO optimizer. On a CPU without fast bf16 matmuls (e.g. AVX2 only) use none.",
     )
     activation_checkpointing: bool = Field(False, description="Recompute decoder-layer activations in backward.")
+    freeze_vision_tower: bool = Field(
+        False, description="Vision-language models: do not train the vision tower; its parameters stay out of the "
+        "optimizer, the checkpoints and the weight sync (the rollout engine keeps the tower it loaded).",
+    )
     max_tokens_per_micro_batch: int = Field(4096, ge=1, description="Token budget of one packed training micro-batch "
                                             "(a longer sample gets its own).")
     max_tokens_per_forward: int | None = Field(

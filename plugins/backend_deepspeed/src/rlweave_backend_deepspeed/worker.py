@@ -35,6 +35,7 @@ import torch
 from rlweave.backend_helpers import finite
 from rlweave.backend_helpers.device import rank_device
 from rlweave.backend_helpers.hf_model import attention, modeling, prepare
+from rlweave.backend_helpers.hf_model import vision as vision_forward
 from rlweave.backend_helpers.hf_model.moe_blocks import find_blocks
 from rlweave.backend_helpers.hf_model.options import FixedPaths
 from rlweave.backend_helpers.hf_model.worker import HFModelWorker
@@ -49,6 +50,7 @@ class DeepSpeedWorker(HFModelWorker):
 
     backend = "deepspeed"
     engine: Any = None
+    frozen_names: frozenset[str] | set[str] = frozenset()  # a frozen vision tower's parameters
 
     # ------------------------------------------------------------------ build
     def init_model(self) -> None:
@@ -74,6 +76,8 @@ class DeepSpeedWorker(HFModelWorker):
         self.attn_impl = attention.choose(self.cfg.attn_implementation, ctx.device)
         self.packing = self.cfg.use_packing
         model = modeling.load_model(ctx.model, self.attn_impl, torch.float32, seed, backend=self.backend)
+        self.frozen_names = (vision_forward.freeze_tower(model, f"roles.{ctx.role}.options.freeze_vision_tower")
+                             if self.cfg.freeze_vision_tower else set())
         if find_blocks(model):
             raise ValueError(f"deepspeed backend: role {ctx.role}: mixture-of-experts models are not supported; "
                              "use backend: fsdp")
@@ -90,7 +94,8 @@ class DeepSpeedWorker(HFModelWorker):
         grad_clip = ctx.optim.grad_clip if ctx.optim is not None else None
         config = ds_json.build(self.cfg, grad_clip)
         if ctx.optim is not None:
-            self._build_optimizer(ctx.optim)  # torch AdamW + LR schedule over the full parameters
+            # torch AdamW + LR schedule over the trained parameters (all but a frozen vision tower)
+            self._build_optimizer(ctx.optim, [p for p in model.parameters() if p.requires_grad])
         if ctx.optim is None and self.cfg.zero_stage < 3:
             # nothing to shard for a role that only scores: ZeRO 1/2 shard optimizer state and gradients
             self.engine = None
@@ -173,14 +178,15 @@ class DeepSpeedWorker(HFModelWorker):
             return {"loaded_bytes": int(torch.cuda.memory_allocated() - before)}
         return super().onload()
 
-    def _stream(self, dtype: torch.dtype | None = None, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-        return weights.stream(self.model, engine.is_zero3(self.engine), self.rank, self.skip_names,
+    def _stream(self, dtype: torch.dtype | None = None, device: str = "cpu",
+                skip: set[str] | frozenset[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
+        return weights.stream(self.model, engine.is_zero3(self.engine), self.rank, self.skip_names | set(skip),
                               self.stream_stats, dtype, device)
 
     def named_weights(self, dtype: torch.dtype | None = None, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named full tensors, one gathered parameter at a time; rank 0 yields (all ranks iterate)."""
         self._check_ready("named_weights")
-        yield from self._stream(dtype, device)
+        yield from self._stream(dtype, device, skip=self.frozen_names)  # a frozen vision tower: the engine has it
 
     def stream_report(self) -> dict[str, int]:
         """What the last weight stream held on this rank: ``peak_gathered`` elements gathered at

@@ -92,3 +92,16 @@ def apply_fsdp(model: nn.Module, layers: list[nn.Module], device_type: str, worl
     for layer in [*units, *layers]:
         fully_shard(layer, **kw)
     fully_shard(model, **kw)
+
+
+def first_forward(model: nn.Module, device) -> None:
+    """A 2-token forward through the sharded root, then every unit resharded: FSDP sets its state up
+    at the root's first forward, so a unit called on its own before the root (a vision tower) needs
+    it done first; resharding leaves the parameters the optimizer will hold in place."""
+    from torch.distributed.fsdp import FSDPModule
+
+    with torch.no_grad():
+        model(input_ids=torch.zeros((1, 2), dtype=torch.long, device=device), use_cache=False)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()

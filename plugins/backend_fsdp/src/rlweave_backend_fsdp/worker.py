@@ -108,9 +108,8 @@ class FSDPWorker(HFModelWorker):
         tower = vision_forward.for_model(lora.base_of(model))
         parallelize.apply_fsdp(model, layers, self.device.type, self.world_size, self.cfg.mixed_precision,
                                self.cfg.reshard_after_forward, units=[tower.visual] if tower is not None else [])
-        if tower is not None:  # FSDP's state is set up by a first forward through the root, not the tower
-            with torch.no_grad():
-                model(input_ids=torch.zeros((1, 2), dtype=torch.long, device=self.device), use_cache=False)
+        if tower is not None:
+            parallelize.first_forward(model, self.device)
         self.model = model
         coef = self.cfg.moe_aux_loss_coef
         if coef is None:

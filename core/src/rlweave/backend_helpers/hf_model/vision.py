@@ -9,7 +9,9 @@ micro-batch (token ids, ``cu_seqlens`` and each sample's vision inputs,
   of each sample (:func:`rlweave.data.vision.mrope_positions`, restarting at every sample and
   continuing over its response), so a sample's outputs do not depend on what it is packed with;
 * ``mm_encoder_outputs``: the features of the micro-batch's images, in sample order, computed
-  by calling the vision tower on its own (never with the text's varlen keywords);
+  by calling the vision tower on its own (never with the text's varlen keywords), placed on the
+  tokens :func:`~rlweave.data.vision.mrope_positions` takes for images (an image token the model
+  sampled in a response stays text, as it was for the engine that sampled it);
 * when the micro-batch has no image, the vision tower still runs, on one blank image of the
   smallest grid, and its features, cut to none, enter the model where image features do: every
   rank runs the same modules forward and backward in the same order (sharded parameters are
@@ -59,6 +61,9 @@ class VisionForward:
 
     def __init__(self, inner: nn.Module, config: Any) -> None:
         self.inner = inner
+        self._image_mask: torch.Tensor | None = None  # the image tokens of the row being run
+        self._model_mask = inner.get_placeholder_mask
+        inner.get_placeholder_mask = self._placeholder_mask  # the images' places are the ones positions() found
         self.image_token_id = int(config.image_token_id)
         vc = config.vision_config
         self.merge = int(vc.spatial_merge_size)
@@ -68,17 +73,34 @@ class VisionForward:
     def visual(self) -> nn.Module:
         return self.inner.visual
 
-    def positions(self, ids: torch.Tensor, cu: torch.Tensor, mm: Sequence[dict | None]) -> torch.Tensor:
-        """``(4, 1, T)`` position ids of a packed row (module docstring)."""
+    def positions(self, ids: torch.Tensor, cu: torch.Tensor,
+                  mm: Sequence[dict | None]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(4, 1, T)`` position ids of a packed row (module docstring) and the bool ``(T,)``
+        mask of its image tokens (an image token a model sampled in a response is text)."""
         bounds = cu.tolist()
-        rows = []
+        rows, masks = [], []
         for i in range(len(bounds) - 1):
             grid = mm[i]["image_grid_thw"] if mm and mm[i] is not None else None
-            rows.append(mrope_positions(ids[bounds[i]:bounds[i + 1]].cpu(), grid, self.image_token_id, self.merge))
+            pos, mask = mrope_positions(ids[bounds[i]:bounds[i + 1]].cpu(), grid, self.image_token_id, self.merge,
+                                        with_mask=True)
+            rows.append(pos)
+            masks.append(mask)
         mrope = torch.cat(rows, dim=1)
         lens = cu[1:] - cu[:-1]
         text = torch.arange(int(bounds[-1])) - torch.repeat_interleave(cu[:-1], lens)
-        return torch.cat([text.view(1, -1), mrope], dim=0).unsqueeze(1)
+        return torch.cat([text.view(1, -1), mrope], dim=0).unsqueeze(1), torch.cat(masks)
+
+    def _placeholder_mask(self, input_ids: Any, inputs_embeds: torch.Tensor, image_features: Any = None,
+                          video_features: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's ``get_placeholder_mask`` with this row's image tokens (:meth:`positions`) as
+        the images' places, not every image token of the row."""
+        mask = self._image_mask
+        if mask is None or inputs_embeds.shape[1] != mask.numel():
+            return self._model_mask(input_ids, inputs_embeds, image_features, video_features)
+        if image_features is not None and int(mask.sum()) * inputs_embeds.shape[-1] != image_features.numel():
+            raise ValueError(f"{int(mask.sum())} image tokens but {image_features.shape[0]} image features")
+        image = mask.to(inputs_embeds.device).view(1, -1, 1).expand_as(inputs_embeds)
+        return image, torch.zeros_like(image)
 
     def features(self, mm: Sequence[dict | None], device) -> Any | None:
         """The image features of the samples' images in order (``get_image_features``' output),
@@ -102,5 +124,6 @@ class VisionForward:
     def inputs(self, ids: torch.Tensor, cu: torch.Tensor, mm: Sequence[dict | None], device) -> dict[str, Any]:
         """The keyword inputs of one packed row's forward, which must follow (module docstring)."""
         feats = self.features(mm, device)
-        return {"position_ids": self.positions(ids, cu, mm).to(device),
+        positions, self._image_mask = self.positions(ids, cu, mm)
+        return {"position_ids": positions.to(device),
                 "mm_encoder_outputs": {"image": feats if feats is not None else self.blank(device)}}
