@@ -5,6 +5,9 @@ every model turn as a call (a tiny random model writes no well-formed ``<tool_ca
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import threading
 import time
 
 from rlweave.environments.parsers import ToolCall
@@ -124,3 +127,20 @@ def scripted(episode):
         return asyncio.run(agent(episode))
     return agent(episode)
 
+
+_REPLIES_LOCK = threading.Lock()
+
+
+def recording_agent(episode):
+    """Two chat turns with a tool result between them, asking for log-probs; appends each episode's
+    replies (their tokens and log-probs, in order) as one JSON line to the file named by the
+    environment variable ``AGENT_REPLIES``, and returns None (the run's rewards score it)."""
+    msgs, replies = [{"role": "user", "content": episode.record["prompt"]}], []
+    for turn in range(2):
+        out = episode.client.chat.completions.create(model="policy", messages=msgs, tools=TOOLS, max_tokens=4,
+                                                     logprobs=True).choices[0]
+        replies.append([(t.token, t.logprob) for t in out.logprobs.content])
+        msgs.append(_as_message(out.message))
+        msgs += [{"role": "tool", "tool_call_id": call.id, "content": "42"} for call in out.message.tool_calls or []]
+    with _REPLIES_LOCK, open(os.environ["AGENT_REPLIES"], "a") as f:
+        f.write(json.dumps(replies) + "\n")
