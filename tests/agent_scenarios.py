@@ -5,6 +5,10 @@ every model turn as a call (a tiny random model writes no well-formed ``<tool_ca
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import threading
+import time
 
 from rlweave.environments.parsers import ToolCall
 
@@ -88,6 +92,31 @@ def mixed_agent(episode):
     return None
 
 
+#: what :func:`timed_agent` saw of its sleeps: "cancelled" when its episode's end cancelled one
+SLEEPS: list[str] = []
+
+
+async def timed_agent(episode):
+    """By the record's ``kind``: "quick" asks twice (the engine's time, not its own), "blocks" asks,
+    blocks for ``record["sleep_s"]`` (its own code) and asks again, "sleeps" asks and awaits a sleep
+    of ``sleep_s`` (noting in :data:`SLEEPS` whether it was cancelled)."""
+    client, kind = episode.async_client, episode.record["kind"]
+    msgs = [{"role": "user", "content": episode.record["prompt"]}]
+    first = await client.chat.completions.create(model="policy", messages=msgs, max_tokens=2)
+    if kind == "blocks":
+        time.sleep(episode.record["sleep_s"])
+    elif kind == "sleeps":
+        try:
+            await asyncio.sleep(episode.record["sleep_s"])
+        except asyncio.CancelledError:
+            SLEEPS.append("cancelled")
+            raise
+        SLEEPS.append("slept")
+    msgs += [_as_message(first.choices[0].message), {"role": "user", "content": "1+1="}]
+    await client.chat.completions.create(model="policy", messages=msgs, max_tokens=2)
+    return 1.0
+
+
 AGENTS = [tool_agent, forking_agent, parallel_agent, editing_agent]
 
 
@@ -97,3 +126,21 @@ def scripted(episode):
     if asyncio.iscoroutinefunction(agent):
         return asyncio.run(agent(episode))
     return agent(episode)
+
+
+_REPLIES_LOCK = threading.Lock()
+
+
+def recording_agent(episode):
+    """Two chat turns with a tool result between them, asking for log-probs; appends each episode's
+    replies (their tokens and log-probs, in order) as one JSON line to the file named by the
+    environment variable ``AGENT_REPLIES``, and returns None (the run's rewards score it)."""
+    msgs, replies = [{"role": "user", "content": episode.record["prompt"]}], []
+    for turn in range(2):
+        out = episode.client.chat.completions.create(model="policy", messages=msgs, tools=TOOLS, max_tokens=4,
+                                                     logprobs=True).choices[0]
+        replies.append([(t.token, t.logprob) for t in out.logprobs.content])
+        msgs.append(_as_message(out.message))
+        msgs += [{"role": "tool", "tool_call_id": call.id, "content": "42"} for call in out.message.tool_calls or []]
+    with _REPLIES_LOCK, open(os.environ["AGENT_REPLIES"], "a") as f:
+        f.write(json.dumps(replies) + "\n")

@@ -29,6 +29,16 @@ class Countdown(Environment):
                        info={"tool_calls": 1})
 
 
+class Staggered(Countdown):
+    """:class:`Countdown` whose episodes of records with an even first digit end after one turn (so
+    their groups finish while the others still run)."""
+
+    def reset(self, record):
+        messages = super().reset(record)
+        self.left = 1 if record["prompt"][0] in "02468" else 3
+        return messages
+
+
 class Marked(Countdown):
     """:class:`Countdown` that appends a line to the file ``$MT_MARKS`` at every step and takes
     0.2 s doing it (so a test can stop a run while its episodes are under way)."""

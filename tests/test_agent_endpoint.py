@@ -6,6 +6,7 @@ covers exactly the model's tokens."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -38,7 +39,8 @@ def engine(tmp_path_factory):
     eng.shutdown()
 
 
-def _episodes(engine, tok, records, n, agent):
+def _episodes(engine, tok, records, n, agent, timeout_s=120.0, delay_s=0.0):
+    """The agent rollout's groups, batch and engine calls (each call ``delay_s`` late: a busy engine)."""
     from rlweave.algo_helpers.agent.rollout import AgentRollout
     from rlweave.algo_helpers.multi_turn import episodes_to_batch
     from rlweave.algo_helpers.multi_turn_config import MultiTurnConfig
@@ -47,12 +49,13 @@ def _episodes(engine, tok, records, n, agent):
     calls = []
 
     def generate(prompts, params):
+        time.sleep(delay_s)
         gens = engine.generate(prompts, params)
         calls.append(([list(p) for p in prompts], gens))
         return gens
 
     cfg = MultiTurnConfig.model_validate({"agent": {"target": "x:y", "parser": f"{scn.__file__}:every_turn_calls",
-                                                    "timeout_s": 120}, "max_turns": 6, "max_total_tokens": 200})
+                                                    "timeout_s": timeout_s}, "max_turns": 6, "max_total_tokens": 200})
     rollout = AgentRollout(cfg, agent, tok)
     try:
         groups = rollout.episodes(records, n, SamplingParams(max_new_tokens=4, stop_token_ids=[tok.eos_token_id],
@@ -138,3 +141,26 @@ def test_each_finished_group_is_reported_packed_as_in_the_batch(engine):
         assert part.ids == [batch.ids[k] for k in rows] and part.meta == [batch.meta[k] for k in rows]
         ids = batch.token["input_ids"]
         assert part.token["input_ids"].tolist() == [t for k in rows for t in ids[cu[k]:cu[k + 1]].tolist()]
+
+
+def test_the_timeout_counts_the_agents_own_time_not_the_engines(engine):
+    """``agent.timeout_s`` 1 s, every engine call 1.5 s late: agents that only wait for the engine
+    (3 s or more each) finish; an agent that blocks in its own code, or awaits a sleep, for 2.5 s
+    times out (the awaited sleep is cancelled)."""
+    eng, tok = engine
+    scn.SLEEPS.clear()
+    kinds = ["quick", "blocks", "quick", "sleeps"]
+    records = [{"id": f"s{i}", "prompt": f"{i}+1=", "kind": k, "sleep_s": 2.5} for i, k in enumerate(kinds)]
+    t0 = time.monotonic()
+    groups, batch, calls = _episodes(eng, tok, records, 1, scn.timed_agent, timeout_s=1.0, delay_s=1.5)
+    took = time.monotonic() - t0
+    ended = {r["kind"]: [t.ended_by for t in g] for r, g in zip(records, groups)}
+    assert ended == {"quick": ["done"], "blocks": ["error"], "sleeps": ["error"]}, ended
+    quick = [t for r, g in zip(records, groups) if r["kind"] == "quick" for t in g]
+    assert all(t.stats["requests"] == 2 and t.reward == 1.0 for t in quick)
+    assert took >= 3.0 and len(calls) >= 2  # each quick episode waited twice for a late engine
+    for _ in range(100):  # the cancellation reaches the agent's own event loop
+        if scn.SLEEPS:
+            break
+        time.sleep(0.05)
+    assert scn.SLEEPS == ["cancelled"]

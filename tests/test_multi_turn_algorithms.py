@@ -176,29 +176,53 @@ def test_a_run_killed_during_episodes_resumes_like_an_uninterrupted_one(grpo_wor
 
 
 def test_rewards_overlapped_with_episodes_train_as_rewards_scored_after_them(grpo_workspace, tmp_path):
-    """GRPO with rule rewards on episodes, ``reward_overlap`` on (default) and off: each record's
-    group is scored while the other records' episodes run, with the step's reward time split into
-    ``time/reward/overlapped`` and ``time/reward/wait``, and the run trains exactly as one whose
-    rewards are scored after all episodes (the same rewards, losses and final weights). Lock-step
-    turns keep the engine calls, and so the samples, the same in both runs."""
+    """GRPO with rule rewards and a reward model on episodes (those of half of the records end after
+    one turn, the others after three), ``reward_overlap`` on (default) and off: each record's group
+    is scored while the other records' episodes run, with the step's reward time split into
+    ``time/reward/overlapped`` and ``time/reward/wait`` (rules) and ``time/reward/models_overlapped``
+    and ``time/reward/models_wait`` (the reward model). Every sample gets the reward of scoring the
+    batch after all episodes (the dumped rewards: the rules' exactly, the reward model's up to the
+    last bits of a forward pass over another packing) and the runs train alike. Lock-step turns keep
+    the engine calls, and so the samples, the same in both runs."""
+    from safetensors import safe_open
+
     ws = grpo_workspace
-    runs = {}
+    runs, dumps = {}, {}
+    reward_role = {"reward": {"backend": "fsdp", "devices": 1,
+                              "model": {"path": str(ws.model), "model_type": "reward"}}}
     for overlap in (True, False):
-        episodes = {"multi_turn": {**EPISODES["multi_turn"], "scheduling": "lockstep", "reward_overlap": overlap}}
-        cfg = ws.config(f"mt-overlap-{overlap}", 2, run={"scheduler": "in_process"}, algorithm=episodes)
+        episodes = {"multi_turn": {**EPISODES["multi_turn"], "scheduling": "lockstep", "reward_overlap": overlap,
+                                   "env": {"name": ENV.replace(":Countdown", ":Staggered")}},
+                    "reward_models": [{"role": "reward", "weight": 0.5}]}
+        cfg = ws.config(f"mt-overlap-{overlap}", 2, run={"scheduler": "in_process"}, algorithm=episodes,
+                        roles=reward_role, resources={"pools": {"default": {"devices_per_node": 3}}},
+                        rollout={"dump": True})
         rc, out, pids = run_cli(["train", str(cfg), "--run-dir", str(tmp_path / str(overlap))], cli_env())
         assert rc == 0, out[-4000:]
         assert not leftovers(pids)
         runs[overlap] = [r for r in metrics_rows(tmp_path / str(overlap)) if r["step"] >= 1]
+        dumps[overlap] = []
+        for step in (1, 2):
+            with safe_open(tmp_path / str(overlap) / "rollouts" / f"step_{step:06d}.safetensors", "pt") as f:
+                events = json.loads(f.metadata()["rlweave"])["events"]
+                dumps[overlap].append((f.get_tensor("1.scores"), events[1]["breakdown"]))
     for r in runs[True]:
         assert r["time/reward/overlapped"] >= 0 and r["time/reward/wait"] >= 0, r
-    assert all("time/reward/overlapped" not in r for r in runs[False])
+        assert r["time/reward/models_overlapped"] >= 0 and r["time/reward/models_wait"] >= 0, r
+    # groups whose episodes ended after one turn were scored while the others ran
+    assert any(r["time/reward/overlapped"] > 0 and r["time/reward/models_overlapped"] > 0 for r in runs[True]), runs
+    assert all("time/reward/overlapped" not in r and "time/reward/models_overlapped" not in r for r in runs[False])
+    for (early, rules_early), (after, rules_after) in zip(dumps[True], dumps[False]):
+        assert rules_early == rules_after  # each sample's rule rewards, exactly
+        assert torch.allclose(early, after, rtol=0, atol=1e-6), (early, after)
 
     def trained(rows):
         return [{k: v for k, v in r.items() if k.startswith(("reward/", "episode/", "response_len/"))
                  or k in ("loss", "samples", "grad_norm")} for r in rows]
 
-    assert len(runs[True]) == 2 and trained(runs[True]) == trained(runs[False])
-    assert runs[True][0]["reward/rules"] == runs[False][0]["reward/rules"]
-    a, b = (load_file(tmp_path / str(o) / "hf" / "model.safetensors") for o in (True, False))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert len(runs[True]) == 2
+    for a, b in zip(trained(runs[True]), trained(runs[False])):
+        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-6) for k in a), (a, b)
+        assert all(a[k] == b[k] for k in a if k.startswith(("reward/rules", "reward/arith", "episode/")))
+    a, b = (load_file(tmp_path / str(o) / "hf" / "model.safetensors") for o in (True, False))  # Adam: lr-sized steps
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=0, atol=1e-4) for k in a)

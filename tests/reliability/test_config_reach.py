@@ -20,8 +20,9 @@ The runs (tiny fp32 model, 1-2 steps, no Ray: :mod:`rlweave.testing.recorded_run
   its own); ``vllm_args``: a vLLM engine asked for the arguments it gives ``vllm.LLM``
   (``enforce_eager: false`` costs 20 s of compilation here);
 * ``in_process``: a GRPO step of the real run loop with ``run.scheduler: in_process`` (its own role
-  builder, which the recorded run does not replace); ``grpo_agent``: the same with an agent function
-  driving the rollout through the OpenAI-compatible endpoint;
+  builder, which the recorded run does not replace); ``grpo_agent``, ``ppo_agent``,
+  ``online_dpo_agent``: the same with an agent function driving the rollout through the
+  OpenAI-compatible endpoint;
 * ``ray_address`` / ``ray_local``: ``start_ray`` with ``ray.init`` recorded instead of called.
 
 A key may be exempt only in :data:`EXEMPT`, with a reason (checked where the code allows); an
@@ -92,15 +93,6 @@ EXEMPT = {
     Key("algorithm.multi_turn.reward_overlap", "online_dpo"):
         "read only where rule rewards score the episodes; the OnlineDPO run here ranks by a reward model "
         "(reward_source: model); read in the GRPO and PPO runs, tested in core/tests/test_reward_overlap.py",
-    Key("algorithm.multi_turn.agent.target", "ppo"): "the agent section is GRPO's (one model, AgentSpec), read by "
-        "the same agent rollout: set in the grpo_agent run; PPO with an agent is in tests/test_agent_training.py",
-    Key("algorithm.multi_turn.agent.timeout_s", "ppo"): "as algorithm.multi_turn.agent.target",
-    Key("algorithm.multi_turn.agent.on_error", "ppo"): "as algorithm.multi_turn.agent.target",
-    Key("algorithm.multi_turn.agent.parser", "ppo"): "as algorithm.multi_turn.agent.target",
-    Key("algorithm.multi_turn.agent.target", "online_dpo"): "as algorithm.multi_turn.agent.target of ppo",
-    Key("algorithm.multi_turn.agent.timeout_s", "online_dpo"): "as algorithm.multi_turn.agent.target of ppo",
-    Key("algorithm.multi_turn.agent.on_error", "online_dpo"): "as algorithm.multi_turn.agent.target of ppo",
-    Key("algorithm.multi_turn.agent.parser", "online_dpo"): "as algorithm.multi_turn.agent.target of ppo",
     Key("algorithm.router_replay", "grpo"): "needs a mixture-of-experts policy; the runs here use the tiny dense "
         "model (tests/test_router_replay.py replays routing on a tiny MoE model, from the engine and the old pass)",
     Key("rollout.replay"): "needs the dump of an earlier run of the same model and seed (rollout.dump is set in the "
@@ -278,6 +270,8 @@ RUNS = {
     "deepspeed_rm": _loop_run,
     "in_process": _loop_run,
     "grpo_agent": _loop_run,
+    "ppo_agent": _loop_run,
+    "online_dpo_agent": _loop_run,
     "fsdp_init": lambda user, rec: _build_only(user, rec, "policy", init=True),
     "hf_unseeded": lambda user, rec: _build_only(user, rec, "rollout", init=True, calls=_unseeded_generate()),
     "vllm_args": lambda user, rec: _build_only(user, rec, "rollout", init=False, calls=ENGINE_ARGS),

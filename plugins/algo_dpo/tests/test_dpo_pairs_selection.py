@@ -75,3 +75,25 @@ def test_pairs_from_sampled_trajectories_keep_their_loss_mask():
     chosen = pairs.token["sft_weight"] > 0
     assert chosen.tolist() == [False, True, False, True, True] + [False] * 3 + [False, True] + [False] * 3
     assert torch.isclose(pairs.token["sft_weight"].sum(), torch.tensor(1.0))
+
+
+def test_an_agents_extra_samples_and_failed_episodes_are_not_paired():
+    """Candidates per record come from the batch's ``group`` field (a record may hold more than
+    ``n_samples`` samples: an agent's reset starts one with another prompt); only samples that
+    start from the record's most common prompt and have a final answer may be paired."""
+    import torch
+    from rlweave.data.batch import Batch
+
+    from rlweave_algo_dpo.pairs import record_candidates
+
+    seqs = [[1, 2, 3], [1, 4, 5], [7, 8, 9], [1, 6], [2, 5], [2, 6], [1, 7]]
+    answers = [[3], [5], [9], [], [5], [6], [7]]  # sample 3: a failed episode (no final answer)
+    samples = Batch.from_sequences(seqs, ids=[f"s{i}" for i in range(7)], prompt_lens=[1, 1, 2, 1, 1, 1, 1],
+                                   meta=[{"response_ids": a} for a in answers])
+    samples.add_sample("group", torch.tensor([0, 0, 0, 0, 1, 1, 0]))
+    members, usable = record_candidates(samples, 2)
+    assert members == [[0, 1, 2, 3, 6], [4, 5]]
+    assert usable == [[True, True, False, False, True], [True, True]]
+    samples.sample["group"] = torch.tensor([0] * 7)
+    with pytest.raises(RuntimeError, match=r"no sample for records \[1\]"):
+        record_candidates(samples, 2)

@@ -22,8 +22,10 @@ class AgentSpec(BaseModel):
     target: str = Field(..., description="The agent, module:function or path/to/file.py:function: called once per "
                         "episode with an AgentEpisode (OpenAI clients pointed at the episode, the record); returns the "
                         "episode's reward or None (the configured rewards score the final answer).")
-    timeout_s: float = Field(300.0, gt=0, description="Wall-clock limit of one episode; past it the episode ends as "
-                             "an error and its later requests are refused.")
+    timeout_s: float = Field(300.0, gt=0, description="Limit of one episode's own time: wall-clock seconds less "
+                             "those during which one of its requests was queued for or in the engine (a busy engine "
+                             "never times an episode out); past it the episode ends as an error and its later "
+                             "requests are refused.")
     on_error: Literal["exclude", "zero"] = Field(
         "exclude", description="An episode whose agent raised or timed out: exclude (its tokens get no loss) or zero "
         "(trained with reward 0).")

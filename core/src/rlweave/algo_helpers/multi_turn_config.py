@@ -143,9 +143,9 @@ class MultiTurnConfig(BaseModel):
         True, description="A model turn cut by max_new_tokens ends the episode; false: the environment steps on it "
         "(a turn cut by max_total_tokens always ends it).")
     reward_overlap: bool = Field(
-        True, description="Score a record's episodes with the rule rewards as soon as they all ended, while others "
-        "still generate (one set of calls at a time on the reward workers); the rewards are those of scoring the "
-        "batch at once. Not with rollout.partial.")
+        True, description="Score a record's episodes with the rule rewards and the reward models as soon as they all "
+        "ended, while others still generate (one set of calls at a time; reward models only when their roles stay "
+        "resident during generation); the rewards are those of scoring the batch at once. Not with rollout.partial.")
 
     @model_validator(mode="after")
     def _env_or_agent(self) -> "MultiTurnConfig":

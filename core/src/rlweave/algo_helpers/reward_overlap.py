@@ -35,7 +35,7 @@ from typing import Any
 from rlweave.algo_helpers.rollout import reward_samples
 from rlweave.data.batch import Batch
 from rlweave.interfaces.engine import SamplingParams
-from rlweave.interfaces.rollout import GenerateFn, Rollout
+from rlweave.interfaces.rollout import GenerateFn, GroupFn, Rollout
 from rlweave.scheduler.trace import TRACE
 
 #: batches whose early scores are kept until the step asks for them (older ones are forgotten)
@@ -69,6 +69,9 @@ class EarlyRules:
     def wrap(self, rollout: Rollout) -> Rollout:
         """``rollout`` reporting its finished groups here (itself when it cannot report them)."""
         return ScoredRollout(rollout, self) if getattr(rollout, "reports_groups", False) else rollout
+
+    def new_run(self) -> RunScores:
+        return RunScores()
 
     def submit(self, run: RunScores, batch: Batch) -> None:
         """Queue a finished group's samples (``batch``: see :data:`~rlweave.interfaces.rollout.GroupFn`)
@@ -138,19 +141,25 @@ class EarlyRules:
 
 
 class ScoredRollout(Rollout):
-    """A rollout whose finished groups are scored early by an :class:`EarlyRules`; everything else
-    is the wrapped rollout's (which its owner closes)."""
+    """A rollout whose finished groups are scored early by ``early`` (an :class:`EarlyRules`, or
+    anything with its ``new_run``, ``submit`` and ``attach``); it reports the groups on, so a second
+    early scorer may wrap it. Everything else is the wrapped rollout's (which its owner closes)."""
 
-    reports_groups = False
+    reports_groups = True
 
-    def __init__(self, inner: Rollout, early: EarlyRules):
+    def __init__(self, inner: Rollout, early: Any):
         self.inner, self.early = inner, early
 
     def run(self, records: Sequence[dict[str, Any]], n: int, sampling: SamplingParams, generate: GenerateFn,
-            version: int = 0) -> Batch:
-        run = RunScores()
-        batch = self.inner.run(records, n, sampling, generate, version,  # type: ignore[call-arg]
-                               on_group=lambda g, group: self.early.submit(run, group))
+            version: int = 0, on_group: GroupFn | None = None) -> Batch:
+        run = self.early.new_run()
+
+        def report(g: int, group: Batch) -> None:
+            self.early.submit(run, group)
+            if on_group is not None:
+                on_group(g, group)
+
+        batch = self.inner.run(records, n, sampling, generate, version, on_group=report)  # type: ignore[call-arg]
         self.early.attach(run, batch)
         return batch
 

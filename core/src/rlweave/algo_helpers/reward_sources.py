@@ -20,9 +20,10 @@ algorithm's config: ``reward_models`` (a list of
 ``rewards`` rules only judge held-out answers), both optional.
 
 A source may also start work during generation: :meth:`RewardSource.during_rollout` gives the
-rollout the pipeline runs. The rule rewards do so with ``algorithm.multi_turn.reward_overlap``
-(:mod:`rlweave.algo_helpers.reward_overlap`): each record's samples are scored as soon as its
-episodes ended, with the same result as scoring the batch at once.
+rollout the pipeline runs. The rule rewards and the reward models do so with
+``algorithm.multi_turn.reward_overlap`` (:mod:`rlweave.algo_helpers.reward_overlap`,
+:mod:`rlweave.algo_helpers.reward_model_overlap`): each record's samples are scored as soon as
+its episodes ended, with the result of scoring the batch at once.
 """
 
 from __future__ import annotations
@@ -136,25 +137,59 @@ class RewardModels(RewardSource):
 
     name = "reward_models"
 
-    def __init__(self, ctx: Any, entries: list[Any], wait: Any):
+    def __init__(self, ctx: Any, entries: list[Any], wait: Any, overlap: bool = False):
         self.ctx, self.entries, self.wait = ctx, entries, wait
+        #: scoring of finished groups during generation (``reward_overlap``), or None
+        self.early: Any = None
+        if overlap:
+            from rlweave.algo_helpers.reward_model_overlap import EarlyModels
+
+            self.early = EarlyModels(ctx.roles, entries, getattr(ctx.tokenizer, "eos_token_id", None))
 
     @classmethod
     def build(cls, ctx: Any, config: Any, wait: Any) -> "RewardModels | None":
         entries = list(getattr(config, "reward_models", None) or [])
-        return cls(ctx, entries, wait) if entries else None
+        if not entries:
+            return None
+        partial = getattr(getattr(getattr(ctx, "config", None), "rollout", None), "partial", None)
+        overlap = bool(getattr(getattr(config, "multi_turn", None), "reward_overlap", False)) and partial is None
+        return cls(ctx, entries, wait, overlap and not _moved(ctx, [e.role for e in entries]))
+
+    def during_rollout(self, rollout: Any) -> Any:
+        return self.early.wrap(rollout) if self.early is not None else rollout
 
     def issue(self, batch: Batch) -> Any:
+        if self.early is not None:
+            return None  # collect takes the early scores and scores the rest
         return reward_models.issue_scores(self.ctx.roles, self.entries, batch,
                                           getattr(self.ctx.tokenizer, "eos_token_id", None))
 
     def collect(self, pending: Any, batch: Batch) -> Contribution:
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
-        scores = reward_models.combine(self.entries, {k: self.wait(f) for k, f in pending.items()}, len(batch),
-                                       metrics)
+        if self.early is not None:
+            results, metrics = self.early.scores(batch, self.wait)
+        else:
+            results = {k: self.wait(f) for k, f in pending.items()}
+        scores = reward_models.combine(self.entries, results, len(batch), metrics)
         metrics["time/reward/models"] = time.perf_counter() - t0
         return Contribution(scores, metrics)
+
+    def close(self) -> None:
+        if self.early is not None:
+            self.early.close()
+
+
+def _moved(ctx: Any, roles: list[str]) -> bool:
+    """Whether the run's residency may put any of ``roles`` away between phases (colocation or
+    ``resources.offload: always``): then they are not called while the rollout generates."""
+    from rlweave.residency import Residency
+
+    try:
+        residency = Residency.for_run(ctx, list(getattr(ctx, "roles", {})), {})
+    except (AttributeError, TypeError, ValueError):
+        return True
+    return any(r in residency.movable for r in roles)
 
 
 class EnvironmentReward(RewardSource):

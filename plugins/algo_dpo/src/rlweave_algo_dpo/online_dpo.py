@@ -6,7 +6,9 @@ model role's ``scores``); the best and the worst answer become a (chosen, reject
 (:mod:`rlweave_algo_dpo.selection`: strictly different rewards only; prompts whose answers
 all tie are counted in ``tied_prompts`` and give no pair). A ``reference`` role scores the
 pairs, the policy takes the DPO update, and the new weights are synced into the rollout
-role so the next step samples from the updated policy. The step around this dataflow (rollout,
+role so the next step samples from the updated policy. With multi-turn episodes a pair is two
+episodes of one prompt, their model tokens trained; an agent's extra samples (resets, forks) are
+not paired (:func:`rlweave_algo_dpo.pairs.record_candidates`). The step around this dataflow (rollout,
 reward sources, residency, sync, evaluation, checkpoint state) is the shared toolkit
 (:mod:`rlweave.algo_helpers.experience`), so samples are seeded as every RL algorithm's are.
 """
@@ -21,7 +23,7 @@ from rlweave.algo_helpers.kit_algorithm import KitAlgorithm
 from rlweave.algo_helpers.step_metrics import sample_metrics
 from rlweave.interfaces.algorithm import RunContext
 from rlweave_algo_dpo.config import OnlineDPOConfig, online_dpo_roles
-from rlweave_algo_dpo.pairs import select_pair_batch
+from rlweave_algo_dpo.pairs import record_candidates, select_pair_batch
 from rlweave_algo_dpo.selection import select_pairs
 from rlweave_algo_dpo.update import make_loss, preference_update, role_seq_logps
 
@@ -58,14 +60,12 @@ class OnlineDPO(KitAlgorithm):
         c, kit = self.config, self.kit
         kit.begin_step()
         samples = kit.generate(records)
-        k = c.n_samples
-        if len(samples) != len(records) * k:
-            raise RuntimeError(f"rollout returned {len(samples)} samples for {len(records)} prompts x {k} samples")
+        members, usable = record_candidates(samples, len(records))
+        usable = [[u and samples.meta[j]["finish_reason"] != "error" for u, j in zip(us, m)]
+                  for us, m in zip(usable, members)]
         scores = kit.experience(samples, {}).scores
         flat = scores.tolist()
-        rewards = [flat[i * k:(i + 1) * k] for i in range(len(records))]
-        usable = [[len(m["response_ids"]) > 0 and m["finish_reason"] != "error" for m in samples.meta[i * k:(i + 1) * k]]
-                  for i in range(len(records))]
+        rewards = [[flat[j] for j in m] for m in members]
         sel = select_pairs(rewards, usable, c.min_reward_gap)
         self.tied_total += len(sel.tied) + len(sel.too_few)
         metrics = {"pairs": float(len(sel.pairs)), "tied_prompts": float(len(sel.tied)),
@@ -74,7 +74,7 @@ class OnlineDPO(KitAlgorithm):
         if sel.pairs:
             metrics["reward/chosen"] = sum(rewards[i][b] for i, b, _ in sel.pairs) / len(sel.pairs)
             metrics["reward/rejected"] = sum(rewards[i][w] for i, _, w in sel.pairs) / len(sel.pairs)
-            batch = select_pair_batch(samples, [(i * k + b, i * k + w) for i, b, w in sel.pairs],
+            batch = select_pair_batch(samples, [(members[i][b], members[i][w]) for i, b, w in sel.pairs],
                                       [str(records[i].get("id", i)) for i, _, _ in sel.pairs])
             kit.enter("reference")
             t0 = time.perf_counter()

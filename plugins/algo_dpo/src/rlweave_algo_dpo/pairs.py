@@ -61,6 +61,31 @@ def select_pair_batch(samples: Batch, pairs: Sequence[tuple[int, int]], pair_ids
     return _with_pair_fields(out)
 
 
+def record_candidates(samples: Batch, n_records: int) -> tuple[list[list[int]], list[list[bool]]]:
+    """Per record (the rollout batch's sample field ``group``), its sample indices and whether each
+    may be one side of a pair: a non-empty final answer (an agent's failed episode has none), and
+    the prompt ids most of the record's samples start from, so chosen and rejected continue the
+    same prompt. A record usually has ``n_samples`` samples with one prompt; an agent's episode may
+    add samples of its own (resets, forks: ``docs/agents.md``), which are not paired. Raises
+    ``RuntimeError`` for a record with no sample."""
+    members: list[list[int]] = [[] for _ in range(n_records)]
+    for j, g in enumerate(samples.sample["group"].tolist()):
+        members[int(g)].append(j)
+    empty = [i for i, m in enumerate(members) if not m]
+    if empty:
+        raise RuntimeError(f"the rollout returned no sample for records {empty} of {n_records}")
+    cu, plen = samples.cu_seqlens.tolist(), samples.sample["prompt_len"].tolist()
+    prompt = [tuple(samples.token["input_ids"][cu[j]:cu[j] + plen[j]].tolist()) for j in range(len(samples))]
+    usable = []
+    for m in members:
+        counts: dict[tuple[int, ...], int] = {}  # in order of first appearance: ties go to the first
+        for j in m:
+            counts[prompt[j]] = counts.get(prompt[j], 0) + 1
+        common = max(counts, key=counts.__getitem__)
+        usable.append([len(samples.meta[j]["response_ids"]) > 0 and prompt[j] == common for j in m])
+    return members, usable
+
+
 def _with_pair_fields(batch: Batch) -> Batch:
     """Add the pair fields to ``batch`` of (chosen, rejected) samples side by side."""
     n = len(batch) // 2

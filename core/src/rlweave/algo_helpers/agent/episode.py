@@ -19,14 +19,15 @@ from typing import Any
 class AgentEpisode:
     """One episode: its data ``record``, ``base_url`` and ``api_key`` (for clients of your own),
     ``model`` (the name to send), ``episode_id``, and the OpenAI clients (no retries; each request
-    waits at most ``request_timeout_s``)."""
+    waits at most ``request_timeout_s``, None: as long as the engine takes, which is not the
+    episode's own time: ``agent.timeout_s`` does not count it, see :mod:`.clock`)."""
 
     record: dict[str, Any]
     base_url: str
     api_key: str
     episode_id: str
     model: str = "policy"
-    request_timeout_s: float = 300.0
+    request_timeout_s: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
     @cached_property

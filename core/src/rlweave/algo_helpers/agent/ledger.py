@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlweave.algo_helpers import chat
+from rlweave.algo_helpers.agent.clock import AgentClock
 from rlweave.algo_helpers.agent.errors import RequestError
 from rlweave.algo_helpers.agent.messages import for_template, same
 from rlweave.algo_helpers.multi_turn import Trajectory
@@ -74,6 +75,7 @@ class Ledger:
         self.final_ids: list[int] = []  # the last model turn returned: the episode's final answer
         self.closed: str | None = None  # why requests are refused now (the episode ended)
         self.lock = threading.Lock()  # the endpoint's handlers and the rollout share the samples
+        self.clock = AgentClock()  # the episode's own time (paused while a request waits for the engine)
 
     # ------------------------------------------------------------------ requests in
     def admit(self) -> None:

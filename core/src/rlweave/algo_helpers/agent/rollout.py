@@ -2,10 +2,12 @@
 function, which talks to the policy through the run's OpenAI-compatible endpoint (:mod:`.server`).
 
 For each record, ``n`` episodes (one per sample of the group), at most ``max_in_flight`` at once
-(the next starts when one ends; null: all), each in a thread of its own with a wall-clock limit
-(``agent.timeout_s``). The endpoint keeps each episode's token ids (:mod:`.ledger`), and its
-requests go to the engine through the ``generate`` of :meth:`Rollout.run`, batched across
-episodes (:mod:`.engine_queue`), so the trajectories are what the episode rollout makes:
+(the next starts when one ends; null: all), each in a thread of its own with a limit on its own
+time (``agent.timeout_s``: wall-clock seconds less those during which one of its requests waited
+for the engine, :mod:`.clock`; a busy engine never times an episode out). The endpoint keeps each
+episode's token ids (:mod:`.ledger`), and its requests go to the engine through the ``generate``
+of :meth:`Rollout.run`, batched across episodes (:mod:`.engine_queue`), so the trajectories are
+what the episode rollout makes:
 :func:`~rlweave.algo_helpers.multi_turn.episodes_to_batch` packs them, the loss mask 1 on the
 model's sampled ids only. An episode may hold several samples (a reset, a fork; see the ledger):
 each is a trajectory of the record's group with the episode's reward.
@@ -15,7 +17,8 @@ alone, scoring the episode's final answer (the last model turn it was given). An
 raises, times out, returns something else or makes no request ends its episode as an **error**:
 counted (``episode/agent_errors_mean``), logged (the first few with their traceback), never the
 run's end; its samples get reward 0 and no final answer, and with ``on_error: exclude`` (default)
-a loss mask of 0, with ``on_error: zero`` they are trained with that reward. A timed-out agent's
+a loss mask of 0, with ``on_error: zero`` they are trained with that reward. An ``async def``
+agent whose episode ended (timed out, or the rollout stopped) is cancelled; a plain function's
 thread is left to end on its own (its requests are refused from then on).
 """
 
@@ -90,8 +93,8 @@ class AgentRollout(Rollout):
         still run."""
         ep = self._endpoint()
         todo = deque((g, k) for g in range(len(records)) for k in range(n))
-        limit = self.cfg.max_in_flight or len(todo)
-        running: dict[Future, tuple[int, Ledger, float]] = {}
+        limit_n, limit_s = self.cfg.max_in_flight or len(todo), self.cfg.agent.timeout_s
+        running: dict[Future, tuple[int, Ledger, _Cancel]] = {}
         groups: list[list[Trajectory]] = [[] for _ in records]
         left = [n] * len(records)  # episodes of each record not ended yet
         engine = EngineQueue(generate, lambda: len(running), sampling.seed)
@@ -99,18 +102,19 @@ class AgentRollout(Rollout):
         errors = 0
         try:
             while todo or running:
-                while todo and len(running) < limit:
+                while todo and len(running) < limit_n:
                     g, _ = todo.popleft()
-                    fut, ledger = self._start(ep, records[g])
-                    running[fut] = (g, ledger, time.monotonic() + self.cfg.agent.timeout_s)
-                deadline = min(d for _, _, d in running.values())
-                done, _ = wait(list(running), timeout=max(0.0, deadline - time.monotonic()),
-                               return_when=FIRST_COMPLETED)
-                now = time.monotonic()
-                for fut in [f for f, (_, _, d) in running.items() if f in done or d <= now]:
-                    g, ledger, _ = running.pop(fut)
-                    why = "finished" if fut.done() else f"timed out after {self.cfg.agent.timeout_s:g} s"
+                    fut, ledger, cancel = self._start(ep, records[g])
+                    running[fut] = (g, ledger, cancel)
+                # no episode's own time can run out sooner: a clock runs at most as fast as the wall's
+                room = min(limit_s - ledger.clock.own_s() for _, ledger, _ in running.values())
+                done, _ = wait(list(running), timeout=max(0.0, room), return_when=FIRST_COMPLETED)
+                for fut in [f for f, (_, ledger, _) in running.items()
+                            if f in done or f.done() or ledger.clock.own_s() >= limit_s]:
+                    g, ledger, cancel = running.pop(fut)
+                    why = "finished" if fut.done() else f"timed out after {limit_s:g} s of its own time"
                     ep.close_episode(ledger.eid, why)
+                    cancel()
                     samples, failed = self._finish(fut, ledger, records[g], why)
                     groups[g] += samples
                     errors += failed
@@ -118,8 +122,9 @@ class AgentRollout(Rollout):
                     if on_done is not None and left[g] == 0 and (todo or running):
                         on_done(g, groups[g])
         finally:
-            for fut, (_, ledger, _) in running.items():
+            for fut, (_, ledger, cancel) in running.items():
                 ep.close_episode(ledger.eid, "the rollout stopped")
+                cancel()
             ep.serve(None, sampling, version)
             engine.close()
         self.last = {"engine_calls": float(engine.calls), "engine_s": engine.busy_s, "errors": float(errors)}
@@ -135,16 +140,17 @@ class AgentRollout(Rollout):
             self.endpoint.start()
         return self.endpoint
 
-    def _start(self, ep: Endpoint, record: dict[str, Any]) -> tuple[Future, Ledger]:
+    def _start(self, ep: Endpoint, record: dict[str, Any]) -> tuple[Future, Ledger, "_Cancel"]:
         eid = secrets.token_hex(8)
         ledger = Ledger(eid, record, self.tok, self.cfg.max_turns, self.cfg.max_total_tokens)
         ep.open(ledger)
-        episode = AgentEpisode(dict(record), ep.base_url(eid), ep.token, eid, request_timeout_s=self.cfg.agent.timeout_s)
+        episode = AgentEpisode(dict(record), ep.base_url(eid), ep.token, eid)
         fut: Future = Future()
+        cancel = _Cancel()
 
         def body() -> None:
             try:
-                fut.set_result(_call(self.agent, episode, self.cfg.agent.timeout_s))
+                fut.set_result(_call(self.agent, episode, cancel))
             except BaseException as exc:  # noqa: BLE001 - the agent's failure ends its episode only
                 fut.set_exception(exc)
             finally:
@@ -153,7 +159,7 @@ class AgentRollout(Rollout):
                     client.close()
 
         threading.Thread(target=body, name=f"rlweave-agent-{eid}", daemon=True).start()
-        return fut, ledger
+        return fut, ledger, cancel
 
     def _finish(self, fut: Future, ledger: Ledger, record: dict[str, Any], why: str) -> tuple[list[Trajectory], int]:
         """The episode's trajectories and whether it is an error (see the module docstring)."""
@@ -204,18 +210,46 @@ class AgentRollout(Rollout):
         return t
 
 
-def _call(agent: Callable[[AgentEpisode], Any], episode: AgentEpisode, timeout_s: float) -> Any:
+class _Cancel:
+    """Cancels an ``async def`` agent's task from the rollout's thread when its episode ends (a
+    plain function's thread cannot be stopped: its later requests are refused instead)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._task: tuple[asyncio.AbstractEventLoop, asyncio.Task] | None = None
+        self._cancelled = False
+
+    def bind(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
+        with self._lock:
+            self._task = (loop, task)
+            if self._cancelled:
+                task.cancel()
+
+    def __call__(self) -> None:
+        with self._lock:
+            self._cancelled = True
+            if self._task is not None:
+                loop, task = self._task
+                try:
+                    loop.call_soon_threadsafe(task.cancel)
+                except RuntimeError:  # its loop has closed: the agent already ended
+                    pass
+
+
+def _call(agent: Callable[[AgentEpisode], Any], episode: AgentEpisode, cancel: _Cancel) -> Any:
     """Run ``agent(episode)``: a coroutine (an ``async def`` agent) in an event loop of its own,
-    cancelled after ``timeout_s``."""
+    cancelled by ``cancel()`` (its episode ended: timed out or the rollout stopped)."""
     if inspect.iscoroutinefunction(agent):
-        async def bounded() -> Any:
+        async def cancellable() -> Any:
+            task = asyncio.ensure_future(agent(episode))
+            cancel.bind(asyncio.get_running_loop(), task)
             try:
-                return await asyncio.wait_for(agent(episode), timeout_s)
+                return await task
             finally:
                 client = episode.__dict__.get("async_client")
                 if client is not None:
                     await client.close()
 
-        return asyncio.run(bounded())
+        return asyncio.run(cancellable())
     out = agent(episode)
     return asyncio.run(out) if inspect.isawaitable(out) else out

@@ -146,7 +146,8 @@ class Endpoint:
                 base, n=req.n, temperature=base.temperature if req.temperature is None else float(req.temperature),
                 top_p=base.top_p if req.top_p is None else float(req.top_p), seed=req.seed, token_budget=None,
                 max_new_tokens=max(1, min(req.max_tokens or base.max_new_tokens, ledger.room(sample))))
-            gens = await asyncio.wrap_future(self.engine.submit(sample.context, params))
+            with ledger.clock.engine_wait():  # not the agent's own time (agent.timeout_s)
+                gens = await asyncio.wrap_future(self.engine.submit(sample.context, params))
             bad = next((g for g in gens if g.finish_reason == "error"), None)
             if bad is not None:
                 raise RequestError(500, f"the engine failed: {bad.error}", code="engine_error")
@@ -194,6 +195,7 @@ def build_app(endpoint: Endpoint) -> Any:
     from fastapi import FastAPI, Request as HTTPRequest
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
 
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
@@ -218,6 +220,9 @@ def build_app(endpoint: Endpoint) -> Any:
             return json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise RequestError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        except ClientDisconnect:  # an agent cancelled while sending (its episode ended): nobody reads the answer
+            raise RequestError(400, "the client disconnected before its request was read",
+                               code="client_disconnected") from None
 
     async def answer(request: HTTPRequest, eid: str | None, kind: str) -> Any:
         eid = eid or request.headers.get("x-episode-id")
