@@ -211,3 +211,18 @@ def test_pixel_bounds_are_checked_and_shared_by_the_roles_running_the_policy():
         "c.yaml: roles.rollout.model.vision: None differs from roles.policy.model.vision ({'min_pixels': None, "
         "'max_pixels': 512}): the rollout role must resize images as the policy does, or their image token counts "
         "differ; set it equal, or leave it out of both and set model.vision"]
+
+
+def test_what_does_not_take_a_vision_model_is_refused_by_key():
+    jsonl("train.jsonl", {"prompt": f"{IMAGE}?", "images": ["img/small.png"], "answer": 1})
+    roles = {"policy": {"backend": "megatron"}, "rollout": {"engine": "vllm"}}
+    found = errors(config(roles=roles))
+    assert any(e.startswith("c.yaml: roles.policy.backend: model model is a vision-language model, which backend "
+                            "'megatron' does not take") for e in found), found
+    assert any(e.startswith("c.yaml: roles.rollout.engine: model model is a vision-language model, which engine "
+                            "'vllm' does not take") for e in found), found
+    found = errors(config(roles={"policy": {"backend": "train", "parallel": {"sp": 2}, "devices": 2},
+                                 "rollout": {"engine": "gen"}},
+                          rollout={"partial": {"token_budget_per_step": 4}}))
+    assert any(e.startswith("c.yaml: roles.policy.parallel.sp: sequence parallelism does not take") for e in found)
+    assert any(e.startswith("c.yaml: rollout.partial: partial rollout does not carry images") for e in found)

@@ -1,0 +1,102 @@
+"""How images are laid out for a vision-language model (:mod:`rlweave.data.vision`,
+:class:`rlweave.interfaces.engine.VisionPrompt`, ``Batch.mm``): M-RoPE positions equal
+transformers' own for one and two images, an image token sampled in a response stays text,
+placeholders expand to each image's tokens, prompts with images pickle with them and are never
+cut, and a batch keeps each sample's images through select, concat and split."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from rlweave.data.batch import Batch
+from rlweave.data.vision import VisionProcessor, expand_placeholders, mrope_positions
+from rlweave.engine_helpers.requests import plan_requests
+from rlweave.interfaces.engine import SamplingParams, VisionPrompt, prompt_images
+
+IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    from rlweave.testing.tiny_vlm import build_tiny_qwen2_vl, vision_tokenizer
+
+    path = build_tiny_qwen2_vl(tmp_path_factory.mktemp("vlm") / "m", vision_tokenizer(["abcdefghij ?:0123456789"]))
+    return path, VisionProcessor(path)
+
+
+def _img(h, w, seed=0):
+    from PIL import Image
+
+    return Image.fromarray((np.random.default_rng(seed).random((h, w, 3)) * 255).astype("uint8"))
+
+
+@pytest.mark.parametrize("text,sizes", [(f"a{IMAGE}b:", [(32, 24)]), (f"{IMAGE}c{IMAGE}?", [(16, 32), (32, 32)])])
+def test_positions_equal_transformers(vlm, text, sizes):
+    from transformers import AutoConfig, Qwen2VLModel
+
+    path, vp = vlm
+    ids, mm = vp.encode(text, [_img(h, w, i) for i, (h, w) in enumerate(sizes)])
+    ids = torch.tensor([ids + [5, 6, 7]])  # a response continues the text positions
+    cfg = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = Qwen2VLModel(cfg)
+    ref, _ = model.get_rope_index(ids, mm_token_type_ids=(ids == cfg.image_token_id).int(),
+                                  image_grid_thw=mm["image_grid_thw"])
+    ours, mask = mrope_positions(ids[0], mm["image_grid_thw"], cfg.image_token_id, 2, with_mask=True)
+    assert torch.equal(ref[:, 0], ours)
+    assert int(mask.sum()) == int((ids == cfg.image_token_id).sum())
+
+
+def test_an_image_token_in_a_response_is_text(vlm):
+    _, vp = vlm
+    ids, mm = vp.encode(f"{IMAGE}x", [_img(16, 16)])
+    tok = vp.image_token_id
+    pos, mask = mrope_positions(torch.tensor(ids + [tok, 3]), mm["image_grid_thw"], tok, 2, with_mask=True)
+    assert not mask[len(ids)] and mask[: len(ids)].sum() == ids.count(tok)
+    assert pos[:, len(ids)].tolist() == [int(pos[0, len(ids) - 1]) + 1] * 3  # the next text position, on all rows
+    with pytest.raises(ValueError, match="2 image"):
+        mrope_positions(torch.tensor(ids), torch.cat([mm["image_grid_thw"]] * 2), tok, 2)
+
+
+def test_placeholders_expand_to_each_images_tokens(vlm):
+    _, vp = vlm
+    ids = vp.tokenizer(f"q{IMAGE}{IMAGE}:")["input_ids"]
+    new, mask, mm = expand_placeholders(vp, ids, [1] * len(ids), [_img(16, 16), _img(32, 32)])
+    assert new.count(vp.image_token_id) == sum(vp.tokens_per_image(mm["image_grid_thw"])) == 4 + 16
+    assert all(m == 0 for t, m in zip(new, mask) if t == vp.image_token_id)
+    assert new == vp.encode(f"q{IMAGE}{IMAGE}:", [_img(16, 16), _img(32, 32)])[0]
+    with pytest.raises(ValueError, match="1 image placeholder"):
+        expand_placeholders(vp, vp.tokenizer(f"{IMAGE}")["input_ids"], [0, 0, 0], [])
+
+
+def test_a_prompt_with_images_pickles_with_them_and_is_never_cut():
+    mm = {"pixel_values": torch.ones(4, 3), "image_grid_thw": torch.tensor([[1, 2, 2]])}
+    p = VisionPrompt([1, 2, 3], mm)
+    back = pickle.loads(pickle.dumps(p))
+    assert back == [1, 2, 3] and torch.equal(prompt_images(back)["pixel_values"], mm["pixel_values"])
+    assert prompt_images(p + [4]) is None and prompt_images([1, 2]) is None  # a new list carries no images
+    reqs = plan_requests([VisionPrompt(list(range(10)), mm), list(range(10))], SamplingParams(max_new_tokens=4),
+                         max_model_len=8, long_prompt="truncate")
+    assert reqs[0].error and "never cut" in reqs[0].error and reqs[0].mm is mm
+    assert reqs[1].error is None and reqs[1].truncated
+
+
+def test_a_batch_keeps_each_samples_images():
+    b = Batch.from_sequences([[1, 2], [3, 4, 5], [6]])
+    images = [{"pixel_values": torch.full((4, 2), float(i)), "image_grid_thw": torch.tensor([[1, 2, 2]])}
+              for i in range(3)]
+    b.set_mm([images[0], None, images[2]])
+    picked = b.select([2, 1])
+    assert picked.mm[0] is images[2] and picked.mm[1] is None
+    whole = Batch.concat(b.split(2))
+    assert [m is None for m in whole.mm] == [False, True, False]
+    text = Batch.from_sequences([[7, 8]])
+    mixed = Batch.concat([text, b])
+    assert mixed.mm[0] is None and mixed.mm[1] is images[0] and mixed.has_images
+    assert not Batch.concat([text, text]).mm
+    with pytest.raises(ValueError, match="2 vision entries"):
+        b.set_mm([None, None])
