@@ -64,3 +64,12 @@ def test_rank_without_images_steps_and_frozen_tower_stays(vlm, backend, options)
     assert r["tower_same"] and r["text_changed"]
     assert not r["tower_in_optim"] and r["text_in_optim"]
     assert r["synced_tower"] == [] and r["synced"] > 0
+
+
+def test_sequence_parallel_equals_one_rank_with_an_image_cut_by_the_shard_boundary(vlm):
+    one = run_ranks(sc.sp_logprobs, 1, vlm)
+    two = run_ranks(sc.sp_logprobs, 2, vlm)
+    assert two["middle"] - 1 in two["image_tokens"] and two["middle"] in two["image_tokens"]  # the cut is in an image
+    assert torch.allclose(one["two"], two["two"], atol=1e-5, rtol=0)
+    assert torch.allclose(one["all"], two["all"], atol=1e-5, rtol=0)
+    assert abs(one["loss"] - two["loss"]) < 1e-5

@@ -134,3 +134,18 @@ def _full_params(w):
         return
     for n, p in w.model.named_parameters():
         yield n, (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+
+
+def sp_logprobs(ctx_kw: dict, path: str) -> dict:
+    """Log-probs of the image prompts with fixed responses, and one train step's loss, on the ranks'
+    sequence-parallel group (``world_size`` ranks, ``parallel.sp`` = ``world_size``); the row of the
+    first sample alone has its image cut by the middle of the row."""
+    world = ctx_kw["world_size"]
+    w = sc.train_worker("fsdp", ctx_kw, {"path": path}, OPTIM, {"sp": world} if world > 1 else None)
+    b = batch_of(prompts(path), [[5, 6, 7], [8, 9], [10, 11, 12]])
+    two = b.select([0])
+    ids = two.token["input_ids"]
+    image = (ids == w._base_model().config.image_token_id).nonzero().view(-1).tolist()
+    metrics = w.train_step(b, sc.nll_loss)
+    return {"all": w.compute_logprobs(b)["logprobs"], "two": w.compute_logprobs(two)["logprobs"],
+            "middle": len(ids) // 2, "image_tokens": image, "loss": metrics["loss"]}

@@ -83,18 +83,21 @@ def _algo_setting(src: Any, key: str, default: Any) -> Any:
 
 
 def sampled_metrics(eng: Any, tokenizer: Any, records: list[dict[str, Any]], rewards: Any, n: int, ks: list[int],
-                    temperature: float, top_p: float, max_tokens: int, threshold: float, seed: int) -> dict[str, float]:
-    """``pass@k`` for each ``k`` and ``sampled_reward_mean`` over ``n`` samples per record."""
+                    temperature: float, top_p: float, max_tokens: int, threshold: float, seed: int,
+                    vision: Any = None) -> dict[str, float]:
+    """``pass@k`` for each ``k`` and ``sampled_reward_mean`` over ``n`` samples per record
+    (``vision``: the model's vision processor, for records with images)."""
     from rlweave.algo_helpers.evaluate import reward_fields
-    from rlweave.algo_helpers.rollout import encode_prompts, record_prompt
+    from rlweave.algo_helpers.rollout import encode_records
     from rlweave.interfaces.engine import SamplingParams
     from rlweave.rewards.failures import RewardFailureError
 
-    texts = [record_prompt(r, tokenizer) for r in records]
+    prompts, meta = encode_records(tokenizer, records, vision)
+    texts = [m["prompt"] for m in meta]
     eos = getattr(tokenizer, "eos_token_id", None)
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens,
                             stop_token_ids=[eos] if eos is not None else [], seed=seed)
-    gens = eng.generate(encode_prompts(tokenizer, texts), params)
+    gens = eng.generate(prompts, params)
     samples = [{"prompt": t, "response": tokenizer.decode(g.token_ids, skip_special_tokens=True), **reward_fields(r)}
                for t, r, group in zip(texts, records, gens) for g in group]
     try:
@@ -176,7 +179,7 @@ def _evaluate(source, data, rewards, n, ks, temperature, top_p, max_tokens, thre
     from rlweave.algo_helpers.evaluate import exact_match
     from rlweave.commands.engine import engine_choice, local_engine
     from rlweave.commands.generate import DTYPES
-    from rlweave.commands.records import encode_records, load_records, prompt_texts
+    from rlweave.commands.records import encode_records, load_records, prompt_texts, vision_processor
     from rlweave.commands.source import chat_template, load_tokenizer, model_dir, model_dtype, read_source
 
     if dtype is not None and dtype not in DTYPES:
@@ -195,12 +198,13 @@ def _evaluate(source, data, rewards, n, ks, temperature, top_p, max_tokens, thre
         with model_dir(src, pm, lambda s: typer.echo(s, err=True)) as path:
             tokenizer = load_tokenizer(path, src)
             records = load_records(p.data, tokenizer, chat_template(src))[: p.limit]  # chat records rendered
-            encode_records(tokenizer, prompt_texts(records, tokenizer), records, p.data)
+            vision = vision_processor(path, tokenizer, src)
+            encode_records(tokenizer, prompt_texts(records, tokenizer), records, p.data, vision)  # errors first
             with local_engine(record, options, path, src, model_dtype(src, dtype), seed) as eng:
                 greedy = exact_match(eng, tokenizer, records, scorer, max_new_tokens=p.max_tokens,
-                                     threshold=p.threshold, greedy=True, seed=seed)
+                                     threshold=p.threshold, greedy=True, seed=seed, vision=vision)
                 sampled = (sampled_metrics(eng, tokenizer, records, scorer, n, ks, temperature, top_p, p.max_tokens,
-                                           p.threshold, seed) if n > 1 else {})
+                                           p.threshold, seed, vision) if n > 1 else {})
     finally:
         scorer.close()
     metrics = {"model": src.describe(), "engine": record.name, "data": str(p.data), "records": len(records),

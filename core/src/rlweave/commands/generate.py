@@ -121,7 +121,7 @@ def generate(
 def _generate(source, data, out, n, temperature, top_p, top_k, max_tokens, engine, logprobs, seed, batch_size,
               dtype) -> None:
     from rlweave.commands.engine import engine_choice, local_engine
-    from rlweave.commands.records import encode_records, load_records, prompt_texts
+    from rlweave.commands.records import encode_records, load_records, prompt_texts, vision_processor
     from rlweave.commands.source import chat_template, load_tokenizer, model_dir, model_dtype, read_source
     from rlweave.engine_helpers.requests import validate_params
     from rlweave.interfaces.engine import SamplingParams
@@ -155,7 +155,7 @@ def _generate(source, data, out, n, temperature, top_p, top_k, max_tokens, engin
         rendered = load_records(data, tokenizer, chat_template(src))  # chat records through the template
         todo = [(i, rendered[i]) for i, _ in todo]
         texts = prompt_texts([r for _, r in todo], tokenizer)
-        prompts = encode_records(tokenizer, texts, [r for _, r in todo], data)
+        prompts = encode_records(tokenizer, texts, [r for _, r in todo], data, vision_processor(path, tokenizer, src))
         typer.echo(f"model: {src.describe()}, engine: {record.name}")
         with local_engine(record, options, path, src, model_dtype(src, dtype), seed) as eng:
             _run_batches(eng, tokenizer, todo, texts, prompts, params, out, batch_size, logprobs)

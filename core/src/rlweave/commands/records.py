@@ -43,14 +43,40 @@ def prompt_texts(records: list[dict[str, Any]], tokenizer: Any) -> list[str]:
     return [record_prompt(r, tokenizer) for r in records]
 
 
-def encode_records(tokenizer: Any, texts: list[str], records: list[dict[str, Any]], data: Path) -> list[list[int]]:
-    """Token ids of each prompt; :class:`CommandError` naming the record of one that encodes to nothing."""
+def encode_records(tokenizer: Any, texts: list[str], records: list[dict[str, Any]], data: Path,
+                   vision: Any = None) -> list[list[int]]:
+    """Token ids of each prompt (a :class:`~rlweave.interfaces.engine.VisionPrompt` for a record with
+    images, through ``vision``); :class:`CommandError` naming the record of one that encodes to
+    nothing, or whose images cannot be read or do not fit its placeholders."""
     from rlweave.algo_helpers.rollout import encode_prompts
 
     out = []
     for text, rec in zip(texts, records):
         try:
-            out.extend(encode_prompts(tokenizer, [text]))
-        except ValueError:
-            raise CommandError(f"{data}: record {rec['id']}: the prompt {text[:40]!r} encodes to no tokens") from None
+            out.append(_vision_prompt(vision, text, rec) if rec.get("images") else encode_prompts(tokenizer, [text])[0])
+        except ValueError as exc:
+            why = str(exc) if rec.get("images") else f"the prompt {text[:40]!r} encodes to no tokens"
+            raise CommandError(f"{data}: record {rec['id']}: {why}") from None
     return out
+
+
+def _vision_prompt(vision: Any, text: str, rec: dict[str, Any]) -> list[int]:
+    from rlweave.data.vision_records import record_images
+    from rlweave.interfaces.engine import VisionPrompt
+
+    if vision is None:
+        raise ValueError("the record has images, but the model is not a vision-language model")
+    ids, mm = vision.encode(text, record_images(rec))
+    return VisionPrompt(ids, mm)
+
+
+def vision_processor(path: Path, tokenizer: Any, src: Any) -> Any:
+    """The :class:`~rlweave.data.vision.VisionProcessor` of a vision-language model directory (the
+    run's ``model.vision`` pixel bounds where the source is a run), else None."""
+    from rlweave.data.vision import VisionProcessor, is_vision_model
+
+    if not is_vision_model(path):
+        return None
+    bounds = getattr(getattr(getattr(src, "cfg", None), "model", None), "vision", None)
+    return VisionProcessor(path, getattr(bounds, "min_pixels", None), getattr(bounds, "max_pixels", None),
+                           tokenizer=tokenizer)

@@ -3,9 +3,8 @@
 A model directory whose ``config.json`` has a ``vision_config`` is a vision-language model
 (:func:`rlweave.data.vision.is_vision_model`). Every role that loads one needs a backend or an
 engine whose record says ``vision``; its head must be ``causal_lm``; and what does not carry
-images yet is refused by key: sequence parallelism (``roles.<role>.parallel.sp``), partial
-rollout (``rollout.partial``), multi-turn episodes and agents (``algorithm.multi_turn``). Imports
-no torch.
+images yet is refused by key: partial rollout (``rollout.partial``), multi-turn episodes and
+agents (``algorithm.multi_turn``). Imports no torch.
 """
 
 from __future__ import annotations
@@ -42,10 +41,6 @@ def vision_problems(cfg: Any, algo_config: Any, roles: dict[str, Any]) -> list[t
         if kind != "causal_lm":
             out.append((f"roles.{role}.model.model_type", f"a {kind} head on the vision-language model {path} is not "
                                                           "supported; only causal_lm"))
-        sp = int((getattr(cfg.roles.get(role), "parallel", None) or {}).get("sp", 1) or 1)
-        if sp > 1:
-            out.append((f"roles.{role}.parallel.sp", "sequence parallelism does not take vision-language models yet; "
-                                                     "set it to 1"))
     if any_vision:
         if getattr(getattr(cfg, "rollout", None), "partial", None) is not None:
             out.append(("rollout.partial", "partial rollout does not carry images yet; remove it for a "

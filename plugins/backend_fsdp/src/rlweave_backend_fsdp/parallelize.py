@@ -38,7 +38,7 @@ def apply_sequence_parallel(model: nn.Module, sp: int) -> list[tuple[str, str]]:
     group; none for ``sp == 1``."""
     if sp <= 1:
         return []
-    c = model.config
+    c = getattr(model.config, "text_config", None) or model.config  # a vision-language model's decoder
     heads = (c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
     return checks.sp_problems(sp, {}, heads)
 

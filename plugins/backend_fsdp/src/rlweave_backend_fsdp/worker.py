@@ -135,19 +135,18 @@ class FSDPWorker(HFModelWorker):
         """The HF model layer's forward; with sequence parallelism, only the positions of this
         rank's window (:meth:`_raw_sp`; MoE models, hence routing, are refused with it)."""
         if self.sp is not None:
-            if self._vision() is not None:
-                raise ValueError(f"{self.backend} backend: role {self.ctx.role}: sequence parallelism "
-                                 f"(roles.{self.ctx.role}.parallel.sp) does not take vision-language models yet")
-            return self._raw_sp(ids, cu, shared)
+            return self._raw_sp(ids, cu, shared, mm)
         return super()._raw(ids, cu, shared, routing=routing, record=record, mm=mm)
 
     def _after_forward(self, flat: torch.Tensor | None) -> None:
         if self.moe_state is not None:
             self.moe_state.tap.keep_rows(flat)
 
-    def _raw_sp(self, ids: torch.Tensor, cu: torch.Tensor,
-                shared: prefix.SharedRow | None) -> tuple[torch.Tensor, Window]:
-        """:meth:`_raw` on this rank's slice of the (padded) row, attention over the whole row."""
+    def _raw_sp(self, ids: torch.Tensor, cu: torch.Tensor, shared: prefix.SharedRow | None,
+                mm: list | None = None) -> tuple[torch.Tensor, Window]:
+        """:meth:`_raw` on this rank's slice of the (padded) row, attention over the whole row; a
+        vision-language model's rank gets the multimodal positions and image features of its slice
+        (every rank runs the vision tower on the micro-batch's images)."""
         if shared is not None:
             row_ids, row_pos = shared.input_ids, shared.position_ids
         else:
@@ -157,6 +156,9 @@ class FSDPWorker(HFModelWorker):
         kw = {"input_ids": part.input_ids.view(1, -1).to(self.device),
               "position_ids": part.position_ids.view(1, -1).to(self.device),
               "attention_mask": None, "rlweave_sp": self.sp}
+        vis = self._vision()
+        if vis is not None:
+            kw.update(vis.slice_inputs(ids, cu, mm or [], part.lo, part.n, self.device))
         if shared is not None:
             kw["rlweave_plan"] = attention.padded_plan(shared.plan, total, part.pad)
         else:

@@ -127,3 +127,25 @@ class VisionForward:
         positions, self._image_mask = self.positions(ids, cu, mm)
         return {"position_ids": positions.to(device),
                 "mm_encoder_outputs": {"image": feats if feats is not None else self.blank(device)}}
+
+    def slice_inputs(self, ids: torch.Tensor, cu: torch.Tensor, mm: Sequence[dict | None], lo: int, n: int,
+                     device) -> dict[str, Any]:
+        """:meth:`inputs` for the tokens ``[lo, lo + n)`` of the row (a sequence-parallel rank's
+        slice; positions past the row's end are padding, text positions from 0): the slice's
+        positions and the features of the image tokens in it, which must follow."""
+        positions, mask = self.positions(ids, cu, mm)
+        total = int(mask.numel())
+        pad = max(0, lo + n - total)
+        if pad:
+            filler = torch.arange(pad).view(1, 1, -1).expand(4, 1, pad)
+            positions = torch.cat([positions, filler], dim=2)
+            mask = torch.cat([mask, torch.zeros(pad, dtype=torch.bool)])
+        feats = self.features(mm, device)
+        if feats is None:
+            feats = self.blank(device)
+        else:
+            before = int(mask[:lo].sum())
+            flat = torch.cat(list(feats.pooler_output))
+            feats.pooler_output = (flat[before:before + int(mask[lo:lo + n].sum())],)
+        self._image_mask = mask[lo:lo + n]
+        return {"position_ids": positions[:, :, lo:lo + n].to(device), "mm_encoder_outputs": {"image": feats}}
