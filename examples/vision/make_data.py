@@ -68,12 +68,13 @@ def red_record(rng: np.random.Generator) -> tuple[list[np.ndarray], str]:
 MAKERS = {"quadrant": quadrant_record, "red": red_record}
 
 
-def write(out: Path, seed: int = 0) -> None:
+def write(out: Path, seed: int = 0, counts: dict[str, int] | None = None) -> None:
+    """Every task's files under ``out`` (``counts``: records per split, default :data:`COUNTS`)."""
     from PIL import Image
 
     (out / "images").mkdir(parents=True, exist_ok=True)
     for t, (task, make) in enumerate(MAKERS.items()):
-        for s, (split, n) in enumerate(COUNTS.items()):
+        for s, (split, n) in enumerate({**COUNTS, **(counts or {})}.items()):
             rng = np.random.default_rng([seed, t, s])
             rows, paths = [], []
             for i in range(n):
