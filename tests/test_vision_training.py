@@ -73,3 +73,10 @@ def test_sequence_parallel_equals_one_rank_with_an_image_cut_by_the_shard_bounda
     assert torch.allclose(one["two"], two["two"], atol=1e-5, rtol=0)
     assert torch.allclose(one["all"], two["all"], atol=1e-5, rtol=0)
     assert abs(one["loss"] - two["loss"]) < 1e-5
+
+
+def test_lora_adapts_the_language_model_only_and_trains_on_images(vlm):
+    r = run_ranks(sc.lora_step, 1, vlm)
+    assert r["adapted"] and not any(".visual." in f".{n}" for n in r["adapted"])
+    assert any("language_model" in n for n in r["adapted"])
+    assert r["moved"] and torch.allclose(r["base"], r["before"], atol=1e-6, rtol=0)  # adapters off = the base model

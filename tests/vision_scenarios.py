@@ -149,3 +149,16 @@ def sp_logprobs(ctx_kw: dict, path: str) -> dict:
     metrics = w.train_step(b, sc.nll_loss)
     return {"all": w.compute_logprobs(b)["logprobs"], "two": w.compute_logprobs(two)["logprobs"],
             "middle": len(ids) // 2, "image_tokens": image, "loss": metrics["loss"]}
+
+
+def lora_step(ctx_kw: dict, path: str) -> dict:
+    """One LoRA (``all-linear``) train step of the FSDP worker on the image prompts: which modules got
+    adapters, whether the step trained, whether the base weights stayed."""
+    lora = {"r": 4, "alpha": 8, "target_modules": "all-linear"}
+    w = sc.train_worker("fsdp", {**ctx_kw, "lora": lora}, {"path": path}, OPTIM)
+    b = batch_of(prompts(path), [[5, 6, 7], [8, 9], [10, 11, 12]])
+    before = w.compute_logprobs(b)["logprobs"]
+    metrics = w.train_step(b, sc.nll_loss)
+    adapted = sorted({n.split(".lora_A")[0] for n, _ in w.model.named_parameters() if ".lora_A" in n})
+    return {"loss": metrics["loss"], "adapted": adapted, "moved": not torch.equal(before, w.compute_logprobs(b)["logprobs"]),
+            "base": w.compute_logprobs(b, adapters=False)["logprobs"], "before": before}

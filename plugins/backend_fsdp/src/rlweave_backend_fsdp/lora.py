@@ -34,8 +34,25 @@ _NOT_ADAPTED = {"lm_head", "score"}
 
 
 def linear_names(model: nn.Module) -> list[str]:
-    """The distinct last names of the model's linear layers (``q_proj``, ``lm_head``...)."""
-    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear) and name})
+    """The distinct last names of the model's linear layers (``q_proj``, ``lm_head``...), a
+    vision-language model's vision tower left out (LoRA adapts its language model)."""
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                   if isinstance(m, nn.Linear) and name and not _in_tower(name)})
+
+
+def _in_tower(name: str) -> bool:
+    return name.startswith("visual.") or ".visual." in name
+
+
+def _language_only(model: nn.Module, targets: list[str]) -> list[str] | str:
+    """``targets`` (last names) for PEFT; for a model with a vision tower, a pattern matching those
+    names outside the tower only."""
+    import re
+
+    if not any(_in_tower(name) for name, _ in model.named_modules()):
+        return targets
+    names = "|".join(re.escape(t) for t in targets)
+    return rf"^(?!(?:.*\.)?visual\.).*(?:^|\.)(?:{names})$"
 
 
 def router_names(model: nn.Module) -> set[str]:
@@ -89,7 +106,8 @@ def apply_lora(model: nn.Module, section: Any, kind: str, role: str) -> nn.Modul
     if problems:
         raise ValueError(f"fsdp backend: role {role}: " + "; ".join(f"roles.{role}.lora.{p}" for p in problems))
     cfg = LoraConfig(r=section.r, lora_alpha=section.alpha, lora_dropout=section.dropout,
-                     target_modules=resolve_targets(model, section.target_modules), modules_to_save=to_save or None,
+                     target_modules=_language_only(model, resolve_targets(model, section.target_modules)),
+                     modules_to_save=to_save or None,
                      bias="none")
     base_path = getattr(getattr(model, "config", None), "_name_or_path", None)
     peft_model = get_peft_model(model, cfg)
