@@ -342,6 +342,9 @@ class VLLMEngine(RolloutEngine):
         llm = self._require()
         self._same_threads()
         reqs = plan_requests(prompts, params, self.max_model_len, self.cfg.long_prompt, where=self.where)
+        if any(r.mm is not None for r in reqs):
+            raise ValueError(f"{self.where}: prompts with images are not supported by the vllm engine yet; use "
+                             "engine hf for a vision-language model")
         stops = stop_token_ids(params, self.eos_ids)
         todo = [j for j, r in enumerate(reqs) if r.error is None]
         gens: list[Generation | None] = [None] * len(reqs)
