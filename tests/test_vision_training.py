@@ -80,3 +80,14 @@ def test_lora_adapts_the_language_model_only_and_trains_on_images(vlm):
     assert r["adapted"] and not any(".visual." in f".{n}" for n in r["adapted"])
     assert any("language_model" in n for n in r["adapted"])
     assert r["moved"] and torch.allclose(r["base"], r["before"], atol=1e-6, rtol=0)  # adapters off = the base model
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_engine_and_trainer_agree_on_the_gpu(vlm, record_property):
+    r = run_ranks(sc.engine_and_trainer, 1, vlm, device="cuda")
+    trainer, engine = _response(r, "packed"), _response(r, "engine")
+    gap = float((trainer - engine).abs().max())
+    record_property("key_figure", f"VLM engine vs trainer log-probs on cuda (fp32): max |diff| {gap:.1e}")
+    assert r["sampled"] == r["trained"]
+    assert gap < 1e-4 and torch.allclose(r["packed"], r["alone"], atol=1e-5, rtol=0)

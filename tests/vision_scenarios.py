@@ -82,7 +82,8 @@ def engine_and_trainer(ctx_kw: dict, path: str) -> dict:
     from rlweave.interfaces.worker import WorkerContext
     from rlweave_infer_hf.engine import HFEngine
 
-    engine = HFEngine(WorkerContext(role="rollout", rank=0, world_size=1, options={}, model={"path": path}, seed=0))
+    engine = HFEngine(WorkerContext(role="rollout", rank=0, world_size=1, options={}, model={"path": path}, seed=0,
+                                    device=ctx_kw.get("device", "cpu")))
     engine.init_engine()
     ps = prompts(path)
     gens = [g[0] for g in engine.generate(ps, SamplingParams(n=1, temperature=1.0, max_new_tokens=6, seed=3))]
