@@ -105,9 +105,9 @@ class FSDPWorker(HFModelWorker):
         layers = modeling.decoder_layers(model)
         model = parallelize.apply_lora(model, ctx.lora, self.kind, ctx.role)
         parallelize.apply_compile(layers, self.cfg.compile, self.choices.compile_scope)
-        tower = vision_forward.for_model(lora.base_of(model))
+        tower = vision_forward.tower(lora.base_of(model))
         parallelize.apply_fsdp(model, layers, self.device.type, self.world_size, self.cfg.mixed_precision,
-                               self.cfg.reshard_after_forward, units=[tower.visual] if tower is not None else [])
+                               self.cfg.reshard_after_forward, units=[tower] if tower is not None else [])
         if tower is not None:
             parallelize.first_forward(model, self.device)
         self.model = model

@@ -33,25 +33,33 @@ def freeze_tower(model: nn.Module, where: str) -> set[str]:
     names (``model.named_parameters()``), which a backend then keeps out of the optimizer, its
     checkpoints and the weight sync (the engine loaded the same tower). ValueError naming
     ``where`` (the option's key) for a model without one."""
-    vis = for_model(model)
-    if vis is None:
+    module = tower(model)
+    if module is None:
         raise ValueError(f"{where}: the model has no vision tower to freeze")
-    tower = {id(p) for p in vis.visual.parameters()}
+    params = {id(p) for p in module.parameters()}
     names = set()
     for name, p in model.named_parameters():
-        if id(p) in tower:
+        if id(p) in params:
             p.requires_grad_(False)
             names.add(name)
     return names
 
 
+def tower(model: nn.Module) -> nn.Module | None:
+    """The vision tower of ``model`` (an HF model, under no adapter wrapper), None for a text model."""
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "get_image_features"):
+        return None
+    return getattr(inner, "visual", None)
+
+
 def for_model(model: nn.Module) -> "VisionForward | None":
     """The :class:`VisionForward` of ``model`` (an HF model, under no adapter wrapper), None for
-    a model without a vision tower."""
-    inner = getattr(model, "model", None)
-    if inner is None or getattr(inner, "visual", None) is None or not hasattr(inner, "get_image_features"):
+    a model without a vision tower. It takes over the model's ``get_placeholder_mask``: one per
+    model."""
+    if tower(model) is None:
         return None
-    return VisionForward(inner, model.config)
+    return VisionForward(model.model, model.config)
 
 
 class VisionForward:
