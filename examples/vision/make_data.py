@@ -11,7 +11,8 @@ Tasks (``data/`` after ``python examples/vision/make_data.py``):
 Files per task ``T``: ``T_sft.jsonl`` (``query``/``response``), ``T_rl.jsonl`` and ``T_test.jsonl``
 (``prompt``/``answer``), every record with ``images`` (paths relative to the file), and the same
 three with the images shuffled across records (``T_shuffled_*``: the control, whose answers no
-longer follow from the images). Test images are drawn apart from the training ones.
+longer follow from the images). Test images are drawn apart from the training ones, and the test
+answers are balanced (each equally often), so chance is exactly 1 / the number of answers.
 """
 
 from __future__ import annotations
@@ -46,15 +47,15 @@ def _bright(rng: np.random.Generator) -> list[int]:
     return c.tolist()
 
 
-def quadrant_record(rng: np.random.Generator) -> tuple[list[np.ndarray], str]:
+def quadrant_record(rng: np.random.Generator, answer: int | None = None) -> tuple[list[np.ndarray], str]:
     img = _canvas(rng)
-    q = int(rng.integers(1, 5))
+    q = int(rng.integers(1, 5)) if answer is None else answer
     _square(img, q, _bright(rng), rng)
     return [img], str(q)
 
 
-def red_record(rng: np.random.Generator) -> tuple[list[np.ndarray], str]:
-    which = int(rng.integers(1, 3))
+def red_record(rng: np.random.Generator, answer: int | None = None) -> tuple[list[np.ndarray], str]:
+    which = int(rng.integers(1, 3)) if answer is None else answer
     imgs = []
     for k in (1, 2):
         img = _canvas(rng)
@@ -66,6 +67,7 @@ def red_record(rng: np.random.Generator) -> tuple[list[np.ndarray], str]:
 
 
 MAKERS = {"quadrant": quadrant_record, "red": red_record}
+ANSWERS = {"quadrant": 4, "red": 2}
 
 
 def write(out: Path, seed: int = 0, counts: dict[str, int] | None = None) -> None:
@@ -76,9 +78,12 @@ def write(out: Path, seed: int = 0, counts: dict[str, int] | None = None) -> Non
     for t, (task, make) in enumerate(MAKERS.items()):
         for s, (split, n) in enumerate({**COUNTS, **(counts or {})}.items()):
             rng = np.random.default_rng([seed, t, s])
+            # held-out answers balanced (each answer equally often), so chance is 1 / answers exactly
+            balanced = (np.random.default_rng([seed, t, s, 2]).permutation(np.arange(n) % ANSWERS[task]) + 1
+                        if split == "test" else None)
             rows, paths = [], []
             for i in range(n):
-                imgs, answer = make(rng)
+                imgs, answer = make(rng, None if balanced is None else int(balanced[i]))
                 names = []
                 for k, img in enumerate(imgs):
                     name = f"images/{task}_{split}_{i:05d}_{k}.png"
