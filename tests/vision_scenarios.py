@@ -9,6 +9,8 @@ import torch
 from rlweave.testing import scenarios as sc
 
 OPTIM = {"lr": 1e-2, "grad_clip": 1.0}
+#: the responses of the sequence-parallel scenario
+SP_RESPONSES = [[5, 6, 7], [8, 9], [10, 11, 12]]
 #: (prompt text with placeholders, image sizes (height, width))
 PROMPTS = (
     ("look <|vision_start|><|image_pad|><|vision_end|> color:", [(32, 24)]),
@@ -143,13 +145,13 @@ def sp_logprobs(ctx_kw: dict, path: str) -> dict:
     first sample alone has its image cut by the middle of the row."""
     world = ctx_kw["world_size"]
     w = sc.train_worker("fsdp", ctx_kw, {"path": path}, OPTIM, {"sp": world} if world > 1 else None)
-    b = batch_of(prompts(path), [[5, 6, 7], [8, 9], [10, 11, 12]])
+    b = batch_of(prompts(path), SP_RESPONSES)
     two = b.select([0])
     ids = two.token["input_ids"]
     image = (ids == w._base_model().config.image_token_id).nonzero().view(-1).tolist()
+    lp = {"all": w.compute_logprobs(b)["logprobs"], "two": w.compute_logprobs(two)["logprobs"]}
     metrics = w.train_step(b, sc.nll_loss)
-    return {"all": w.compute_logprobs(b)["logprobs"], "two": w.compute_logprobs(two)["logprobs"],
-            "middle": len(ids) // 2, "image_tokens": image, "loss": metrics["loss"]}
+    return {**lp, "middle": len(ids) // 2, "image_tokens": image, "loss": metrics["loss"]}
 
 
 def lora_step(ctx_kw: dict, path: str) -> dict:
