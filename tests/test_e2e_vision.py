@@ -79,3 +79,19 @@ def test_an_export_loads_with_its_processor_and_gives_the_runs_logprobs(workspac
     assert not torch.allclose(exported, base)  # trained weights, not the starting ones
     hf = sc.reference(str(workspace["straight"] / "hf"), b)  # what the run itself wrote at its end
     assert torch.allclose(exported, hf, atol=1e-6, rtol=0)
+
+
+def test_eval_and_generate_take_image_records(workspace, tmp_path):
+    run, env = workspace["straight"], workspace["env"]
+    rc, text, _ = run_cli(["eval", str(run), "--json"], env, timeout=300)  # the run's data.eval: image records
+    assert rc == 0, text[-3000:]
+    metrics = json.loads(text[text.index("{"):])
+    summary = json.loads((run / "summary.json").read_text())
+    assert metrics["records"] == 8 and metrics["exact_match"] == summary["eval_after"]["eval/accuracy"]
+    out = tmp_path / "out.jsonl"
+    data = workspace["root"] / "data" / "quadrant_test.jsonl"
+    rc, text, _ = run_cli(["generate", str(run), "--data", str(data), "--out", str(out), "--max-tokens", "2"], env,
+                          timeout=300)
+    assert rc == 0, text[-3000:]
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 8 and all("errors" not in r and 0 < r["num_tokens"][0] <= 2 for r in rows)
