@@ -30,12 +30,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "examples" / "vision"))
+sys.path.insert(0, str(HERE))
 
 
 def reward(prompt=None, response: str = "", completions=None, **_):
@@ -138,25 +138,14 @@ def no_video_processor(path: str):
     return NoVideoProcessor(image_processor, tok, chat_template=tok.chat_template)
 
 
-def step_timer(times: list[float]):
-    from transformers import TrainerCallback
-
-    class StepTimer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.t = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            times.append(time.perf_counter() - self.t)
-
-    return StepTimer()
-
-
 def run_trl(a) -> dict:
     import torch
     from datasets import Dataset
     from PIL import Image
     from transformers import AutoModelForImageTextToText
     from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_vs_trl import step_timer
 
     torch.set_num_threads(os.cpu_count() or 1)
     records = json.loads(a.records)
@@ -179,7 +168,8 @@ def run_trl(a) -> dict:
     trainer.train()
     timed = times[a.warmup:] or times
     lens = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
-    return {"step_s": sum(timed) / len(timed), "gen_tokens": (lens[-1] if lens else a.new_tokens) * cfg.per_device_train_batch_size}
+    per_step = (lens[-1] if lens else a.new_tokens) * cfg.per_device_train_batch_size
+    return {"step_s": sum(timed) / len(timed), "gen_tokens": per_step}
 
 
 # ------------------------------------------------------------------------------ driver

@@ -163,5 +163,6 @@ def lora_step(ctx_kw: dict, path: str) -> dict:
     before = w.compute_logprobs(b)["logprobs"]
     metrics = w.train_step(b, sc.nll_loss)
     adapted = sorted({n.split(".lora_A")[0] for n, _ in w.model.named_parameters() if ".lora_A" in n})
-    return {"loss": metrics["loss"], "adapted": adapted, "moved": not torch.equal(before, w.compute_logprobs(b)["logprobs"]),
+    after = w.compute_logprobs(b)["logprobs"]
+    return {"loss": metrics["loss"], "adapted": adapted, "moved": not torch.equal(before, after),
             "base": w.compute_logprobs(b, adapters=False)["logprobs"], "before": before}

@@ -355,7 +355,8 @@ class ExperienceKit:
             "eval", exact_match, self.ctx.roles["rollout"], self.ctx.tokenizer, records, fn,
             max_new_tokens=c.eval_max_new_tokens, threshold=c.eval_threshold, greedy=c.eval_greedy,
             temperature=c.temperature, seed=int(self.ctx.seed),
-            trajectories=None if self.rollout_record.streams else self.rollout, vision=getattr(self.ctx, "vision", None))
+            trajectories=None if self.rollout_record.streams else self.rollout,
+            vision=getattr(self.ctx, "vision", None))
 
     def _eval_reward(self) -> Any:
         if self._eval_fn is None:

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -34,7 +32,7 @@ from typing import Any
 import torch
 
 from rlweave.algo_helpers.reward_models import scoring_batch
-from rlweave.algo_helpers.reward_overlap import KEPT_RUNS, ScoredRollout
+from rlweave.algo_helpers.reward_overlap import RunsByBatch, ScoredRollout
 from rlweave.data.batch import Batch
 from rlweave.interfaces.rollout import Rollout
 from rlweave.scheduler.trace import TRACE
@@ -60,7 +58,7 @@ def _seqs(batch: Batch) -> list[tuple[int, ...]]:
     return [tuple(s.tolist()) for s in batch.sequences()]
 
 
-class EarlyModels:
+class EarlyModels(RunsByBatch):
     """See the module docstring. ``roles``: the run's role handles; ``entries``: the
     ``reward_models`` (:class:`~rlweave.algo_helpers.reward_models.RewardModelEntry`); ``eos_id``:
     the EOS closing each scored sample. :meth:`wrap` gives the rollout the pipeline runs;
@@ -68,9 +66,8 @@ class EarlyModels:
 
     def __init__(self, roles: Any, entries: Sequence[Any], eos_id: int | None):
         self.roles, self.entries, self.eos_id = roles, list(entries), eos_id
+        super().__init__()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="rlweave-reward-model-overlap")
-        self._runs: OrderedDict[int, tuple[Any, ModelRun]] = OrderedDict()
-        self._lock = threading.Lock()
 
     def wrap(self, rollout: Rollout) -> Rollout:
         """``rollout`` reporting its finished groups here (itself when it cannot report them)."""
@@ -105,18 +102,6 @@ class EarlyModels:
             for i, (sid, seq) in enumerate(zip(batch.ids, _seqs(batch))):
                 run.scored[sid] = (seq, {role: float(s[i]) for role, s in scores.items()})
             run.spans.append((t0, time.perf_counter()))
-
-    def attach(self, run: ModelRun, batch: Batch) -> None:
-        """``run`` is the early scoring of ``batch`` (what :meth:`Rollout.run` returned)."""
-        with self._lock:
-            self._runs[id(batch)] = (weakref.ref(batch), run)
-            while len(self._runs) > KEPT_RUNS:
-                self._runs.popitem(last=False)
-
-    def _take(self, batch: Batch) -> ModelRun | None:
-        with self._lock:
-            ref, run = self._runs.pop(id(batch), (None, None))
-        return run if ref is not None and ref() is batch else None
 
     def scores(self, batch: Batch, wait: Callable[[Any], Any] = _result
                ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:

@@ -54,7 +54,29 @@ class RunScores:
         self.spans: list[tuple[float, float]] = []
 
 
-class EarlyRules:
+class RunsByBatch:
+    """The early scoring runs of the last :data:`KEPT_RUNS` rollout batches, found again by the batch
+    itself (its identity, checked through a weak reference): :meth:`attach` when a rollout returns,
+    :meth:`_take` when the step scores that batch. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._runs: OrderedDict[int, tuple[Any, Any]] = OrderedDict()  # id(batch) -> (ref, run)
+        self._lock = threading.Lock()
+
+    def attach(self, run: Any, batch: Batch) -> None:
+        """``run`` is the early scoring of ``batch`` (what :meth:`Rollout.run` returned)."""
+        with self._lock:
+            self._runs[id(batch)] = (weakref.ref(batch), run)
+            while len(self._runs) > KEPT_RUNS:
+                self._runs.popitem(last=False)
+
+    def _take(self, batch: Batch) -> Any:
+        with self._lock:
+            ref, run = self._runs.pop(id(batch), (None, None))
+        return run if ref is not None and ref() is batch else None
+
+
+class EarlyRules(RunsByBatch):
     """See the module docstring. ``rules``: the run's :class:`~rlweave.rewards.RewardSet` (with
     ``run_calls`` and ``tally``); ``tokenizer`` decodes the samples. :meth:`wrap` gives the rollout
     the pipeline runs; :meth:`outcomes` is what the rule-reward source asks; :meth:`close` stops the
@@ -62,9 +84,8 @@ class EarlyRules:
 
     def __init__(self, rules: Any, tokenizer: Any):
         self.rules, self.tok = rules, tokenizer
+        super().__init__()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="rlweave-reward-overlap")
-        self._runs: OrderedDict[int, tuple[Any, RunScores]] = OrderedDict()  # id(batch) -> (ref, run)
-        self._lock = threading.Lock()
 
     def wrap(self, rollout: Rollout) -> Rollout:
         """``rollout`` reporting its finished groups here (itself when it cannot report them)."""
@@ -93,18 +114,6 @@ class EarlyRules:
             for i, (sid, sample) in enumerate(todo):
                 run.scored[sid] = (sample, outcomes[i * m:(i + 1) * m])
             run.spans.append((t0, time.perf_counter()))
-
-    def attach(self, run: RunScores, batch: Batch) -> None:
-        """``run`` is the early scoring of ``batch`` (what :meth:`Rollout.run` returned)."""
-        with self._lock:
-            self._runs[id(batch)] = (weakref.ref(batch), run)
-            while len(self._runs) > KEPT_RUNS:
-                self._runs.popitem(last=False)
-
-    def _take(self, batch: Batch) -> RunScores | None:
-        with self._lock:
-            ref, run = self._runs.pop(id(batch), (None, None))
-        return run if ref is not None and ref() is batch else None
 
     def outcomes(self, batch: Batch, samples: Sequence[dict[str, Any]]) -> tuple[list[Any], dict[str, float]]:
         """Every reward call's outcome for ``samples`` (``batch``'s, from

@@ -14,8 +14,9 @@ the engine and the trainer will see it:
 * the prompt with each image's tokens expanded is shorter than :func:`prompt_limit`.
 
 When the model is not a vision-language model, a record with images is an error naming the
-field, and so is a ``model.vision`` of its. The roles that share the policy's weights (``rollout``, ``reference``) must resize
-images alike: a ``model.vision`` of theirs that differs from the policy's is an error.
+field, and so is a ``model.vision`` of its. The roles that share the policy's weights
+(``rollout``, ``reference``) must resize images alike: a ``model.vision`` of theirs that differs
+from the policy's is an error.
 
 Each problem is ``(dotted key, message)``, the message naming the file, the line or row and
 the record's field. Imports transformers, PIL (and torch) only when a vision model is used.

@@ -29,7 +29,6 @@ import inspect
 import logging
 import secrets
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
