@@ -71,8 +71,9 @@ MODES = {
 
 def _steps_for(kills: int) -> int:
     """Enough steps for every kill: each waits for two steps and up to two more, and a recovery
-    goes back at most one (a checkpoint every step)."""
-    return int(os.environ.get(STEPS_ENV) or 4 * kills + 2)
+    goes back at most one (a checkpoint every step); two more for steps that run faster than the
+    ones a kill's delay was measured on (the first steps after a recovery are the slowest)."""
+    return int(os.environ.get(STEPS_ENV) or 4 * kills + 4)
 
 
 #: two xdist groups, so that ``make test``'s two workers share the runs (each builds the workspace once)
