@@ -1,5 +1,5 @@
 """Images in prompts: loading them, turning a prompt with image placeholders into token ids and
-vision inputs, and the multimodal positions of a sequence (Qwen2-VL family).
+vision inputs, and the multimodal positions of a sequence (Qwen2-VL).
 
 Contracts:
 
@@ -35,8 +35,9 @@ from typing import Any, Sequence
 #: ``image_grid_thw`` ``(images, 3)`` int64, the images in the order of their placeholders
 MM_KEYS = ("pixel_values", "image_grid_thw")
 
-#: the model families whose vision inputs this module lays out (``config.json`` ``model_type``)
-VISION_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+#: the model families whose vision inputs this module lays out (``config.json`` ``model_type``); Qwen2.5-VL
+#: and Qwen3-VL differ in their towers and positions and are refused until they are tested
+VISION_MODEL_TYPES = ("qwen2_vl",)
 
 
 #: URL schemes of images that would have to be downloaded (refused)

@@ -30,7 +30,7 @@ def rlweave_training_backends():
             config_model=DeepSpeedConfig,
             model_types=("causal_lm", "value", "reward"),
             parallel=("dp",),
-            vision=True,  # Qwen2-VL-family models, images in Batch.mm (rlweave.backend_helpers.hf_model.vision)
+            vision=True,  # Qwen2-VL models, images in Batch.mm (rlweave.backend_helpers.hf_model.vision)
             check=check_role,
             probe=probe,
         )

@@ -21,7 +21,7 @@ def rlweave_training_backends():
             parallel=("dp", "sp"),
             kernels=("moe_groupgemm",),
             router_replay=True,  # replays and records MoE routing (rlweave.backend_helpers.router_replay)
-            vision=True,  # Qwen2-VL-family models, images in Batch.mm (rlweave.backend_helpers.hf_model.vision)
+            vision=True,  # Qwen2-VL models, images in Batch.mm (rlweave.backend_helpers.hf_model.vision)
             lora=True,
             check=check_role,
         )

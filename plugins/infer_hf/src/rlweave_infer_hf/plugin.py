@@ -19,6 +19,6 @@ def rlweave_inference_engines():
             lora=True,  # applies the policy's LoRA adapter itself (weight_sync.lora: adapter), through PEFT
             routing=True,  # records MoE routing (SamplingParams.return_routing)
             deterministic=True,  # generate samples with torch's generator seeded from SamplingParams.seed
-            vision=True,  # Qwen2-VL-family models from VisionPrompt prompts
+            vision=True,  # Qwen2-VL models from VisionPrompt prompts
         )
     ]
