@@ -68,7 +68,11 @@ def test_placeholders_expand_to_each_images_tokens(vlm):
     new, mask, mm = expand_placeholders(vp, ids, [1] * len(ids), [_img(16, 16), _img(32, 32)])
     assert new.count(vp.image_token_id) == sum(vp.tokens_per_image(mm["image_grid_thw"])) == 4 + 16
     assert all(m == 0 for t, m in zip(new, mask) if t == vp.image_token_id)
-    assert new == vp.encode(f"q{IMAGE}{IMAGE}:", [_img(16, 16), _img(32, 32)])[0]
+    # the same ids as tokenizing the text with each placeholder written out as often as its image's tokens
+    a, b = vp.tokens_per_image(mm["image_grid_thw"])
+    first, middle, last = f"q{IMAGE}{IMAGE}:".split("<|image_pad|>")
+    text = first + "<|image_pad|>" * a + middle + "<|image_pad|>" * b + last
+    assert new == vp.tokenizer(text)["input_ids"] == vp.encode(f"q{IMAGE}{IMAGE}:", [_img(16, 16), _img(32, 32)])[0]
     with pytest.raises(ValueError, match="1 image placeholder"):
         expand_placeholders(vp, vp.tokenizer(f"{IMAGE}")["input_ids"], [0, 0, 0], [])
 

@@ -25,8 +25,7 @@ class LocalHFGenerator:
 
         from rlweave.data.vision import is_vision_model
 
-        self.vision = is_vision_model(path)
-        auto = AutoModelForImageTextToText if self.vision else AutoModelForCausalLM
+        auto = AutoModelForImageTextToText if is_vision_model(path) else AutoModelForCausalLM
         self.model = auto.from_pretrained(path, dtype=getattr(torch, dtype))
         self.model.eval()
         self.max_batch = max_batch
@@ -43,38 +42,21 @@ class LocalHFGenerator:
             for _, idx in sorted(by_len.items()):
                 for s in range(0, len(idx), self.max_batch):
                     chunk = idx[s : s + self.max_batch]
-                    for i, g in zip(chunk, self._batch([prompts[i] for i in chunk], params, gen,
-                                                       self._images([prompts[i] for i in chunk]))):
+                    for i, g in zip(chunk, self._batch([prompts[i] for i in chunk], params, gen)):
                         out[i].append(g)
         return out
 
-    def _images(self, prompts: list[list[int]]) -> dict[str, Any]:
-        """The first forward's image inputs for ``prompts`` (one row each), none without images."""
+    def _batch(self, prompts: list[list[int]], params: SamplingParams, gen: Any) -> list[Generation]:
         import torch
 
+        from rlweave.engine_helpers.vision import image_inputs
         from rlweave.interfaces.engine import prompt_images
-
-        have = [m for m in map(prompt_images, prompts) if m is not None]
-        if not have:
-            return {}
-        if not self.vision:
-            raise ValueError("a prompt with images, but the model is not a vision-language model")
-        ids = torch.tensor([list(p) for p in prompts])
-        return {"pixel_values": torch.cat([m["pixel_values"] for m in have]).to(self.model.dtype),
-                "image_grid_thw": torch.cat([m["image_grid_thw"] for m in have]),
-                "mm_token_type_ids": (ids == self.model.config.image_token_id).int()}
-
-    def _batch(self, prompts: list[list[int]], params: SamplingParams, gen: Any,
-               images: dict[str, Any] | None = None) -> list[Generation]:
-        import torch
 
         stops = torch.tensor(sorted(set(params.stop_token_ids)) or [-1])
         n = len(prompts)
         inp = torch.tensor([list(p) for p in prompts])
         past = None
-        extra = dict(images or {})
-        if self.vision:  # transformers keeps the last call's M-RoPE offsets on the model: never reuse them
-            self.model.model.rope_deltas = None
+        extra = image_inputs(self.model, [prompt_images(p) for p in prompts], inp, "in-process evaluation")
         toks: list[list[int]] = [[] for _ in range(n)]
         lps: list[list[float]] = [[] for _ in range(n)]
         done = torch.zeros(n, dtype=torch.bool)

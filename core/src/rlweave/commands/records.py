@@ -73,10 +73,7 @@ def _vision_prompt(vision: Any, text: str, rec: dict[str, Any]) -> list[int]:
 def vision_processor(path: Path, tokenizer: Any, src: Any) -> Any:
     """The :class:`~rlweave.data.vision.VisionProcessor` of a vision-language model directory (the
     run's ``model.vision`` pixel bounds where the source is a run), else None."""
-    from rlweave.data.vision import VisionProcessor, is_vision_model
+    from rlweave.data.vision import VisionProcessor
 
-    if not is_vision_model(path):
-        return None
     bounds = getattr(getattr(getattr(src, "cfg", None), "model", None), "vision", None)
-    return VisionProcessor(path, getattr(bounds, "min_pixels", None), getattr(bounds, "max_pixels", None),
-                           tokenizer=tokenizer)
+    return VisionProcessor.for_model(path, bounds, tokenizer)

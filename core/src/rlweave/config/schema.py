@@ -125,8 +125,9 @@ class ResourcesSection(Strict):
 
 
 class VisionSection(Strict):
-    """Image size bounds of a vision-language model, read by data validation, the engine and the
-    trainer alike so their image token counts agree (null: the model directory's own)."""
+    """Image size bounds of a vision-language model, read by data validation and by the controller,
+    which turns each image into the pixels the engine and the trainer both get, so their image
+    token counts agree (null: the model directory's own)."""
 
     min_pixels: Optional[int] = Field(
         None, ge=1, description="Smallest area (height x width, in pixels) an image is resized to (null: the "
@@ -160,8 +161,8 @@ class ModelSection(Strict):
     model_type: Literal["causal_lm", "value", "reward"] = Field("causal_lm", description="Head on the model.")
     trust_remote_code: bool = Field(False, description="Allow model code from the model directory.")
     vision: Optional[VisionSection] = Field(
-        None, description="Vision-language models: image size bounds, the same for validation, the engine and the "
-        "trainer (null: the model directory's own).",
+        None, description="Vision-language models: image size bounds, used by validation and by the controller, "
+        "which resizes each image once for the engine and the trainer (null: the model directory's own).",
     )
 
 

@@ -160,5 +160,5 @@ def _processor(sec: ModelSection, model_dir: str):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
-    bounds = sec.vision.model_dump() if sec.vision is not None else {}
-    return VisionProcessor(model_dir, bounds.get("min_pixels"), bounds.get("max_pixels"), tokenizer=tokenizer)
+    return VisionProcessor(model_dir, getattr(sec.vision, "min_pixels", None), getattr(sec.vision, "max_pixels", None),
+                           tokenizer=tokenizer)

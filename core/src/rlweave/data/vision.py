@@ -152,6 +152,15 @@ class VisionProcessor:
             warnings.simplefilter("ignore")
             self.images = AutoImageProcessor.from_pretrained(str(self.path), local_files_only=True, **kwargs)
 
+    @classmethod
+    def for_model(cls, path: str | Path, bounds: Any = None, tokenizer: Any = None) -> "VisionProcessor | None":
+        """The processor of the model directory ``path`` when it is a vision-language model
+        (:func:`is_vision_model`), else None; ``bounds``: the pixel bounds section (``model.vision``,
+        with ``min_pixels``/``max_pixels``) or None."""
+        if not is_vision_model(path):
+            return None
+        return cls(path, getattr(bounds, "min_pixels", None), getattr(bounds, "max_pixels", None), tokenizer=tokenizer)
+
     def count_placeholders(self, text: str) -> int:
         """How many image placeholders ``text`` holds."""
         return text.count(self.placeholder)
@@ -171,19 +180,10 @@ class VisionProcessor:
     def encode(self, text: str, images: Sequence[Any]) -> tuple[list[int], dict[str, Any] | None]:
         """``(ids, mm)``: the token ids of ``text`` with each placeholder expanded to its image's
         tokens, and the vision inputs (None without images). ValueError when the number of
-        placeholders differs from the number of images."""
-        n = self.count_placeholders(text)
-        if n != len(images):
-            raise ValueError(f"the prompt has {n} image placeholder(s) ({self.placeholder}) but {len(images)} "
-                             "image(s) were given")
-        if not images:
-            return list(self.tokenizer(text)["input_ids"]), None
-        mm = self.image_inputs(images)
-        pieces = text.split(self.placeholder)
-        expanded = pieces[0]
-        for k, count in enumerate(self.tokens_per_image(mm["image_grid_thw"])):
-            expanded += self.placeholder * count + pieces[k + 1]
-        return list(self.tokenizer(expanded)["input_ids"]), mm
+        placeholders differs from the number of images (:func:`expand_placeholders`)."""
+        ids = list(self.tokenizer(text)["input_ids"])
+        expanded, _, mm = expand_placeholders(self, ids, [0] * len(ids), images)
+        return expanded, mm
 
 
 def expand_placeholders(vision: VisionProcessor, ids: Sequence[int], mask: Sequence[int],

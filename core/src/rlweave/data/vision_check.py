@@ -4,7 +4,7 @@
 normalised) and the model's :class:`~rlweave.data.vision.VisionProcessor`, and returns the
 first problem, as ``"field '<field>': <what>"``, or None:
 
-* an image that cannot be read (:func:`rlweave.data.vision.load_image`);
+* an image that cannot be read (:func:`rlweave.data.vision_records.read_image`);
 * a prompt whose image placeholders differ in number from the record's images (the prompt is
   the ``prompt``/``query`` text, else the chat messages rendered with the chat template: a
   template that does not render image parts shows up here);
@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from rlweave.data.chat import ChatRenderer, NoChatTemplate
-from rlweave.data.vision import ImageError, load_image
-from rlweave.data.vision_records import PROMPT_MESSAGE_FIELDS, image_field
+from rlweave.data.vision import ImageError
+from rlweave.data.vision_records import PROMPT_MESSAGE_FIELDS, image_field, read_image
 
 
 def prompt_text(rec: dict[str, Any], renderer: ChatRenderer) -> tuple[str, str, bool] | None:
@@ -52,7 +52,7 @@ def record_problem(rec: dict[str, Any], processor: Any, limit: tuple[int, str], 
     images = []
     for k, value in enumerate(values):
         try:
-            images.append(value.convert("RGB") if hasattr(value, "convert") else load_image(value))
+            images.append(read_image(value))
         except ImageError as exc:
             return f"field '{field}': image {k}: {exc}"
     found = prompt_text(rec, ChatRenderer(processor.tokenizer, chat_template))

@@ -213,6 +213,12 @@ def _normal_value(value: Any, base_dir: str | Path | None, field: str, k: int) -
                            f"{type(value).__name__}")
 
 
+def read_image(value: Any) -> Any:
+    """One value of a normalised ``images`` as an RGB ``PIL.Image`` (an image decoded by the reader
+    as it is, else :func:`~rlweave.data.vision.load_image`); raises ImageError."""
+    return value.convert("RGB") if hasattr(value, "convert") else load_image(value)
+
+
 def record_images(rec: dict[str, Any]) -> list[Any]:
     """The images of a record normalised by the loader (its ``images``), read as RGB
     ``PIL.Image`` in placeholder order; ``[]`` for a record without images. Raises
@@ -220,7 +226,7 @@ def record_images(rec: dict[str, Any]) -> list[Any]:
     out = []
     for k, value in enumerate(rec.get("images") or []):
         try:
-            out.append(value.convert("RGB") if hasattr(value, "convert") else load_image(value))
+            out.append(read_image(value))
         except ImageError as exc:
             raise ImageError(f"record {rec.get('id', '?')}: field 'images': image {k}: {exc}") from None
     return out

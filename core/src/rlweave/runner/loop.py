@@ -104,14 +104,10 @@ def _load_tokenizer(cfg: RunConfig):
 def _load_vision(cfg: RunConfig, tokenizer: Any) -> Any:
     """The run's :class:`~rlweave.data.vision.VisionProcessor` when its model is a vision-language
     model (pixel bounds from ``model.vision``), else None."""
-    from rlweave.data.vision import VisionProcessor, is_vision_model
+    from rlweave.data.vision import VisionProcessor
 
     m = _model_section(cfg)
-    if not m.path or not is_vision_model(m.path):
-        return None
-    bounds = getattr(m, "vision", None)
-    return VisionProcessor(m.path, getattr(bounds, "min_pixels", None), getattr(bounds, "max_pixels", None),
-                           tokenizer=tokenizer)
+    return VisionProcessor.for_model(m.path, m.vision, tokenizer) if m.path else None
 
 
 def _trained_roles(cfg: RunConfig, roles: list[str]) -> list[str]:

@@ -52,6 +52,7 @@ from rlweave.engine_helpers.requests import (
     plan_requests,
     stop_token_ids,
 )
+from rlweave.engine_helpers.vision import image_inputs
 from rlweave.interfaces.engine import Generation, RolloutEngine, SamplingParams
 
 from rlweave_infer_hf.config import HFEngineConfig
@@ -91,9 +92,8 @@ class HFEngine(RolloutEngine):
         t0 = time.perf_counter()
         from rlweave.data.vision import is_vision_model
 
-        self.vision = is_vision_model(path)
         auto = AutoModelForCausalLM
-        if self.vision:
+        if is_vision_model(path):
             from transformers import AutoModelForImageTextToText as auto
         self.model = auto.from_pretrained(
             path, dtype=getattr(torch, dtype_name), trust_remote_code=bool(self.ctx.model.get("trust_remote_code"))
@@ -215,7 +215,7 @@ class HFEngine(RolloutEngine):
             out = model.generate(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
-                **self._vision_inputs(reqs, ids),
+                **image_inputs(model, [r.mm for r in reqs], ids.to(self.device), self.where),
                 generation_config=gc,
                 stopping_criteria=StoppingCriteriaList([_after_step(stop_flag, after_step)]),
             )
@@ -237,25 +237,6 @@ class HFEngine(RolloutEngine):
                 gen.routing = recorder.sample(grid, row, width, len(r.prompt_ids), len(gen.token_ids))
             result.append(gen)
         return result
-
-    def _vision_inputs(self, reqs: list[SampleRequest], ids) -> dict[str, Any]:
-        """``generate``'s image inputs for the rows of ``reqs`` (padded ``ids``): their images in
-        row order and which tokens are image tokens; none without images. A prompt with images
-        for a text-only model is a ValueError."""
-        import torch
-
-        if self.vision:  # transformers keeps the last call's M-RoPE offsets on the model: never reuse them
-            self.model.model.rope_deltas = None
-        have = [r.mm for r in reqs if r.mm is not None]
-        if not have:
-            return {}
-        if not self.vision:
-            raise ValueError(f"{self.where}: a prompt with images, but model {self.ctx.model.get('path')!r} is not a "
-                             "vision-language model")
-        image_token = int(self.model.config.image_token_id)
-        return {"pixel_values": torch.cat([m["pixel_values"] for m in have]).to(self.device, self.dtype),
-                "image_grid_thw": torch.cat([m["image_grid_thw"] for m in have]).to(self.device),
-                "mm_token_type_ids": (ids == image_token).int().to(self.device)}
 
     # --------------------------------------------------------------- weights
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> dict[str, Any]:
