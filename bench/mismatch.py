@@ -12,6 +12,8 @@ differ (``docs/algorithms.md``, "Rollout corrections"):
 * ``token_tis``, ``seq_tis``, ``token_mis``, ``seq_mis``, ``icepop``, ``geo_mask``: the bf16 engine
   and ``algorithm.off_policy.correction=<name>`` with the correction's default options,
   ``decoupled`` mode (one update per batch: the proximal policy is the current one);
+* ``<correction>:<option>=<value>[:...]``: that correction with those options (e.g.
+  ``geo_mask:high=1.01``), the bf16 engine, ``decoupled`` mode;
 * ``r3`` (only when named, MoE models): the bf16 engine, no correction, MoE router replay R3
   (``algorithm.router_replay=r3``: the engine's expert choices replayed in training, ``docs/moe.md``);
   it needs an engine that records routing (``--engine hf``).
@@ -36,6 +38,7 @@ another run. Run from the repository root, after the example's SFT stage, on a q
     python bench/mismatch.py --model /path/to/sft/hf --steps 100
     python bench/mismatch.py --example moe --engine hf --rows matched,none,r3,token_tis
     python bench/mismatch.py --rows matched,none --seeds 1,2 --out rows.json
+    python bench/mismatch.py --rows none,geo_mask,geo_mask:high=1.01
 """
 
 from __future__ import annotations
@@ -67,18 +70,36 @@ MEANS = {"k1": "mismatch/k1", "k3": "mismatch/k3", "dlogp_mean": "mismatch/dlogp
          "masked": "mismatch/masked_frac", "samples_masked": "mismatch/samples_masked_frac"}
 
 
+def parse_row(row: str) -> tuple[str, dict[str, str]]:
+    """``(name, options)`` of a row: ``name`` or ``<correction>:<option>=<value>[:...]``."""
+    name, *opts = row.split(":")
+    if name not in ROWS + EXTRA_ROWS:
+        raise ValueError(f"unknown row {row!r}; choose from {', '.join(ROWS + EXTRA_ROWS)}, or "
+                         "<correction>:<option>=<value>")
+    if opts and name not in CORRECTIONS:
+        raise ValueError(f"row {row!r}: only a correction ({', '.join(CORRECTIONS)}) takes options")
+    options = dict(o.split("=", 1) for o in opts if "=" in o)
+    if len(options) != len(opts):
+        raise ValueError(f"row {row!r}: options are <option>=<value>, separated by ':'")
+    return name, options
+
+
 def overrides(row: str, engine_dtype: str, engine: str | None = None) -> list[str]:
     """The ``key=value`` overrides of one row (beyond the model, run name and budget); with
     ``engine``, the rollout runs on that engine with its default options and the row's dtype."""
-    if row not in ROWS + EXTRA_ROWS:
-        raise ValueError(f"unknown row {row!r}; choose from {', '.join(ROWS + EXTRA_ROWS)}")
+    row, options = parse_row(row)
     out = [f"roles.rollout.engine={engine}", "roles.rollout.options={}"] if engine else []
     if row == "matched":
         return [*out, "roles.rollout.options.dtype=float32"]
     out.append(f"roles.rollout.options.dtype={engine_dtype}")
     if row == "r3":
         return [*out, "algorithm.router_replay=r3"]
-    return out if row == "none" else [*out, f"algorithm.off_policy.correction={row}"]
+    if row == "none":
+        return out
+    if options:
+        spec = ", ".join(f"{k}: {v}" for k, v in options.items())
+        return [*out, f"algorithm.off_policy.correction={{name: {row}, {spec}}}"]
+    return [*out, f"algorithm.off_policy.correction={row}"]
 
 
 def summarize(run_dir: Path) -> dict:
@@ -132,7 +153,8 @@ def run(example: str, row: str, seed: int, a: argparse.Namespace) -> dict:
     """One ``rlweave train`` of ``row``; its summary row."""
     cfg, _ = EXAMPLES[example]
     engine = f"-{a.engine}" if a.engine else ""
-    name = f"mismatch-{example}{engine}-{row}" + (f"-s{seed}" if len(a.seed_list) > 1 else "")
+    label = row.replace(":", "-").replace("=", "")
+    name = f"mismatch-{example}{engine}-{label}" + (f"-s{seed}" if len(a.seed_list) > 1 else "")
     run_dir = Path(a.out_dir) / name
     args = [sys.executable, "-m", "rlweave.cli", "train", str(cfg), f"run.name={name}",
             f"run.output_dir={a.out_dir}", f"run.seed={seed}", f"model.path={a.model}",
@@ -206,7 +228,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--example", choices=sorted(EXAMPLES), default="arith", help="whose GRPO config")
     ap.add_argument("--rows", default=",".join(ROWS),
-                    help=f"comma-separated rows (default: {','.join(ROWS)}; also {','.join(EXTRA_ROWS)})")
+                    help=f"comma-separated rows (default: {','.join(ROWS)}; also {",".join(EXTRA_ROWS)}, or <correction>:<option>=<value>)")
     ap.add_argument("--model", default=None, help="the SFT model (default: runs/<example>-sft/hf)")
     ap.add_argument("--engine", default=None,
                     help="rollout engine plugin for every row, with its default options (default: the config's)")
@@ -219,9 +241,11 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     a = ap.parse_args()
     names = [n for n in a.rows.split(",") if n]
-    unknown = [n for n in names if n not in ROWS + EXTRA_ROWS]
-    if unknown:
-        raise SystemExit(f"unknown rows {unknown}; choose from {', '.join(ROWS + EXTRA_ROWS)}")
+    for n in names:
+        try:
+            parse_row(n)
+        except ValueError as exc:
+            raise SystemExit(f"bench/mismatch.py: --rows: {exc}") from None
     a.seed_list = [int(s) for s in a.seeds.split(",") if s]
     a.model = str(Path(a.model).resolve()) if a.model else str(EXAMPLES[a.example][1])
     if not Path(a.model).is_dir():

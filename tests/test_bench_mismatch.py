@@ -25,6 +25,11 @@ def test_only_the_matched_row_runs_the_engine_in_fp32_and_each_correction_is_nam
                                                          "algorithm.router_replay=r3"]
     with pytest.raises(ValueError, match="unknown row"):
         mismatch.overrides("tis_typo", "bfloat16")
+    assert mismatch.overrides("geo_mask:high=1.01:low=0.99", "bfloat16")[-1] == (
+        "algorithm.off_policy.correction={name: geo_mask, high: 1.01, low: 0.99}")
+    for bad, words in (("none:high=1.01", "only a correction"), ("geo_mask:high", "<option>=<value>")):
+        with pytest.raises(ValueError, match=words):
+            mismatch.overrides(bad, "bfloat16")
 
 
 def test_summary_reads_evaluations_and_averages_the_mismatch_metrics_over_steps(tmp_path):

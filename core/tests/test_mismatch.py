@@ -138,6 +138,9 @@ def test_causes_from_a_real_run_config():
     cfg, resolved = load_config(example, ["roles.rollout.options.dtype=bfloat16", "algorithm.top_p=0.95"],
                                 check_inputs=False)
     assert set(config_causes(cfg, resolved.algorithm_config)) == {"dtype", "sampling"}
+    _, resolved = load_config(example, ["algorithm.off_policy.correction={name: geo_mask, high: 1.01}"],
+                              check_inputs=False)
+    assert MismatchMonitor.for_run(cfg, resolved.algorithm_config).correction == "geo_mask"
 
 
 def test_a_jump_is_warned_once_per_cause(caplog):
@@ -166,3 +169,20 @@ def test_no_jump_without_a_rise_and_an_unknown_cause_is_said():
         "(sync_bytes), the engine's kernels and the models' numerics")
     assert mon.observe({"mismatch/k3": 0.012}, 2) == []         # steady: no jump
     assert mon.observe({}, 3) == []                             # no metrics: nothing to say
+
+
+def test_a_correction_dropping_most_samples_is_warned_once_with_its_key(caplog):
+    from rlweave.algo_parts.offpolicy import OffPolicyConfig
+
+    algo = {"off_policy": OffPolicyConfig(correction="geo_mask")}
+    mon = MismatchMonitor.for_run(run_config(), algo)
+    caplog.set_level(logging.WARNING, logger="rlweave.algo")
+    assert mon.observe({"mismatch/k3": 1e-4, "mismatch/samples_masked_frac": 0.3}, 1) == []
+    (msg,) = mon.observe({"mismatch/k3": 1e-4, "mismatch/samples_masked_frac": 0.73,
+                          "mismatch/dlogp_abs_mean": 6e-3}, 2)
+    assert "geo_mask dropped 73% of the samples at step 2" in msg and "{name: geo_mask, low: ..., high: ...}" in msg
+    assert mon.observe({"mismatch/k3": 1e-4, "mismatch/samples_masked_frac": 0.9}, 3) == []  # once per run
+    # a jump in the same step as the drop: both said
+    both = MismatchMonitor.for_run(run_config(engine="bfloat16"), algo)
+    msgs = both.observe({"mismatch/k3": 0.02, "mismatch/samples_masked_frac": 0.6}, 1)
+    assert len(msgs) == 2 and "dropped 60%" in msgs[0] and "bfloat16" in msgs[1]

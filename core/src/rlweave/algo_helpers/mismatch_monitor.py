@@ -18,6 +18,11 @@ per run:
   ``top_p`` < 1 or ``top_k`` on (log-probs of the truncated distribution), or
   ``logprobs_mode: raw`` with a temperature other than 1;
 * ``unknown``: none of these.
+
+Apart from jumps, when the rollout correction drops at least :data:`DROPPED` of a step's samples
+(``mismatch/samples_masked_frac``: a band narrower than the gap, e.g. ``geo_mask``'s default
+around a bf16 engine), it says so once per run, naming the correction and its options' key: a
+correction that drops most samples leaves each update a fraction of its size.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ FLOOR = 1e-3
 FACTOR = 4.0
 #: weight of the newest step in the running mean
 EMA = 0.2
+#: a correction dropping at least this share of a step's samples is warned about
+DROPPED = 0.5
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
@@ -86,22 +93,26 @@ class MismatchMonitor:
     causes: dict[str, str] = field(default_factory=dict)
     baseline: float | None = None
     warned: set[str] = field(default_factory=set)
+    correction: str | None = None  # the rollout correction's name (algorithm.off_policy.correction)
 
     @classmethod
     def for_run(cls, run_config: Any, algorithm_config: Any) -> "MismatchMonitor":
-        return cls(config_causes(run_config, algorithm_config))
+        spec = _get(_get(algorithm_config, "off_policy"), "correction")
+        name = getattr(spec, "name", spec if isinstance(spec, str) else _get(spec, "name"))
+        return cls(config_causes(run_config, algorithm_config), correction=name)
 
     def observe(self, metrics: Mapping[str, float], step: int) -> list[str]:
         """Look at one step's ``mismatch/*`` metrics (``step``: its number, for the message);
         returns the warnings it logged."""
+        dropped = self._dropped(metrics, step)
         k3 = metrics.get("mismatch/k3")
         if k3 is None:
-            return []
+            return dropped
         before = self.baseline
         jumped = k3 >= FLOOR and (before is None or k3 >= FACTOR * before)
         self.baseline = k3 if before is None else (1.0 - EMA) * before + EMA * k3
         if not jumped:
-            return []
+            return dropped
         was = "" if before is None else f" (running mean {before:.3g})"
         head = (f"train/inference mismatch at step {step}: mismatch/k3 {k3:.3g}{was}, |dlogp| p99 "
                 f"{metrics.get('mismatch/dlogp_abs_p99', float('nan')):.3g}. Likely cause: ")
@@ -110,7 +121,7 @@ class MismatchMonitor:
         if not found:
             found["unknown"] = ("none of stale weights, different dtypes or truncated sampling; check that weight "
                                 "syncs land (sync_bytes), the engine's kernels and the models' numerics")
-        messages = []
+        messages = dropped
         for cause, why in found.items():
             if cause in self.warned:
                 continue
@@ -118,6 +129,21 @@ class MismatchMonitor:
             messages.append(head + why)
             log.warning("%s", messages[-1])
         return messages
+
+    def _dropped(self, metrics: Mapping[str, float], step: int) -> list[str]:
+        """The once-per-run warning of a correction that dropped most of a step's samples."""
+        frac = metrics.get("mismatch/samples_masked_frac")
+        if frac is None or frac < DROPPED or "dropped" in self.warned:
+            return []
+        self.warned.add("dropped")
+        name = self.correction or "the rollout correction"
+        msg = (f"rollout correction {name} dropped {frac:.0%} of the samples at step {step} (|dlogp| mean "
+               f"{metrics.get('mismatch/dlogp_abs_mean', float('nan')):.3g}): its band is narrower than the "
+               f"train/inference gap of this run, and each update keeps only the rest. Widen it "
+               f"(algorithm.off_policy.correction: {{name: {name}, low: ..., high: ...}}), close the gap, or choose "
+               "a token-level correction")
+        log.warning("%s", msg)
+        return [msg]
 
     @staticmethod
     def _stale(metrics: Mapping[str, float]) -> dict[str, str]:
