@@ -228,7 +228,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--example", choices=sorted(EXAMPLES), default="arith", help="whose GRPO config")
     ap.add_argument("--rows", default=",".join(ROWS),
-                    help=f"comma-separated rows (default: {','.join(ROWS)}; also {",".join(EXTRA_ROWS)}, or <correction>:<option>=<value>)")
+                    help=f"comma-separated rows (default: {','.join(ROWS)}; also {','.join(EXTRA_ROWS)}, "
+                    "or <correction>:<option>=<value>[:...])")
     ap.add_argument("--model", default=None, help="the SFT model (default: runs/<example>-sft/hf)")
     ap.add_argument("--engine", default=None,
                     help="rollout engine plugin for every row, with its default options (default: the config's)")
