@@ -44,6 +44,11 @@ def policy_scenario(ctx_kw: dict, model_dir: str, work: str, parallel: dict, bud
     batch = sc.fixed_batch()
     shard, idx = replica_shard(w, batch)
     out = w.compute_logprobs(shard, with_entropy=True)
+    try:  # a dense model has no routing to record (refused before any collective)
+        w.compute_logprobs(shard, with_routing=True)
+        refusal = None
+    except ValueError as exc:
+        refusal = str(exc)
     per = {"logprobs": {}, "entropy": {}}
     cu = shard.cu_seqlens.tolist()
     for j, i in enumerate(idx):
@@ -52,6 +57,7 @@ def policy_scenario(ctx_kw: dict, model_dir: str, work: str, parallel: dict, bud
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, per)
     res: dict[str, Any] = {k: {} for k in per}
+    res["routing_refusal"] = refusal
     for d in gathered:
         for k in per:
             res[k].update(d[k])

@@ -191,6 +191,18 @@ def test_qwen3_moe_refuses_pipeline_stages_sequence_parallelism_and_dense_layers
     assert len(errs) == 1 and "model.path: " in errs[0] and "mlp_only_layers" in errs[0]
 
 
+def test_qwen3_moe_takes_router_replay(tmp_path):
+    """The record says ``router_replay``, so ``algorithm.router_replay`` r2 and r3 pass validation."""
+    assert plugin.rlweave_training_backends()[0].router_replay
+    for mode in ("r2", "r3"):
+        cfg = _config(_model_dir(tmp_path / "m", **QWEN3_MOE), {"ep": 2}, 2)
+        cfg["algorithm"]["router_replay"] = mode
+        path = tmp_path / "c.yaml"
+        path.write_text(json.dumps(cfg))
+        _, resolved = load_config(path, pm=PluginManager(), check_inputs=False)
+        assert resolved.algorithm_config.router_replay == mode
+
+
 def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
     errs = _errors(tmp_path, {"tp": 2}, 2, model_type="gemma2")
     assert len(errs) == 1 and "c.yaml: model.path: " in errs[0]

@@ -305,6 +305,11 @@ def test_qwen3_at_tp2_equals_transformers_and_fsdp(qwen3):
         assert torch.allclose(lp, lps_after[i], atol=TOL, rtol=0), i
 
 
+def test_a_dense_model_refuses_to_record_routing(qwen3):
+    assert qwen3["res"]["routing_refusal"] == ("megatron backend: role policy: routing asked of a model without "
+                                               "MoE layers")
+
+
 def test_bf16_master_weights_follow_an_fp32_run(models, tmp_path):
     """bf16 with fp32 master weights: after 10 steps (lr 1e-5, most updates below a bf16 weight's
     rounding step) each master is within bf16 rounding of the fp32 run's weight, and the masters'

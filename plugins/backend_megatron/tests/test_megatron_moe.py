@@ -2,10 +2,13 @@
 expert parallelism, against the FSDP backend's MoE worker on the same ranks and samples.
 
 Two spawns, shared by the tests: ``ep2`` (2 ranks, ``ep=2``: each rank one data-parallel replica
-holding 4 experts, one micro-batch each) and ``ep2dp2`` (4 ranks, ``ep=2``: two expert-parallel
-groups, the ``moe_groupgemm`` kernel, several micro-batches per replica). Each returns log-probs,
-the step's metrics (loss with the router load-balancing loss, ``moe_aux_loss``, expert load, grad
-norm) and the weights after the step, for both backends.
+holding 4 experts, one micro-batch each) and ``ep2dp2`` (4 ranks,
+``ep=2``: two expert-parallel groups, the ``moe_groupgemm`` kernel, several micro-batches per
+replica). Each returns log-probs, the step's metrics (loss with the router load-balancing loss,
+``moe_aux_loss``, expert load, grad norm) and the weights after the step, for both backends, and
+their router replay (R2/R3) results: a foreign routing replayed by the log-prob passes (megatron's
+packed and right-padded) and a second training step under it (megatron's with activation
+recomputation).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 from rlweave.testing.helper_modules import import_helper
 from rlweave.testing.ranks import run_ranks
 from rlweave.testing.tiny_model import build_tiny_qwen3_moe
@@ -99,3 +103,49 @@ def test_checkpoint_and_export_load_in_other_layouts(run, model, tmp_path):
     loaded, info = AutoModelForCausalLM.from_pretrained(str(work / "hf"), output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert loaded.config.model_type == "qwen3_moe"
+
+
+def _cat(by_sample: dict):
+    return torch.cat([by_sample[i] for i in sorted(by_sample)])
+
+
+@pytest.mark.parametrize("passes", ["fsdp_replay", "megatron_replay", "megatron_replay_padded"])
+def test_replayed_routing_is_the_routing_used_on_every_token(run, passes):
+    """A routing sharing no expert with the router's own on any token is exactly what the pass
+    used (100% of tokens, every layer, both experts), it changes the log-probs, and a pass after it
+    without routing equals the first (nothing left set)."""
+    r = run[1][passes]
+    own, given = _cat(r["own"]), _cat(r["given"])
+    assert own.dtype == torch.int16 and own.shape[1:] == (2, 2)  # (tokens, layers, top-k)
+    assert not (own.unsqueeze(-1) == given.unsqueeze(-2)).any()  # the router would choose none of them
+    assert torch.equal(_cat(r["chosen"]), given)
+    assert not torch.allclose(_cat(r["lp_replay"]), _cat(r["lp_own"]), atol=1e-3)
+    assert torch.equal(_cat(r["lp_again"]), _cat(r["lp_own"]))
+
+
+def test_megatron_replay_equals_fsdp_replay(run):
+    """Same model, same routing: megatron's recorded and replayed routing and log-probs (packed and
+    right-padded rows, the replayed experts through the expert-parallel exchange) equal FSDP's."""
+    res = run[1]
+    f = res["fsdp_replay"]
+    for name in ("megatron_replay", "megatron_replay_padded"):
+        m = res[name]
+        assert torch.equal(_cat(m["own"]), _cat(f["own"])), name
+        assert _diff(m["lp_own"], f["lp_own"]) < TOL, name
+        assert _diff(m["lp_replay"], f["lp_replay"]) < TOL, name
+
+
+def test_a_training_step_replays_and_the_router_gets_its_gradient(run):
+    """A step under the foreign routing: the training forward equals the replayed no-grad pass, the
+    routers get a gradient (through the replayed experts' weights alone: no load-balancing loss in
+    this step) and the step equals FSDP's (megatron's with activation recomputation: the
+    recomputed forward in backward replays too)."""
+    res = run[1]
+    f, m = res["fsdp_replay_step"], res["megatron_replay_step"]
+    for r in (f, m):
+        assert abs(r["wlp_train"] - r["wlp_pass"]) < TOL, (r["wlp_train"], r["wlp_pass"])
+        assert all(float(g.abs().sum()) > 0 for g in r["router_grads"])
+    for k in ("loss", "grad_norm"):
+        assert abs(f["metrics"][k] - m["metrics"][k]) < TOL * max(1.0, abs(f["metrics"][k])), k
+    for gf, gm in zip(f["router_grads"], m["router_grads"]):
+        assert float((gf - gm).abs().max()) < TOL

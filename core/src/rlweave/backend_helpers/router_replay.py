@@ -17,7 +17,9 @@ in the router's own dtype. The routing stays set until the next :meth:`~RouterRe
 activation-checkpointing recomputation in backward replays the same experts.
 
 The row layouts of a forward (a packed row, right-padded rows, a shared-prompt row) map to and
-from token order with :func:`to_rows` and :func:`from_rows`.
+from token order with :func:`to_rows` and :func:`from_rows`. :func:`check` and :func:`replayed`
+(given experts -> their weights) are shared with backends that route in their own MoE layers
+(the megatron backend's ``ExpertParallelMoE``).
 """
 
 from __future__ import annotations
@@ -52,9 +54,7 @@ class RouterReplay:
 
     def check(self, routing: torch.Tensor, where: str) -> None:
         """ValueError naming ``where`` unless ``routing`` is ``(tokens, layers, top_k)`` of this model."""
-        if routing.dim() != 3 or routing.shape[1] != self.layers or routing.shape[2] != self.top_k:
-            raise ValueError(f"{where}: token field {FIELD!r} has shape {tuple(routing.shape)}; this model's routing "
-                             f"is (tokens, {self.layers} MoE layers, top-{self.top_k})")
+        check(routing, self.layers, self.top_k, where)
 
     def set(self, rows: torch.Tensor | None, record: bool = False) -> None:
         """The next forward's routing, one row per row position of its input (None: the routers
@@ -85,10 +85,8 @@ class RouterReplay:
                 if given.shape != idx.shape:
                     raise ValueError(f"router replay: MoE layer {layer} routes {tuple(idx.shape)} "
                                      f"(rows, top-k); the routing given has {tuple(given.shape)}")
-                idx = torch.where((given < 0).any(-1, keepdim=True), idx, given)
-                probs = torch.softmax(logits.float(), dim=-1).gather(-1, idx)
-                if getattr(module, "norm_topk_prob", type(module).__name__.startswith("Mixtral")):
-                    probs = probs / probs.sum(-1, keepdim=True)
+                norm = getattr(module, "norm_topk_prob", type(module).__name__.startswith("Mixtral"))
+                idx, probs = replayed(logits, idx, given, norm)
                 out = (logits, probs.to(weights.dtype), idx)
             if self._record:
                 self.recorded[layer] = idx.detach().to(DTYPE)
@@ -100,6 +98,31 @@ class RouterReplay:
         for h in self._handles:
             h.remove()
         self._handles = []
+
+
+def check(routing: torch.Tensor, layers: int, top_k: int, where: str, experts: int | None = None) -> None:
+    """ValueError naming ``where`` unless ``routing`` is ``(tokens, layers, top_k)`` (and, given
+    ``experts``, its indices are ``-1`` or expert ids below ``experts``)."""
+    if routing.dim() != 3 or routing.shape[1] != layers or routing.shape[2] != top_k:
+        raise ValueError(f"{where}: token field {FIELD!r} has shape {tuple(routing.shape)}; this model's routing "
+                         f"is (tokens, {layers} MoE layers, top-{top_k})")
+    if experts is not None and routing.numel() and (int(routing.min()) < -1 or int(routing.max()) >= experts):
+        raise ValueError(f"{where}: token field {FIELD!r} holds expert indices from {int(routing.min())} to "
+                         f"{int(routing.max())}; this model's are 0..{experts - 1} (-1: the router chooses)")
+
+
+def replayed(logits: torch.Tensor, idx: torch.Tensor, given: torch.Tensor,
+             normalise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The experts and weights of one layer's replayed forward: ``logits`` ``(rows, E)`` the
+    router's, ``idx`` ``(rows, k)`` its own top-k, ``given`` ``(rows, k)`` the routing to replay.
+    A row of ``given`` with no ``-1`` replaces the router's experts; the weights are the fp32
+    softmax probabilities of the experts used (differentiable in ``logits``, so the router keeps
+    its gradient), renormalised to sum to 1 over the top-k when ``normalise``."""
+    idx = torch.where((given < 0).any(-1, keepdim=True), idx, given.to(idx.dtype))
+    probs = torch.softmax(logits.float(), dim=-1).gather(-1, idx)
+    if normalise:
+        probs = probs / probs.sum(-1, keepdim=True)
+    return idx, probs
 
 
 def to_rows(routing: torch.Tensor, n_rows: int, index: torch.Tensor | None) -> torch.Tensor:

@@ -44,7 +44,7 @@ def router_replay_problems(cfg: Any, algo_config: Any, roles: dict[str, Any], ro
     backend = roles.get("policy")
     if backend is not None and not getattr(backend, "router_replay", False):
         out.append((KEY, f"router_replay {mode}: backend {backend.name!r} (roles.policy.backend) does not replay MoE "
-                         "routing; use backend fsdp, or set algorithm.router_replay: none"))
+                         "routing; use backend fsdp or megatron, or set algorithm.router_replay: none"))
     off_policy = getattr(algo_config, "off_policy", None)
     if mode == "r2" and getattr(off_policy, "mode", None) == "bypass":
         out.append((KEY, "router_replay r2 records the routing in the old-log-prob pass, which "

@@ -73,8 +73,8 @@ class GRPOConfig(SamplingConfig, MultiTurnKeys, PolicyParts):
     router_replay: Literal["none", "r2", "r3"] = Field(
         "none", description="MoE router replay (docs/moe.md): none; r2: the experts the old-log-prob pass chose are "
         "replayed in the updates; r3: the experts the rollout engine chose, per token, are replayed in the "
-        "old-log-prob pass and the updates. Needs an MoE policy on a backend that replays (fsdp) and, for r3, an "
-        "engine that records routing (hf)."
+        "old-log-prob pass and the updates. Needs an MoE policy on a backend that replays (fsdp, megatron) and, "
+        "for r3, an engine that records routing (hf)."
     )
     # evaluation
     eval_reward: Optional[str] = Field(

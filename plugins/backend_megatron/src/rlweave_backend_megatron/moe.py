@@ -26,6 +26,16 @@ Experts run through the ``moe_groupgemm`` kernel when the role selected it (grou
 else one matmul pair per expert (:func:`rlweave.backend_helpers.moe.loop_experts`). While a
 layer's ``tap`` is a list, each forward appends its router logits ``(tokens, E)`` to it (the
 load-balancing loss, :func:`capture`).
+
+Router replay (:mod:`rlweave.backend_helpers.router_replay`): :func:`set_routing` gives every
+layer the experts of the next forward's tokens (rows in the layer's flattened ``(s, b)`` order,
+``-1`` rows: the router chooses) and whether to record the experts used (:func:`take_routing`).
+A replayed layer still computes its router logits (the gate keeps its gradient, the
+load-balancing loss sees them) and weighs the given experts by their softmax probabilities
+(:func:`~rlweave.backend_helpers.router_replay.replayed`). The routing stays set until the next
+:func:`set_routing`, so an activation-checkpointing recomputation in backward replays the same
+experts. Replayed indices are global expert ids, which the expert-parallel exchange sends to
+the rank holding each expert as it does the router's own.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlweave.backend_helpers import router_replay
 from rlweave.backend_helpers.moe import loop_experts
 
 
@@ -103,14 +114,25 @@ class ExpertParallelMoE(nn.Module):
         self.router = nn.Linear(config.hidden_size, self.spec.num, bias=False, dtype=config.params_dtype)
         self.experts = GroupedExperts(n, config.hidden_size, self.spec.ffn, config.params_dtype)
         self.tap: list[torch.Tensor] | None = None
+        self.replay: torch.Tensor | None = None  # (T, k) experts to use (set_routing), None: the router's
+        self.record = False  # keep the experts used in `recorded` (set_routing)
+        self.recorded: torch.Tensor | None = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(router logits (T, E), top-k experts (T, k), their weights (T, k) in x's dtype)``."""
+        """``(router logits (T, E), top-k experts (T, k), their weights (T, k) in x's dtype)``;
+        the experts of :attr:`replay` where it has a row without ``-1`` (module docstring)."""
         logits = self.router(x)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float)
         weights, idx = torch.topk(probs, self.spec.top_k, dim=-1)
-        if self.spec.norm_topk:
+        if self.replay is not None:
+            if self.replay.shape != idx.shape:
+                raise ValueError(f"megatron backend: router replay: an MoE layer routes {tuple(idx.shape)} "
+                                 f"(tokens, top-k); the routing given has {tuple(self.replay.shape)}")
+            idx, weights = router_replay.replayed(logits, idx, self.replay.to(idx.device), self.spec.norm_topk)
+        elif self.spec.norm_topk:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.record:
+            self.recorded = idx.detach().to(router_replay.DTYPE)
         return logits, idx, weights.to(logits.dtype)
 
     def forward(self, hidden: torch.Tensor, padding_mask: Any = None, **_: Any):
@@ -157,6 +179,26 @@ def layer_class(spec: Experts, kernel: Any = None) -> type[ExpertParallelMoE]:
 def layers(model: nn.Module) -> list[ExpertParallelMoE]:
     """The MoE MLPs of a stage's model, in layer order."""
     return [m for m in model.modules() if isinstance(m, ExpertParallelMoE)]
+
+
+def set_routing(mlps: list[ExpertParallelMoE], rows: torch.Tensor | None, record: bool = False) -> None:
+    """Every layer's routing until the next call: ``rows`` ``(T, layers, top_k)`` in the layers'
+    flattened token order (None: the routers choose), and whether to record the experts used."""
+    if rows is not None and rows.shape[1] != len(mlps):
+        raise ValueError(f"megatron backend: router replay: routing of {rows.shape[1]} layers for {len(mlps)} "
+                         "MoE layers")
+    for i, m in enumerate(mlps):
+        m.replay = None if rows is None else rows[:, i].long()
+        m.record = bool(record)
+        m.recorded = None
+
+
+def take_routing(mlps: list[ExpertParallelMoE]) -> torch.Tensor:
+    """The experts the last forward used, ``(T, layers, top_k)`` int16 in the layers' flattened
+    token order (recording on, :func:`set_routing`)."""
+    if any(m.recorded is None for m in mlps):
+        raise RuntimeError("megatron backend: router replay: the last forward did not record every MoE layer")
+    return torch.stack([m.recorded for m in mlps], dim=1)
 
 
 @contextlib.contextmanager

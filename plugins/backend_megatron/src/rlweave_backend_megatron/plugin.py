@@ -41,6 +41,7 @@ def rlweave_training_backends():
             model_types=("causal_lm", "value", "reward"),
             parallel=("dp", "tp", "pp", "ep"),
             kernels=("moe_groupgemm",),
+            router_replay=True,  # replays and records MoE routing (.replay)
             check=check_role,
             probe=probe,
         )

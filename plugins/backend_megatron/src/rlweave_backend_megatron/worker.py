@@ -32,7 +32,9 @@ exchange tokens with all-to-all; expert gradients are summed over the replicas h
 experts (``dp / ep``) and their AdamW state is not sharded. Each micro-batch's loss includes the
 router load-balancing loss (``options.moe_aux_loss_coef``) with the FSDP backend's token
 weighting (:mod:`rlweave.backend_helpers.moe`); the step reports ``moe_aux_loss`` and the
-expert-load metrics.
+expert-load metrics. Router replay (:mod:`.replay`): every forward of a micro-batch with a
+``routing`` token field (log-prob passes and training, activation recomputation included) uses
+those experts, and ``compute_logprobs(with_routing=True)`` returns the experts its pass used.
 """
 
 from __future__ import annotations
@@ -124,16 +126,19 @@ class MegatronWorker(TrainingSkeleton):
                 self.device, read, seed, recompute=self.cfg.activation_checkpointing, sequence_parallel=self.sp,
                 ep_rank=self.ep_rank, kernel=kernel)
         self.moe = None  # the router load-balancing loss of a mixture-of-experts model
+        self.replay = None  # its router replay
         if self.shape.num_experts:
             from rlweave.backend_helpers.moe import AuxLoss
 
-            from rlweave_backend_megatron import moe
+            from rlweave_backend_megatron import moe, replay
 
             self.mlps = moe.layers(self.model)
             coef = self.cfg.moe_aux_loss_coef
             if coef is None:
                 coef = float(hf_config.get("router_aux_loss_coef", 0.0))
             self.moe = AuxLoss(len(self.mlps), self.shape.num_experts, self.shape.top_k, coef)
+            spec = moe.Experts(self.shape.num_experts, self.shape.top_k, self.shape.moe_ffn, self.shape.norm_topk)
+            self.replay = replay.Replay(self.mlps, spec, f"megatron backend: role {ctx.role}", self.pp, self.sp)
         self.stages = pipeline.Stages(self.model, self.pp_rank, self.pp, self.device, self.tp if self.sp else 1)
         self.step = 0
         self.offloaded = False
@@ -223,48 +228,72 @@ class MegatronWorker(TrainingSkeleton):
         heads = raw.reshape(-1).float()
         return {"values": heads[pred].masked_fill(first, 0.0), "scores": heads[flat[cu[1:] - 1]]}
 
-    def _forward(self, mb: Batch | None, grad: bool, temperature: float = 1.0, with_entropy: bool = False):
-        """Run one micro-batch (None: an empty one) through this rank's stage; on the last
-        stage return the per-token results (else None)."""
+    def _forward(self, mb: Batch | None, grad: bool, temperature: float = 1.0, with_entropy: bool = False,
+                 record: bool = False):
+        """Run one micro-batch (None: an empty one) through this rank's stage, replaying its
+        routing field (MoE models); on the last stage return the per-token results (else None),
+        with ``record`` its ``routing`` too (token order)."""
         rows = self._rows(mb)
+        if self.replay is not None:
+            self.replay.set(mb, rows, record)
         with torch.set_grad_enabled(grad):
             raw = self.stages.forward(rows)
         if not self.stages.last or mb is None:
             return raw, None
-        return raw, self._last_outputs(raw, mb, rows.flat, temperature, with_entropy)
+        res = self._last_outputs(raw, mb, rows.flat, temperature, with_entropy)
+        if record:
+            res["routing"] = self.replay.take(rows)
+        return raw, res
 
     @torch.no_grad()
     def _per_token(self, batch: Batch, keys: tuple[str, ...], temperature: float = 1.0,
-                   with_entropy: bool = False) -> dict[str, torch.Tensor]:
+                   with_entropy: bool = False, with_routing: bool = False) -> dict[str, torch.Tensor]:
+        """``keys`` per token (``scores``: per sample), in batch order; ``routing``: the experts
+        of each token (MoE models, recorded)."""
         self._check_ready("forward")
+        if self.replay is not None:
+            self.replay.check(batch, record=with_routing)
         self.model.eval()
         groups = self._plan(batch, self._forward_budget()) if len(batch) else []
         n = self._max_over_ranks(len(groups))
         cu = batch.cu_seqlens.tolist()
         out = {k: torch.zeros(len(batch) if k == "scores" else batch.num_tokens, dtype=torch.float32) for k in keys}
-        for i in range(n):
-            mb = batch.select(groups[i]) if i < len(groups) else None
-            _, res = self._forward(mb, grad=False, temperature=temperature, with_entropy=with_entropy)
-            if res is None:
-                continue
-            for k in keys:
-                v = res[k].float().cpu()
-                if k == "scores":
-                    out[k][torch.tensor(groups[i])] = v
+        if with_routing:
+            keys, out["routing"] = (*keys, "routing"), self.replay.unknown(batch.num_tokens)
+        try:
+            for i in range(n):
+                mb = batch.select(groups[i]) if i < len(groups) else None
+                _, res = self._forward(mb, grad=False, temperature=temperature, with_entropy=with_entropy,
+                                       record=with_routing)
+                if res is None:
                     continue
-                pos = 0
-                for j in groups[i]:
-                    m = cu[j + 1] - cu[j]
-                    out[k][cu[j]:cu[j + 1]] = v[pos:pos + m]
-                    pos += m
+                for k in keys:
+                    v = res[k].cpu() if k == "routing" else res[k].float().cpu()
+                    if k == "scores":
+                        out[k][torch.tensor(groups[i])] = v
+                        continue
+                    pos = 0
+                    for j in groups[i]:
+                        m = cu[j + 1] - cu[j]
+                        out[k][cu[j]:cu[j + 1]] = v[pos:pos + m]
+                        pos += m
+        finally:
+            if self.replay is not None:
+                self.replay.clear()
         return self.stages.broadcast_from_last(out)
 
     # ------------------------------------------------------------- operations
-    def compute_logprobs(self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+    def compute_logprobs(self, batch: Batch, temperature: float = 1.0, with_entropy: bool = False,
+                         with_routing: bool = False) -> dict[str, torch.Tensor]:
+        """See :class:`TrainingWorker`. A ``routing`` token field (MoE models) is replayed;
+        ``with_routing``: also ``routing`` ``(T, layers, top_k)`` int16, the experts each token
+        was routed to (those of the field where it has them), in token order, on every rank."""
         if self.kind != "causal_lm":
             raise NotImplementedError(f"megatron backend: role {self.ctx.role} is a {self.kind} model; no log-probs")
+        if with_routing and self.replay is None:
+            raise ValueError(f"megatron backend: role {self.ctx.role}: routing asked of a model without MoE layers")
         keys = ("logprobs", "entropy") if with_entropy else ("logprobs",)
-        return self._per_token(batch, keys, temperature, with_entropy)
+        return self._per_token(batch, keys, temperature, with_entropy, with_routing)
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         if self.kind == "causal_lm":
@@ -283,6 +312,8 @@ class MegatronWorker(TrainingSkeleton):
         (:mod:`.schedules`); the last stage computes the loss (and its sum and metrics; other
         stages return 0 and none)."""
         loss_sum, metrics = 0.0, {}
+        if self.replay is not None:
+            self.replay.check(batch)
         micro = [batch.select(groups[i]) if i < len(groups) else None for i in range(n_micro)]
         if self.moe is not None:
             self.moe.begin_step(batch.num_tokens, self.device, self._dp_group())
@@ -296,6 +327,8 @@ class MegatronWorker(TrainingSkeleton):
 
         def forward(i: int, r: pipeline.Rows, h):
             nonlocal loss_sum
+            if self.replay is not None:  # stays set for this micro-batch's backward (recomputation)
+                self.replay.set(micro[i], r)
             with self._router_logits() as logits:
                 raw = self.stages.run(r, h)
             rows.pop(i, None)  # not needed again once run
@@ -318,7 +351,11 @@ class MegatronWorker(TrainingSkeleton):
             return raw, loss
 
         self.stages.wait_s = 0.0
-        schedules.schedule(self.cfg.pipeline_schedule)(self.stages, n_micro, rows_of, forward)
+        try:
+            schedules.schedule(self.cfg.pipeline_schedule)(self.stages, n_micro, rows_of, forward)
+        finally:
+            if self.replay is not None:
+                self.replay.clear()
         if self.pp > 1:  # the last stage's time waiting for its neighbour (the most over replicas)
             metrics["pipeline_wait_s_max"] = self.stages.wait_s
         return loss_sum, metrics
