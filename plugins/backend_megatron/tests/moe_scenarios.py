@@ -7,9 +7,10 @@ samples, and returns what the tests compare from rank 0. Router replay rides alo
 spawn (:func:`_passes`, :func:`_replay_step`): a routing that shares no expert with the router's
 own on any token, replayed by both backends' log-prob passes (megatron's packed, then right-padded
 by switching its ``use_packing`` option between passes), then one more training step of each under
-it, megatron's on a worker with activation recomputation that loads the first one's checkpoint.
-The replayed step runs without the load-balancing loss (FSDP's coefficient set to 0, megatron's
-worker built with 0), so the routers' gradients come from the replayed experts' weights alone.
+it, megatron's on a worker with activation recomputation that loads the first one's checkpoint
+(on right-padded rows when asked). The replayed step keeps the load-balancing loss, so the routers'
+gradients come from the replayed experts' weights and from the aux loss, whose gradient megatron
+must carry through the recomputed forward.
 """
 
 from __future__ import annotations
@@ -107,13 +108,14 @@ def _replay_step(w, shard, idx: list[int], given: dict, routers: tuple[str, ...]
 
 
 def parity_scenario(ctx_kw: dict, model_dir: str, work: str, parallel: dict, budget: int,
-                    kernel: bool, experts: int = 8) -> dict[str, Any]:
+                    kernel: bool, experts: int = 8, padded_step: bool = False) -> dict[str, Any]:
     """The FSDP worker at ``dp = world`` (one rank per replica), then the megatron worker with
     ``parallel`` (its data-parallel replicas the same samples), both with ``budget`` tokens per
     micro-batch and the ``moe_groupgemm`` kernel when ``kernel``; rank 0 returns
     ``{"fsdp": ..., "megatron": ...}`` plus the megatron ranks' parameter counts, and the router
     replay results of both (``*_replay``: log-prob passes, ``*_replay_step``: a second step under
-    the replayed routing, see the module docstring)."""
+    the replayed routing, see the module docstring; megatron's on right-padded rows with
+    ``padded_step``: give a budget under which both backends form the same micro-batches)."""
     import torch.distributed as dist
 
     kw = {**ctx_kw, "kernels": KERNEL} if kernel else ctx_kw
@@ -125,7 +127,6 @@ def parity_scenario(ctx_kw: dict, model_dir: str, work: str, parallel: dict, bud
     res = {"fsdp_replay": _passes(fsdp, shard, idx, experts)}
     given = res["fsdp_replay"]["given"]
     res["fsdp"] = _run(fsdp, world, ctx_kw["rank"], sc.nll_loss, batch)
-    fsdp.moe_state.aux.coef = 0.0
     res["fsdp_replay_step"] = _replay_step(fsdp, shard, idx, given, FSDP_ROUTERS)
     del fsdp
     w = sc.train_worker("megatron", kw, model, OPTIM, parallel, max_tokens_per_micro_batch=budget,
@@ -146,7 +147,7 @@ def parity_scenario(ctx_kw: dict, model_dir: str, work: str, parallel: dict, bud
     w.save_checkpoint(f"{work}/ckpt")
     del w  # the process group stays for the next worker (its init rebuilds megatron's groups)
     w = sc.train_worker("megatron", kw, model, OPTIM, parallel, max_tokens_per_micro_batch=budget,
-                        moe_aux_loss_coef=0.0, activation_checkpointing=True)
+                        moe_aux_loss_coef=0.05, activation_checkpointing=True, use_packing=not padded_step)
     w.load_checkpoint(f"{work}/ckpt")
     res["megatron_replay_step"] = _replay_step(w, shard, idx, given, MEGATRON_ROUTERS)
     w.shutdown()

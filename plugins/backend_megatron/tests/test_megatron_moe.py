@@ -7,8 +7,8 @@ holding 4 experts, one micro-batch each) and ``ep2dp2`` (4 ranks,
 replica). Each returns log-probs, the step's metrics (loss with the router load-balancing loss,
 ``moe_aux_loss``, expert load, grad norm) and the weights after the step, for both backends, and
 their router replay (R2/R3) results: a foreign routing replayed by the log-prob passes (megatron's
-packed and right-padded) and a second training step under it (megatron's with activation
-recomputation).
+packed and right-padded) and a second training step under it with the load-balancing loss
+(megatron's with activation recomputation).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def model(tmp_path_factory):
 def run(request, model, tmp_path_factory):
     work = tmp_path_factory.mktemp(request.param)
     if request.param == "ep2":
-        res = run_ranks(ms.parity_scenario, 2, model, str(work), {"ep": 2}, 4096, False, timeout_s=600)
+        res = run_ranks(ms.parity_scenario, 2, model, str(work), {"ep": 2}, 4096, False, 8, True, timeout_s=600)
     else:
         if not HAS_KERNEL:
             pytest.skip("rlweave-kernel-moe not installed")
@@ -136,16 +136,20 @@ def test_megatron_replay_equals_fsdp_replay(run):
 
 
 def test_a_training_step_replays_and_the_router_gets_its_gradient(run):
-    """A step under the foreign routing: the training forward equals the replayed no-grad pass, the
-    routers get a gradient (through the replayed experts' weights alone: no load-balancing loss in
-    this step) and the step equals FSDP's (megatron's with activation recomputation: the
-    recomputed forward in backward replays too)."""
+    """A step under the foreign routing with the load-balancing loss: the training forward equals
+    the replayed no-grad pass, the routers get a gradient (through the replayed experts' weights
+    and the aux loss) and the step equals FSDP's: loss, ``moe_aux_loss``, grad norm and the
+    routers' gradients (megatron's with activation recomputation, on right-padded rows in the
+    2-rank run: the recomputed forward in backward replays too and carries the aux loss's
+    gradient of the real tokens alone)."""
     res = run[1]
     f, m = res["fsdp_replay_step"], res["megatron_replay_step"]
     for r in (f, m):
         assert abs(r["wlp_train"] - r["wlp_pass"]) < TOL, (r["wlp_train"], r["wlp_pass"])
         assert all(float(g.abs().sum()) > 0 for g in r["router_grads"])
-    for k in ("loss", "grad_norm"):
-        assert abs(f["metrics"][k] - m["metrics"][k]) < TOL * max(1.0, abs(f["metrics"][k])), k
+    assert m["metrics"]["moe_aux_loss"] > 1.0  # the aux loss is in this step (its minimum is 1)
+    for k in ("loss", "moe_aux_loss", "grad_norm"):
+        assert abs(f["metrics"][k] - m["metrics"][k]) < TOL * max(1.0, abs(f["metrics"][k])), \
+            (k, f["metrics"][k], m["metrics"][k])
     for gf, gm in zip(f["router_grads"], m["router_grads"]):
         assert float((gf - gm).abs().max()) < TOL

@@ -10,6 +10,13 @@ over all data-parallel replicas, so the summed contributions are ``coef`` times 
 token-weighted mean of the micro-batches' losses. Like transformers (and Megatron-LM), the
 loss is that of each forward's own tokens: ``f`` and ``P`` are not pooled over micro-batches
 or replicas, so the value depends on how tokens are grouped into micro-batches.
+
+The counts ``f`` carry no gradient, so the loss's gradient with respect to the router
+probabilities ``p`` of any layer's row is the same vector, ``E * C / R^2`` (``C``: the top-k
+counts pooled over the layers, ``R``: the rows pooled over the layers; :func:`aux_probs_grad`).
+A backend whose router logits lose their graph (activation recomputation) attaches that vector
+to each layer's own probabilities instead of differentiating the loss
+(:meth:`AuxLoss.micro_value_and_grad`).
 """
 
 from __future__ import annotations
@@ -73,6 +80,18 @@ def aux_loss(routed: Sequence[tuple[torch.Tensor, torch.Tensor]], num_experts: i
     return num_experts * torch.sum((counts / rows) * (probs / rows))
 
 
+def aux_probs_grad(routed: Sequence[tuple[torch.Tensor, torch.Tensor]], num_experts: int) -> torch.Tensor:
+    """The gradient of :func:`aux_loss` of ``routed`` with respect to each layer's probabilities
+    summed over its rows: ``num_experts * C / R^2`` ``(num_experts,)`` fp32 (``C``: the top-k counts
+    pooled over the layers, ``R``: their rows; the same for every row of every layer). Zeros when
+    there are no rows."""
+    counts = counts_of(routed, num_experts).sum(0).float()
+    rows = sum(int(p.shape[0]) for p, _ in routed)
+    if rows == 0:
+        return torch.zeros_like(counts)
+    return counts * (num_experts / float(rows) ** 2)
+
+
 def counts_of(routed: Sequence[tuple[torch.Tensor, torch.Tensor]], num_experts: int) -> torch.Tensor:
     """Per-layer token counts ``(layers, num_experts)`` float64 of the layers' top-k indices."""
     rows = [torch.bincount(idx.reshape(-1), minlength=num_experts) for _, idx in routed]
@@ -99,8 +118,9 @@ class AuxLoss:
 
     Per step: :meth:`begin_step` (collective over ``group``, the data-parallel replicas: the
     step's token count), then per micro-batch :meth:`micro_loss` of the router logits its
-    forward produced (add it to the micro-batch's loss), then :meth:`step_metrics` (collective
-    over ``group``)."""
+    forward produced (add it to the micro-batch's loss) or :meth:`micro_value_and_grad` (add
+    the value, attach the gradient to the routers' probabilities), then :meth:`step_metrics`
+    (collective over ``group``)."""
 
     def __init__(self, layers: int, num_experts: int, top_k: int, coef: float):
         self.layers, self.num_experts, self.top_k, self.coef = int(layers), int(num_experts), int(top_k), float(coef)
@@ -125,12 +145,34 @@ class AuxLoss:
         if not logits:
             return None
         routed = [router_topk(x, self.top_k) for x in logits]  # once for the loss and the counts
+        aux, weight = self._record(routed, tokens)
+        return aux * (self.coef * weight)
+
+    def micro_value_and_grad(self, logits: Sequence[torch.Tensor],
+                             tokens: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """``(value, probs_grad)`` of one forward's router logits, used instead of
+        :meth:`micro_loss` (each adds the forward's share to the step's metrics: call one of them
+        once per forward): ``value``, :meth:`micro_loss`'s value without a graph, and
+        ``probs_grad`` ``(num_experts,)`` fp32, its gradient with respect to any layer's router
+        probabilities (fp32 softmax of its logits) summed over the rows given
+        (:func:`aux_probs_grad` times ``coef * tokens / step_tokens``; None where that factor is
+        0: an empty micro-batch or ``coef`` 0). None when ``logits`` is empty."""
+        if not logits:
+            return None
+        routed = [router_topk(x.detach(), self.top_k) for x in logits]
+        aux, weight = self._record(routed, tokens)
+        scale = self.coef * weight
+        return aux * scale, (aux_probs_grad(routed, self.num_experts) * scale if scale else None)
+
+    def _record(self, routed: Sequence[tuple[torch.Tensor, torch.Tensor]], tokens: int) -> tuple[torch.Tensor, float]:
+        """``(aux_loss, tokens / step_tokens)`` of one forward; adds its share to the step's
+        metrics (nothing for an empty micro-batch)."""
         aux = aux_loss(routed, self.num_experts)
         weight = tokens / self._tokens if self._tokens and tokens else 0.0
         if weight:  # kept on the device: no host sync per micro-batch
             self._aux = self._aux + weight * aux.detach()
             self._counts += counts_of(routed, self.num_experts)
-        return aux * (self.coef * weight)
+        return aux, weight
 
     def step_metrics(self, group: Any = None) -> tuple[dict[str, float], dict[str, float]]:
         """``(to_sum, global_)``: ``moe_aux_loss`` (this replica's part of the step's

@@ -25,7 +25,9 @@ expert-parallel rank's experts whole and runs them on its (identical) tokens.
 Experts run through the ``moe_groupgemm`` kernel when the role selected it (grouped matmuls),
 else one matmul pair per expert (:func:`rlweave.backend_helpers.moe.loop_experts`). While a
 layer's ``tap`` is a list, each forward appends its router logits ``(tokens, E)`` to it (the
-load-balancing loss, :func:`capture`).
+load-balancing loss's value and the expert counts, :func:`capture`); the loss's gradient reaches
+the router through the layer's output (:mod:`.aux_grad`, while a layer's ``aux`` is set), with or
+without activation recomputation.
 
 Router replay (:mod:`rlweave.backend_helpers.router_replay`): :func:`set_routing` gives every
 layer the experts of the next forward's tokens (rows in the layer's flattened ``(s, b)`` order,
@@ -51,6 +53,7 @@ from torch import nn
 
 from rlweave.backend_helpers import router_replay
 from rlweave.backend_helpers.moe import loop_experts
+from rlweave_backend_megatron import aux_grad
 
 
 @dataclass(frozen=True)
@@ -114,13 +117,15 @@ class ExpertParallelMoE(nn.Module):
         self.router = nn.Linear(config.hidden_size, self.spec.num, bias=False, dtype=config.params_dtype)
         self.experts = GroupedExperts(n, config.hidden_size, self.spec.ffn, config.params_dtype)
         self.tap: list[torch.Tensor] | None = None
+        self.aux: aux_grad.AuxGrad | None = None  # the load-balancing loss's gradient (aux_grad.set_aux)
         self.replay: torch.Tensor | None = None  # (T, k) experts to use (set_routing), None: the router's
         self.record = False  # keep the experts used in `recorded` (set_routing)
         self.recorded: torch.Tensor | None = None
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(router logits (T, E), top-k experts (T, k), their weights (T, k) in x's dtype)``;
-        the experts of :attr:`replay` where it has a row without ``-1`` (module docstring)."""
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(router logits (T, E), their fp32 softmax (T, E), top-k experts (T, k), their weights
+        (T, k) in x's dtype)``; the experts of :attr:`replay` where it has a row without ``-1``
+        (module docstring)."""
         logits = self.router(x)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float)
         weights, idx = torch.topk(probs, self.spec.top_k, dim=-1)
@@ -133,19 +138,19 @@ class ExpertParallelMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         if self.record:
             self.recorded = idx.detach().to(router_replay.DTYPE)
-        return logits, idx, weights.to(logits.dtype)
+        return logits, probs, idx, weights.to(logits.dtype)
 
     def forward(self, hidden: torch.Tensor, padding_mask: Any = None, **_: Any):
         s, b, h = hidden.shape
         x = hidden.reshape(-1, h)
-        logits, idx, weights = self.route(x)
+        logits, probs, idx, weights = self.route(x)
         if self.tap is not None:
             self.tap.append(logits)
         if self.ep == 1:
             out = self.experts(x, idx, weights, self.kernel)
         else:
             out = self._exchange(x, idx, weights)
-        return out.reshape(s, b, h), None
+        return aux_grad.attach(out.reshape(s, b, h), probs, self.aux), None
 
     def _exchange(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Pairs to the ranks holding their experts, experts there, results back, weighted sum."""
@@ -204,7 +209,8 @@ def take_routing(mlps: list[ExpertParallelMoE]) -> torch.Tensor:
 @contextlib.contextmanager
 def capture(mlps: list[ExpertParallelMoE]) -> Iterator[list[torch.Tensor]]:
     """Collect the router logits of the forwards run inside, every layer's in call order (an
-    activation-checkpointing recomputation in backward runs outside and is not counted)."""
+    activation-checkpointing recomputation in backward runs outside and is not counted; with
+    recomputation the logits have no graph: the loss's gradient goes by :mod:`.aux_grad`)."""
     logits: list[torch.Tensor] = []
     for m in mlps:
         m.tap = logits

@@ -31,8 +31,9 @@ replicas into expert-parallel groups whose ranks each hold 1/ep of every layer's
 exchange tokens with all-to-all; expert gradients are summed over the replicas holding the same
 experts (``dp / ep``) and their AdamW state is not sharded. Each micro-batch's loss includes the
 router load-balancing loss (``options.moe_aux_loss_coef``) with the FSDP backend's token
-weighting (:mod:`rlweave.backend_helpers.moe`); the step reports ``moe_aux_loss`` and the
-expert-load metrics. Router replay (:mod:`.replay`): every forward of a micro-batch with a
+weighting (:mod:`rlweave.backend_helpers.moe`), its gradient carried by the MoE layers' outputs
+so that activation recomputation keeps it (:mod:`.aux_grad`); the step reports ``moe_aux_loss``
+and the expert-load metrics. Router replay (:mod:`.replay`): every forward of a micro-batch with a
 ``routing`` token field (log-prob passes and training, activation recomputation included) uses
 those experts, and ``compute_logprobs(with_routing=True)`` returns the experts its pass used.
 """
@@ -329,6 +330,8 @@ class MegatronWorker(TrainingSkeleton):
             nonlocal loss_sum
             if self.replay is not None:  # stays set for this micro-batch's backward (recomputation)
                 self.replay.set(micro[i], r)
+            keep = pipeline.layer_rows(r) if self.moe is not None else None
+            grad_to = self._set_aux(keep if micro[i] is not None else None)  # set until the next micro-batch
             with self._router_logits() as logits:
                 raw = self.stages.run(r, h)
             rows.pop(i, None)  # not needed again once run
@@ -343,10 +346,12 @@ class MegatronWorker(TrainingSkeleton):
                 for k, v in m.items():
                     metrics[k] = merge_metric(k, metrics.get(k), float(v))
             if self.moe is not None:  # the router load-balancing loss of the real tokens, token-weighted
-                keep = pipeline.layer_rows(r)
-                aux = self.moe.micro_loss([x.index_select(0, keep) for x in logits], mb.num_tokens if mb else 0)
-                if aux is not None:
-                    loss = loss + aux
+                terms = self.moe.micro_value_and_grad([x.index_select(0, keep) for x in logits],
+                                                      mb.num_tokens if mb else 0)
+                if terms is not None:  # its value (no graph) here, its gradient by the layers' outputs
+                    loss = loss + terms[0]
+                    if grad_to is not None:
+                        grad_to.probs_grad = terms[1]
             loss_sum += float(loss.detach())
             return raw, loss
 
@@ -356,6 +361,7 @@ class MegatronWorker(TrainingSkeleton):
         finally:
             if self.replay is not None:
                 self.replay.clear()
+            self._set_aux(None)
         if self.pp > 1:  # the last stage's time waiting for its neighbour (the most over replicas)
             metrics["pipeline_wait_s_max"] = self.stages.wait_s
         return loss_sum, metrics
@@ -373,6 +379,15 @@ class MegatronWorker(TrainingSkeleton):
         from rlweave_backend_megatron import moe
 
         return moe.capture(self.mlps)
+
+    def _set_aux(self, rows: torch.Tensor | None):
+        """The MoE layers' load-balancing gradient attachment (:mod:`.aux_grad`) of the real-token
+        ``rows`` of the next micro-batch (None, a dense model or coefficient 0: none); returns it."""
+        if self.moe is None:
+            return None
+        from rlweave_backend_megatron import aux_grad
+
+        return aux_grad.set_aux(self.mlps, rows if self.moe.coef else None)
 
     def _step_metrics(self) -> tuple[dict[str, float], dict[str, float]]:
         """``moe_aux_loss`` and the expert-load metrics of a mixture-of-experts model."""
