@@ -30,9 +30,10 @@ trained tokens truncated or masked and of samples masked by the correction); and
 the whole ``rlweave train`` process (start-up and evaluations included).
 
 The runs go to ``<--out-dir>/mismatch-<example>[-<engine>]-<row>[-s<seed>]``. The bench marks each run
-directory it creates (``bench-mismatch.json``) and replaces only those (``--overwrite``: the old
-one is moved aside, never deleted); it refuses to start when a run directory it would use holds
-another run. Run from the repository root, after the example's SFT stage, on a quiet machine:
+directory it creates (``bench-mismatch.json``; before the run starts, its name goes into
+``<--out-dir>/bench-mismatch-runs.txt``, so a run the bench was stopped in is known as its own) and
+replaces only those (``--overwrite``: the old one is moved aside, never deleted); it refuses to
+start when a run directory it would use holds another run. Run from the repository root, after the example's SFT stage, on a quiet machine:
 
     python bench/mismatch.py                                     # arith, 8 rows, 200 steps each
     python bench/mismatch.py --model /path/to/sft/hf --steps 100
@@ -64,6 +65,8 @@ ROWS = ("matched", "none", *CORRECTIONS)
 #: rows run only when named: MoE router replay (R3) with the bf16 engine, no correction
 EXTRA_ROWS = ("r3",)
 MARKER = "bench-mismatch.json"
+#: in the output directory: the run directories the bench started, one name a line
+LEDGER = "bench-mismatch-runs.txt"
 #: table column -> metrics.jsonl key, averaged over the steps that logged it
 MEANS = {"k1": "mismatch/k1", "k3": "mismatch/k3", "dlogp_mean": "mismatch/dlogp_abs_mean",
          "dlogp_p99": "mismatch/dlogp_abs_p99", "truncated": "mismatch/truncated_frac",
@@ -140,11 +143,17 @@ def fp32_eval(run_dir: Path, env: dict) -> float | None:
     return 100.0 * json.loads(lines[-1])["exact_match"]
 
 
+def started_here(run_dir: Path) -> bool:
+    """Whether the bench started the run in ``run_dir`` (its name in the output directory's ledger)."""
+    ledger = run_dir.parent / LEDGER
+    return ledger.is_file() and run_dir.name in ledger.read_text().split()
+
+
 def check_run_dir(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a run of this bench (to be replaced); exits when it holds another."""
     if not run_dir.exists():
         return False
-    if (run_dir / MARKER).exists():
+    if (run_dir / MARKER).exists() or started_here(run_dir):
         return True
     sys.exit(f"bench/mismatch.py: {run_dir} holds a run this bench did not create; move it or pass --out-dir")
 
@@ -165,6 +174,10 @@ def run(example: str, row: str, seed: int, a: argparse.Namespace) -> dict:
         args.append(f"run.eval_every={a.eval_every}")
     if check_run_dir(run_dir):
         args.append("--overwrite")
+    elif not started_here(run_dir):
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(run_dir.parent / LEDGER, "a") as f:
+            f.write(name + "\n")
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     t0 = time.perf_counter()
     proc = subprocess.run(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -61,3 +61,9 @@ def test_a_run_directory_the_bench_did_not_create_is_never_replaced(tmp_path):
     assert mismatch.check_run_dir(ours) is True
     with pytest.raises(SystemExit, match="did not create"):
         mismatch.check_run_dir(tmp_path)
+    stopped = tmp_path / "stopped"  # a run the bench started and was stopped in: no marker yet
+    stopped.mkdir()
+    with pytest.raises(SystemExit, match="did not create"):
+        mismatch.check_run_dir(stopped)
+    (tmp_path / mismatch.LEDGER).write_text("other\nstopped\n")
+    assert mismatch.check_run_dir(stopped) is True
