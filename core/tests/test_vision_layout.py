@@ -2,7 +2,10 @@
 :class:`rlweave.interfaces.engine.VisionPrompt`, ``Batch.mm``): M-RoPE positions equal
 transformers' own for one and two images, an image token sampled in a response stays text,
 placeholders expand to each image's tokens, prompts with images pickle with them and are never
-cut, and a batch keeps each sample's images through select, concat and split."""
+cut, and a batch keeps each sample's images through select, concat and split. The trainer's
+vision forward encodes an image repeated in a micro-batch once, with the log-probs and tower
+gradients of encoding every copy, and keeps images that differ in one pixel apart; samples that
+share an image share its device copy."""
 
 from __future__ import annotations
 
@@ -104,3 +107,87 @@ def test_a_batch_keeps_each_samples_images():
     assert not Batch.concat([text, text]).mm
     with pytest.raises(ValueError, match="2 vision entries"):
         b.set_mm([None, None])
+
+
+def _tower_and_rows(path):
+    """The tiny model as the trainer loads it, its :class:`VisionForward`, and the list that the
+    vision tower appends the number of pixel rows of each call to."""
+    from rlweave.backend_helpers.hf_model import attention, modeling, vision
+
+    model = modeling.load_model({"path": str(path)}, attention.register(), torch.float32, 0, backend="test")
+    rows = []
+    model.model.visual.register_forward_pre_hook(
+        lambda mod, args, kw: rows.append(int((args[0] if args else kw["hidden_states"]).shape[0])), with_kwargs=True)
+    return model, vision.for_model(model), rows
+
+
+def _packed_logprobs(model, vis, seqs, mms):
+    from rlweave.backend_helpers.hf_model import micro
+
+    ids = torch.cat(seqs)
+    cu = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
+    kw = {**micro.packed_inputs(ids, cu, "cpu"), **vis.inputs(ids, cu, mms, "cpu")}
+    logits = model(**kw).logits[0]
+    return torch.log_softmax(logits[:-1].float(), -1).gather(-1, ids[1:, None])[:, 0]
+
+
+def test_an_image_repeated_in_a_micro_batch_is_encoded_once(vlm):
+    path, vp = vlm
+    model, vis, rows = _tower_and_rows(path)
+    a_ids, a = vp.encode(f"a{IMAGE}b:", [_img(16, 16, seed=1)])
+    b_ids, b = vp.encode(f"c{IMAGE}:", [_img(16, 16, seed=2)])  # the same grid, other pixels
+    a_copy = {k: v.clone() for k, v in a.items()}  # equal, not the same memory
+    seqs = [torch.tensor(x + r) for x, r in [(a_ids, [5, 6]), (a_ids, [7]), (b_ids, [8, 9]), (a_ids, [6, 5, 4])]]
+    mms = [a, a, b, a_copy]
+    patches = int(a["pixel_values"].shape[0])
+    grads, lps = [], []
+    for dedup in (True, False):
+        vis.dedup = dedup
+        model.zero_grad()
+        rows.clear()
+        lp = _packed_logprobs(model, vis, seqs, mms)
+        lp.sum().backward()
+        assert rows == [(2 if dedup else 4) * patches]
+        lps.append(lp.detach())
+        grads.append({n: p.grad.clone() for n, p in model.model.visual.named_parameters()})
+    assert torch.allclose(lps[0], lps[1], atol=1e-6, rtol=0), (lps[0] - lps[1]).abs().max()
+    assert grads[0].keys() == grads[1].keys() and any(bool(g.abs().sum() > 0) for g in grads[1].values())
+    for n, g in grads[0].items():
+        assert torch.allclose(g, grads[1][n], atol=1e-5, rtol=0), n
+    # a sequence-parallel slice cut inside the second copy takes the same features
+    ids, cu = torch.cat(seqs), torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
+    lo, n = len(seqs[0]) + 3, len(seqs[1]) + 4  # from inside the second copy of a to inside b
+    cut = []
+    for dedup in (True, False):
+        vis.dedup = dedup
+        with torch.no_grad():
+            cut.append(vis.slice_inputs(ids, cu, mms, lo, n, "cpu")["mm_encoder_outputs"]["image"].pooler_output[0])
+    assert cut[0].shape[0] == int(vis.positions(ids, cu, mms)[1][lo:lo + n].sum()) > 0
+    assert torch.allclose(cut[0], cut[1], atol=1e-6, rtol=0)
+
+
+def test_images_that_differ_in_one_pixel_are_not_merged(vlm):
+    from rlweave.backend_helpers.hf_model.vision_dedup import distinct
+
+    path, vp = vlm
+    _, a = vp.encode(f"{IMAGE}", [_img(16, 16, seed=3)])
+    other = {k: v.clone() for k, v in a.items()}
+    other["pixel_values"][2, 5] = torch.nextafter(other["pixel_values"][2, 5], torch.tensor(float("inf")))
+    assert distinct([a, other], 2) is None
+    merged = distinct([a, other, {k: v.clone() for k, v in a.items()}], 2)
+    assert merged is not None and merged.grid.shape[0] == 2 and merged.index.numel() == 3 * merged.sizes[0]
+    assert torch.equal(merged.index[2 * merged.sizes[0]:], merged.index[:merged.sizes[0]])  # the copy takes a's rows
+    model, vis, rows = _tower_and_rows(path)
+    with torch.no_grad():
+        vis.features([a, other], "cpu")
+    assert rows == [2 * int(a["pixel_values"].shape[0])]
+
+
+def test_samples_sharing_images_share_their_device_copy():
+    from rlweave.backend_helpers.training import on_device
+
+    b = Batch.from_sequences([[1, 2], [3, 4], [5]])
+    image = {"pixel_values": torch.ones(4, 2), "image_grid_thw": torch.tensor([[1, 2, 2]])}
+    b.set_mm([image, image, None])
+    moved = on_device(b, torch.device("cpu"))
+    assert moved.mm[0] is moved.mm[1] and moved.mm[0] is not image and moved.mm[2] is None

@@ -67,10 +67,15 @@ def loss_settings(loss_fn: LossFn, kind: str, backend: str) -> tuple[bool, float
 
 
 def on_device(b: Batch, device: torch.device) -> Batch:
-    """``b`` with its token and sample tensors on ``device`` (offsets stay where they are)."""
+    """``b`` with its token, sample and vision tensors on ``device`` (offsets stay where they
+    are); samples that share one vision-input dict (a prompt's samples) share its copy."""
     mv = lambda d: {k: v.to(device) for k, v in d.items()}
+    moved: dict[int, dict] = {}
+    for m in b.mm:
+        if m is not None and id(m) not in moved:
+            moved[id(m)] = mv(m)
     return Batch(cu_seqlens=b.cu_seqlens, token=mv(b.token), sample=mv(b.sample), ids=b.ids, meta=b.meta,
-                 mm=[None if m is None else mv(m) for m in b.mm])
+                 mm=[None if m is None else moved[id(m)] for m in b.mm])
 
 
 class TrainingSkeleton(TrainingWorker, metaclass=ABCMeta):

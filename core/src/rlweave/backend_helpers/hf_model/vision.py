@@ -11,7 +11,9 @@ micro-batch (token ids, ``cu_seqlens`` and each sample's vision inputs,
 * ``mm_encoder_outputs``: the features of the micro-batch's images, in sample order, computed
   by calling the vision tower on its own (never with the text's varlen keywords), placed on the
   tokens :func:`~rlweave.data.vision.mrope_positions` takes for images (an image token the model
-  sampled in a response stays text, as it was for the engine that sampled it);
+  sampled in a response stays text, as it was for the engine that sampled it); an image that
+  occurs more than once in the micro-batch (the samples of one prompt) is encoded once and its
+  copies' features are rows of its features (:mod:`.vision_dedup`; gradients of the copies sum);
 * when the micro-batch has no image, the vision tower still runs, on one blank image of the
   smallest grid, and its features, cut to none, enter the model where image features do: every
   rank runs the same modules forward and backward in the same order (sharded parameters are
@@ -25,6 +27,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from rlweave.backend_helpers.hf_model import vision_dedup
 from rlweave.data.vision import mrope_positions
 
 
@@ -65,10 +68,13 @@ def for_model(model: nn.Module) -> "VisionForward | None":
 class VisionForward:
     """See the module docstring. ``inner``: the model's backbone (``visual`` and
     ``get_image_features``); ``config``: the top-level config (``image_token_id`` and the vision
-    config's ``spatial_merge_size``, ``patch_size``, ``temporal_patch_size``, ``in_channels``)."""
+    config's ``spatial_merge_size``, ``patch_size``, ``temporal_patch_size``, ``in_channels``);
+    ``dedup``: encode each distinct image of a micro-batch once (False: every copy, as a
+    reference to compare with)."""
 
-    def __init__(self, inner: nn.Module, config: Any) -> None:
+    def __init__(self, inner: nn.Module, config: Any, dedup: bool = True) -> None:
         self.inner = inner
+        self.dedup = dedup
         self._image_mask: torch.Tensor | None = None  # the image tokens of the row being run
         self._model_mask = inner.get_placeholder_mask
         inner.get_placeholder_mask = self._placeholder_mask  # the images' places are the ones positions() found
@@ -110,15 +116,31 @@ class VisionForward:
         image = mask.to(inputs_embeds.device).view(1, -1, 1).expand_as(inputs_embeds)
         return image, torch.zeros_like(image)
 
-    def features(self, mm: Sequence[dict | None], device) -> Any | None:
-        """The image features of the samples' images in order (``get_image_features``' output),
-        None when there are none."""
+    def _encode(self, mm: Sequence[dict | None], device) -> tuple[Any | None, vision_dedup.Distinct | None]:
+        """``(out, distinct)``: ``get_image_features``' output on the samples' distinct images and,
+        when some image occurs more than once, the :class:`.vision_dedup.Distinct` that says
+        which row of ``out``'s concatenated features each image token takes (None: ``out`` is
+        of every image in order). ``(None, None)`` when there are no images."""
         have = [m for m in (mm or []) if m is not None]
         if not have:
-            return None
-        pixels = torch.cat([m["pixel_values"] for m in have]).to(device)
-        grid = torch.cat([m["image_grid_thw"] for m in have]).to(device)
-        return self.inner.get_image_features(pixels, grid, return_dict=True)
+            return None, None
+        uniq = vision_dedup.distinct(have, self.merge) if self.dedup else None
+        if uniq is None:
+            pixels = torch.cat([m["pixel_values"] for m in have]).to(device)
+            grid = torch.cat([m["image_grid_thw"] for m in have]).to(device)
+            return self.inner.get_image_features(pixels, grid, return_dict=True), None
+        return self.inner.get_image_features(uniq.pixels.to(device), uniq.grid.to(device), return_dict=True), uniq
+
+    def features(self, mm: Sequence[dict | None], device) -> Any | None:
+        """The image features of the samples' images in order (``get_image_features``' output,
+        whose ``pooler_output`` holds one tensor per image; an image that occurs more than once
+        is encoded once, its copies' features rows of its own, and then the output's other
+        fields are of the distinct images), None when there are none."""
+        out, uniq = self._encode(mm, device)
+        if uniq is not None:
+            rows = torch.cat(list(out.pooler_output)).index_select(0, uniq.index.to(device))
+            out.pooler_output = torch.split(rows, uniq.sizes)
+        return out
 
     def blank(self, device) -> Any:
         """The vision tower on one blank image of the smallest grid, its features cut to none:
@@ -148,12 +170,13 @@ class VisionForward:
             filler = torch.arange(pad).view(1, 1, -1).expand(4, 1, pad)
             positions = torch.cat([positions, filler], dim=2)
             mask = torch.cat([mask, torch.zeros(pad, dtype=torch.bool)])
-        feats = self.features(mm, device)
+        feats, uniq = self._encode(mm, device)
         if feats is None:
             feats = self.blank(device)
-        else:
-            before = int(mask[:lo].sum())
+        else:  # the features of the image tokens in the slice: rows of the distinct images' features
+            before, k = int(mask[:lo].sum()), int(mask[lo:lo + n].sum())
             flat = torch.cat(list(feats.pooler_output))
-            feats.pooler_output = (flat[before:before + int(mask[lo:lo + n].sum())],)
+            feats.pooler_output = (flat[before:before + k] if uniq is None else
+                                   flat.index_select(0, uniq.index[before:before + k].to(device)),)
         self._image_mask = mask[lo:lo + n]
         return {"position_ids": positions[:, :, lo:lo + n].to(device), "mm_encoder_outputs": {"image": feats}}
