@@ -26,8 +26,11 @@ run (``eval/accuracy`` of ``metrics.jsonl``: greedy, **by the run's own engine**
 bf16 rows); the final weights evaluated again in fp32 on the transformers engine (``rlweave eval
 RUN_DIR --engine hf --dtype float32``), the same judge for every row; the means over all steps of
 the mismatch metrics (``mismatch/k1``, ``k3``, ``dlogp_abs_mean``, ``dlogp_abs_p99``, and the share of
-trained tokens truncated or masked and of samples masked by the correction); and the wall time of
-the whole ``rlweave train`` process (start-up and evaluations included).
+trained tokens truncated or masked and of samples masked by the correction) and, with router replay,
+of ``moe_replay_changed_frac`` (the share of replayed routing decisions that differ from the
+trainer's routers' own: R3, where trainer and engine disagree); the largest ``mismatch/k3`` and
+``mismatch/dlogp_abs_max`` of any step; and the wall time of the whole ``rlweave train`` process
+(start-up and evaluations included).
 
 The runs go to ``<--out-dir>/mismatch-<example>[-<engine>]-<row>[-s<seed>]``. The bench marks each run
 directory it creates (``bench-mismatch.json``; before the run starts, its name goes into
@@ -70,7 +73,10 @@ LEDGER = "bench-mismatch-runs.txt"
 #: table column -> metrics.jsonl key, averaged over the steps that logged it
 MEANS = {"k1": "mismatch/k1", "k3": "mismatch/k3", "dlogp_mean": "mismatch/dlogp_abs_mean",
          "dlogp_p99": "mismatch/dlogp_abs_p99", "truncated": "mismatch/truncated_frac",
-         "masked": "mismatch/masked_frac", "samples_masked": "mismatch/samples_masked_frac"}
+         "masked": "mismatch/masked_frac", "samples_masked": "mismatch/samples_masked_frac",
+         "routing_changed": "moe_replay_changed_frac"}
+#: table column -> metrics.jsonl key, the largest value over the steps
+PEAKS = {"k3_peak": "mismatch/k3", "dlogp_max": "mismatch/dlogp_abs_max"}
 
 
 def parse_row(row: str) -> tuple[str, dict[str, str]]:
@@ -106,10 +112,11 @@ def overrides(row: str, engine_dtype: str, engine: str | None = None) -> list[st
 
 
 def summarize(run_dir: Path) -> dict:
-    """Held-out accuracy (before, final, best after step 0 and its step) and the step means of
-    :data:`MEANS` from a run directory's ``metrics.jsonl``."""
+    """Held-out accuracy (before, final, best after step 0 and its step), the step means of
+    :data:`MEANS` and the step maxima of :data:`PEAKS` from a run directory's ``metrics.jsonl``."""
     evals: list[tuple[int, float]] = []
     sums = {k: [0.0, 0] for k in MEANS}
+    peaks: dict[str, float | None] = {k: None for k in PEAKS}
     steps = 0
     with open(run_dir / "metrics.jsonl") as f:
         for line in f:
@@ -122,12 +129,16 @@ def summarize(run_dir: Path) -> dict:
                 if isinstance(rec.get(key), (int, float)) and math.isfinite(rec[key]):
                     sums[col][0] += rec[key]
                     sums[col][1] += 1
+            for col, key in PEAKS.items():
+                if isinstance(rec.get(key), (int, float)) and math.isfinite(rec[key]):
+                    peaks[col] = max(rec[key], peaks[col]) if peaks[col] is not None else rec[key]
     if not evals:
         raise ValueError(f"{run_dir / 'metrics.jsonl'}: no eval/accuracy")
     during = [e for e in evals if e[0] > 0] or evals
     best_step, best = max(during, key=lambda e: (e[1], -e[0]))
     out = {"before": evals[0][1], "final": evals[-1][1], "best": best, "best_step": best_step, "steps": steps}
     out.update({col: (s / n if n else None) for col, (s, n) in sums.items()})
+    out.update(peaks)
     return out
 
 
@@ -202,8 +213,8 @@ def table(rows: list[dict]) -> str:
     """The markdown table of the rows (one per run)."""
     multi = len({r["seed"] for r in rows}) > 1
     head = ["row", *(["seed"] if multi else []), "held-out before", "final", "best (step)", "final, fp32 eval",
-            "k1", "k3", "\\|dlogp\\| mean", "\\|dlogp\\| p99", "tokens truncated", "tokens masked",
-            "samples masked", "wall time"]
+            "k1", "k3", "k3 peak", "\\|dlogp\\| mean", "\\|dlogp\\| p99", "\\|dlogp\\| max", "tokens truncated",
+            "tokens masked", "samples masked", "routing changed", "wall time"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         seed = [str(r["seed"])] if multi else []
@@ -213,8 +224,9 @@ def table(rows: list[dict]) -> str:
         else:
             cells = [r["row"], *seed, f"{r['before']:.1f}%", f"{r['final']:.1f}%",
                      f"{r['best']:.1f}% ({r['best_step']})", _f(r["fp32_final"], ".1f") + "%",
-                     _f(r["k1"], ".1e"), _f(r["k3"], ".1e"), _f(r["dlogp_mean"], ".1e"), _f(r["dlogp_p99"], ".1e"),
-                     _f(r["truncated"], ".1%"), _f(r["masked"], ".1%"), _f(r["samples_masked"], ".1%"),
+                     _f(r["k1"], ".1e"), _f(r["k3"], ".1e"), _f(r.get("k3_peak"), ".1e"), _f(r["dlogp_mean"], ".1e"),
+                     _f(r["dlogp_p99"], ".1e"), _f(r.get("dlogp_max"), ".2g"), _f(r["truncated"], ".1%"),
+                     _f(r["masked"], ".1%"), _f(r["samples_masked"], ".1%"), _f(r.get("routing_changed"), ".2%"),
                      f"{r['wall_s']:.0f} s"]
             if r["fp32_final"] is None:
                 cells[len(seed) + 4] = "failed"

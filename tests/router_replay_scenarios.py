@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from rlweave.backend_helpers.router_replay import CHANGED
 from rlweave.testing import scenarios as sc
 
 OPTIM = {"lr": 1e-3, "grad_clip": 1.0, "eps": 1e-5}
@@ -40,7 +41,9 @@ def replay_scenario(ctx_kw: dict, path: str, experts: int) -> dict:
         train_lp = float((b.token["token_weight"] * rep["logprobs"]).sum())
         metrics = w.train_step(b, wlp)  # the training forward, on the weights of the passes above
         _, grads = sc.train_step_with_grads(w, b, sc.nll_loss)
-        out[name] = {"own": own["routing"], "given": given, "chosen": rep["routing"], "lp_own": own["logprobs"],
+        unreplayed = w.train_step(batch, wlp)  # no routing field: the routers choose
+        out[name] = {"changed": metrics.get(CHANGED, "absent"), "changed_unreplayed": unreplayed.get(CHANGED, "absent"),
+                     "own": own["routing"], "given": given, "chosen": rep["routing"], "lp_own": own["logprobs"],
                      "lp_replay": rep["logprobs"], "lp_again": again["logprobs"],
                      "router_grads": [float(grads[r].abs().sum()) for r in ROUTERS],
                      "wlp_pass": train_lp, "wlp_train": metrics["wlp"]}

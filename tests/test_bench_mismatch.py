@@ -32,19 +32,21 @@ def test_only_the_matched_row_runs_the_engine_in_fp32_and_each_correction_is_nam
             mismatch.overrides(bad, "bfloat16")
 
 
-def test_summary_reads_evaluations_and_averages_the_mismatch_metrics_over_steps(tmp_path):
+def test_summary_reads_evaluations_averages_and_peaks_of_the_mismatch_metrics_over_steps(tmp_path):
     rows = [{"step": 0, "eval/accuracy": 0.30},
             {"step": 1, "mismatch/tokens": 10.0, "mismatch/k3": 1e-4, "mismatch/masked_frac": 0.0},
             {"step": 2, "mismatch/tokens": 10.0, "mismatch/k3": 3e-4, "mismatch/masked_frac": 0.5,
              "eval/accuracy": 0.50},
             {"step": 3, "mismatch/tokens": 10.0, "mismatch/k3": 2e-4, "mismatch/masked_frac": 0.25,
-             "eval/accuracy": 0.40}]
+             "mismatch/dlogp_abs_max": 0.5, "eval/accuracy": 0.40}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     s = mismatch.summarize(tmp_path)
     assert (s["before"], s["final"], s["best"], s["best_step"], s["steps"]) == pytest.approx((30, 40, 50, 2, 3))
     assert s["k3"] == pytest.approx(2e-4)
     assert s["masked"] == pytest.approx(0.25)
     assert s["k1"] is None  # not logged: an empty cell, not a zero
+    assert (s["k3_peak"], s["dlogp_max"]) == pytest.approx((3e-4, 0.5))  # the largest of any step
+    assert s["routing_changed"] is None  # no router replay
     text = mismatch.table([{**s, "row": "none", "seed": 1, "fp32_final": 41.0, "wall_s": 12.0},
                            {"row": "icepop", "seed": 1, "wall_s": 3.0, "error": "exit 1"}])
     lines = text.splitlines()

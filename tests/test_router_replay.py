@@ -49,6 +49,8 @@ def test_the_training_forward_replays_and_the_gate_gets_its_gradient(replay, lay
     r = replay[layout]
     assert r["wlp_train"] == pytest.approx(r["wlp_pass"], abs=1e-5)  # train forward == replayed no-grad pass
     assert all(g > 0 for g in r["router_grads"])
+    assert r["changed"] == 1.0  # the step's metric: every replayed decision differs from the router's own
+    assert r["changed_unreplayed"] == "absent"  # nothing replayed, no metric
 
 
 def test_r3_trainer_experts_equal_the_engines_and_the_logprob_gap_drops(r3):

@@ -138,8 +138,8 @@ def test_megatron_replay_equals_fsdp_replay(run):
 def test_a_training_step_replays_and_the_router_gets_its_gradient(run):
     """A step under the foreign routing with the load-balancing loss: the training forward equals
     the replayed no-grad pass, the routers get a gradient (through the replayed experts' weights
-    and the aux loss) and the step equals FSDP's: loss, ``moe_aux_loss``, grad norm and the
-    routers' gradients (megatron's with activation recomputation, on right-padded rows in the
+    and the aux loss) and the step equals FSDP's: loss, ``moe_aux_loss``, grad norm,
+    ``moe_replay_changed_frac`` and the routers' gradients (megatron's with activation recomputation, on right-padded rows in the
     2-rank run: the recomputed forward in backward replays too and carries the aux loss's
     gradient of the real tokens alone)."""
     res = run[1]
@@ -147,8 +147,10 @@ def test_a_training_step_replays_and_the_router_gets_its_gradient(run):
     for r in (f, m):
         assert abs(r["wlp_train"] - r["wlp_pass"]) < TOL, (r["wlp_train"], r["wlp_pass"])
         assert all(float(g.abs().sum()) > 0 for g in r["router_grads"])
+        # a routing chosen before the first step: after it, nearly all replayed decisions still differ
+        assert 0.9 < r["metrics"]["moe_replay_changed_frac"] <= 1.0
     assert m["metrics"]["moe_aux_loss"] > 1.0  # the aux loss is in this step (its minimum is 1)
-    for k in ("loss", "moe_aux_loss", "grad_norm"):
+    for k in ("loss", "moe_aux_loss", "grad_norm", "moe_replay_changed_frac"):
         assert abs(f["metrics"][k] - m["metrics"][k]) < TOL * max(1.0, abs(f["metrics"][k])), \
             (k, f["metrics"][k], m["metrics"][k])
     for gf, gm in zip(f["router_grads"], m["router_grads"]):

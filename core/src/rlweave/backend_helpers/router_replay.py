@@ -20,6 +20,10 @@ The row layouts of a forward (a packed row, right-padded rows, a shared-prompt r
 from token order with :func:`to_rows` and :func:`from_rows`. :func:`check` and :func:`replayed`
 (given experts -> their weights) are shared with backends that route in their own MoE layers
 (the megatron backend's ``ExpertParallelMoE``).
+
+:class:`ChangedTally` counts, over a training step's replayed forwards, the routing decisions
+(token x MoE layer) where the router's own top-k differs from the experts replayed:
+``moe_replay_changed_frac``, what replay changed (R3: where trainer and engine disagree).
 """
 
 from __future__ import annotations
@@ -34,6 +38,47 @@ from torch import nn
 FIELD = "routing"
 #: the dtype routing is stored in (batches, dumps)
 DTYPE = torch.int16
+#: the training-step metric of :class:`ChangedTally`
+CHANGED = "moe_replay_changed_frac"
+
+
+class ChangedTally:
+    """Of a training step's replayed routing decisions (a token in one MoE layer with a given
+    routing), the share whose experts differ, as a set, from the router's own top-k.
+
+    Per step: :meth:`reset` (before the step's forwards), :meth:`add` per layer forward (nothing
+    is counted before the first reset), :meth:`metrics` after the step (collective over
+    ``group``: every rank calls it). An activation-checkpointing recomputation counts a forward
+    twice, both parts of the share alike. Counts stay on the device: no host sync per forward."""
+
+    def __init__(self) -> None:
+        self._sums: torch.Tensor | None = None  # [changed, replayed], float64
+
+    def reset(self, device: torch.device) -> None:
+        self._sums = torch.zeros(2, dtype=torch.float64, device=device)
+
+    def add(self, idx: torch.Tensor, given: torch.Tensor) -> None:
+        """Count one layer's forward: ``idx`` ``(rows, k)`` the router's own top-k, ``given`` the
+        routing replayed (rows with a ``-1`` are not replayed and not counted)."""
+        if self._sums is None:
+            return
+        given = given.to(idx.device, idx.dtype)
+        used = ~(given < 0).any(-1)
+        differs = (idx.sort(-1).values != given.sort(-1).values).any(-1) & used
+        self._sums += torch.stack([differs.sum(), used.sum()]).to(self._sums)
+
+    def metrics(self, group: Any = None) -> dict[str, float]:
+        """``{CHANGED: share}`` over the ranks of ``group`` since :meth:`reset`; empty when no
+        decision was replayed (or before the first reset, where no rank reset)."""
+        import torch.distributed as dist
+
+        if self._sums is None:
+            return {}
+        sums = self._sums.clone()
+        if dist.is_initialized():
+            dist.all_reduce(sums, group=group)
+        changed, replayed = (float(x) for x in sums.cpu())
+        return {CHANGED: changed / replayed} if replayed else {}
 
 
 class RouterReplay:
@@ -46,6 +91,7 @@ class RouterReplay:
         self._rows: torch.Tensor | None = None
         self._record = False
         self.recorded: list[torch.Tensor | None] = []
+        self.tally = ChangedTally()
         self._handles = [b.router.register_forward_hook(self._hook(i)) for i, b in enumerate(self.blocks)]
 
     @property
@@ -86,6 +132,7 @@ class RouterReplay:
                     raise ValueError(f"router replay: MoE layer {layer} routes {tuple(idx.shape)} "
                                      f"(rows, top-k); the routing given has {tuple(given.shape)}")
                 norm = getattr(module, "norm_topk_prob", type(module).__name__.startswith("Mixtral"))
+                self.tally.add(idx, given)
                 idx, probs = replayed(logits, idx, given, norm)
                 out = (logits, probs.to(weights.dtype), idx)
             if self._record:

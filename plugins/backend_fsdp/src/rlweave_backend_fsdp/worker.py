@@ -184,9 +184,13 @@ class FSDPWorker(HFModelWorker):
         load-balancing loss (:meth:`_extra_loss`), whose token-weighted mean is
         ``moe_aux_loss``; ``moe_load_max_over_mean``, ``moe_load_min_over_mean`` and
         ``moe_tokens_per_expert_max`` describe the tokens each expert received over all ranks
-        (:func:`.moe.load_metrics`)."""
+        (:func:`.moe.load_metrics`); with router replay, ``moe_replay_changed_frac`` is the share
+        of the step's replayed routing decisions that differ from the routers' own
+        (:class:`~rlweave.backend_helpers.router_replay.ChangedTally`)."""
         if self.moe_state is not None:
             self.moe_state.begin_step(batch.num_tokens, self.device)
+        if self.router is not None:
+            self.router.tally.reset(self.device)
 
     def _micro_scope(self) -> contextlib.AbstractContextManager:
         return self.moe_state.tap.capture() if self.moe_state is not None else contextlib.nullcontext()
@@ -196,7 +200,10 @@ class FSDPWorker(HFModelWorker):
         return self.moe_state.micro_loss(tokens) if self.moe_state is not None else None
 
     def _step_metrics(self) -> tuple[dict[str, float], dict[str, float]]:
-        return self.moe_state.step_metrics(self.device) if self.moe_state is not None else ({}, {})
+        if self.moe_state is None:
+            return {}, {}
+        per_rank, global_ = self.moe_state.step_metrics(self.device)
+        return per_rank, {**global_, **self.router.tally.metrics()}
 
     def _reports_metrics(self) -> bool:
         return self.sp is None or not self.sp.rank  # the group's first rank reports the group's (equal) values

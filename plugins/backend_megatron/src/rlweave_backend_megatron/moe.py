@@ -121,6 +121,7 @@ class ExpertParallelMoE(nn.Module):
         self.replay: torch.Tensor | None = None  # (T, k) experts to use (set_routing), None: the router's
         self.record = False  # keep the experts used in `recorded` (set_routing)
         self.recorded: torch.Tensor | None = None
+        self.tally: router_replay.ChangedTally | None = None  # counts what replay changed (set by .replay)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(router logits (T, E), their fp32 softmax (T, E), top-k experts (T, k), their weights
@@ -133,6 +134,8 @@ class ExpertParallelMoE(nn.Module):
             if self.replay.shape != idx.shape:
                 raise ValueError(f"megatron backend: router replay: an MoE layer routes {tuple(idx.shape)} "
                                  f"(tokens, top-k); the routing given has {tuple(self.replay.shape)}")
+            if self.tally is not None:
+                self.tally.add(idx, self.replay)
             idx, weights = router_replay.replayed(logits, idx, self.replay.to(idx.device), self.spec.norm_topk)
         elif self.spec.norm_topk:
             weights = weights / weights.sum(dim=-1, keepdim=True)

@@ -13,7 +13,9 @@ still set when an activation-checkpointing recomputation replays it in backward.
 Contract: :meth:`Replay.check` once per batch before any collective (a bad field raises the same
 ValueError on every rank), :meth:`Replay.set` before each forward (every micro-batch, the empty
 ones too, so nothing of an earlier one is left set), :meth:`Replay.take` after a recording
-forward, :meth:`Replay.clear` when the pass or step is over.
+forward, :meth:`Replay.clear` when the pass or step is over. :attr:`Replay.tally` counts the
+replayed decisions that differ from the routers' own (``tally.reset`` before a training step,
+``tally.metrics`` after it).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class Replay:
     def __init__(self, mlps: list[moe.ExpertParallelMoE], spec: moe.Experts, where: str, pp: int = 1,
                  sequence_parallel: bool = False):
         self.mlps, self.spec, self.where, self.pp, self.sp = mlps, spec, where, pp, sequence_parallel
+        self.tally = router_replay.ChangedTally()  # what replay changed in a training step
+        for m in mlps:
+            m.tally = self.tally
 
     @property
     def layers(self) -> int:

@@ -318,6 +318,7 @@ class MegatronWorker(TrainingSkeleton):
         micro = [batch.select(groups[i]) if i < len(groups) else None for i in range(n_micro)]
         if self.moe is not None:
             self.moe.begin_step(batch.num_tokens, self.device, self._dp_group())
+            self.replay.tally.reset(self.device)
         rows: dict[int, pipeline.Rows] = {}
 
         def rows_of(i: int) -> pipeline.Rows:
@@ -390,8 +391,13 @@ class MegatronWorker(TrainingSkeleton):
         return aux_grad.set_aux(self.mlps, rows if self.moe.coef else None)
 
     def _step_metrics(self) -> tuple[dict[str, float], dict[str, float]]:
-        """``moe_aux_loss`` and the expert-load metrics of a mixture-of-experts model."""
-        return self.moe.step_metrics(self._dp_group()) if self.moe is not None else ({}, {})
+        """``moe_aux_loss`` and the expert-load metrics of a mixture-of-experts model, and with
+        router replay ``moe_replay_changed_frac`` (the share of the step's replayed routing
+        decisions that differ from the routers' own)."""
+        if self.moe is None:
+            return {}, {}
+        per_rank, global_ = self.moe.step_metrics(self._dp_group())
+        return per_rank, {**global_, **self.replay.tally.metrics(self._dp_group())}
 
     def _owners(self) -> dict[str, int]:
         """The sharded optimizer's plan (:mod:`.zero`): a tied embedding and its copy on the last
