@@ -139,9 +139,9 @@ def test_a_training_step_replays_and_the_router_gets_its_gradient(run):
     """A step under the foreign routing with the load-balancing loss: the training forward equals
     the replayed no-grad pass, the routers get a gradient (through the replayed experts' weights
     and the aux loss) and the step equals FSDP's: loss, ``moe_aux_loss``, grad norm,
-    ``moe_replay_changed_frac`` and the routers' gradients (megatron's with activation recomputation, on right-padded rows in the
-    2-rank run: the recomputed forward in backward replays too and carries the aux loss's
-    gradient of the real tokens alone)."""
+    ``moe_replay_changed_frac`` and the routers' gradients (megatron's with activation
+    recomputation, on right-padded rows in the 2-rank run: the recomputed forward in backward
+    replays too and carries the aux loss's gradient of the real tokens alone)."""
     res = run[1]
     f, m = res["fsdp_replay_step"], res["megatron_replay_step"]
     for r in (f, m):
