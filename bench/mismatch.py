@@ -111,6 +111,11 @@ def overrides(row: str, engine_dtype: str, engine: str | None = None) -> list[st
     return [*out, f"algorithm.off_policy.correction={row}"]
 
 
+def _finite(v) -> bool:
+    """Whether a metrics.jsonl value is a finite number."""
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
 def summarize(run_dir: Path) -> dict:
     """Held-out accuracy (before, final, best after step 0 and its step), the step means of
     :data:`MEANS` and the step maxima of :data:`PEAKS` from a run directory's ``metrics.jsonl``."""
@@ -126,11 +131,11 @@ def summarize(run_dir: Path) -> dict:
             if "mismatch/tokens" in rec:
                 steps += 1
             for col, key in MEANS.items():
-                if isinstance(rec.get(key), (int, float)) and math.isfinite(rec[key]):
+                if _finite(rec.get(key)):
                     sums[col][0] += rec[key]
                     sums[col][1] += 1
             for col, key in PEAKS.items():
-                if isinstance(rec.get(key), (int, float)) and math.isfinite(rec[key]):
+                if _finite(rec.get(key)):
                     peaks[col] = max(rec[key], peaks[col]) if peaks[col] is not None else rec[key]
     if not evals:
         raise ValueError(f"{run_dir / 'metrics.jsonl'}: no eval/accuracy")

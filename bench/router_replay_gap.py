@@ -2,7 +2,8 @@
 without and with router replay (R3), per model, in one table.
 
 For each model, responses are sampled from it in ``--engine-dtype`` (transformers ``generate``,
-temperature 1, up to ``--new-tokens`` or the model's end-of-sequence token). Then each sampled sequence gets three forwards:
+temperature 1, up to ``--new-tokens`` or the model's end-of-sequence token). Then each sampled
+sequence gets three forwards:
 
 * one in the engine dtype: the engine's log-probs, and its routing recorded with the hooks the FSDP
   backend replays with (:class:`rlweave.backend_helpers.router_replay.RouterReplay`);
@@ -99,7 +100,8 @@ def measure(model_dir: Path, ids_list: list, engine_dtype: str, new_tokens: int,
         return torch.log_softmax(logits, -1)[0, :-1].gather(-1, seq[0, 1:, None])[:, 0]
 
     gaps = {"none": [], "r3": []}
-    flipped, decisions = [], [0.0, 0.0]
+    flipped = []
+    hooks["trainer"].tally.reset(torch.device("cpu"))  # counts the replayed passes of every sequence
     t0 = time.perf_counter()
     with torch.no_grad():
         for ids in ids_list:
@@ -113,27 +115,23 @@ def measure(model_dir: Path, ids_list: list, engine_dtype: str, new_tokens: int,
             lp_free = logprobs(trainer, seq)
             own = hooks["trainer"].take()
             hooks["trainer"].set(routing)
-            hooks["trainer"].tally.reset(torch.device("cpu"))
             lp_r3 = logprobs(trainer, seq)
-            share = hooks["trainer"].tally.metrics().get(CHANGED, 0.0)
             hooks["trainer"].set(None)
-            decisions[0] += share * routing.shape[0] * routing.shape[1]
-            decisions[1] += routing.shape[0] * routing.shape[1]
             resp = slice(n - 1, None)  # the log-probs of the response tokens
             gaps["none"].append((lp_free - lp_engine)[resp])
             gaps["r3"].append((lp_r3 - lp_engine)[resp])
             differs = (own.sort(-1).values != routing.sort(-1).values).any(-1).any(-1)  # per position
             flipped.append(differs[n - 1 : -1].float())  # a response token's log-prob reads its position's routing
-    for h in hooks.values():
-        h.remove()
     row = {"model": str(model_dir), "tokens": int(sum(len(g) for g in gaps["none"])),
-           "decisions_changed": decisions[0] / decisions[1], "tokens_changed": float(torch.cat(flipped).mean()),
-           "wall_s": time.perf_counter() - t0}
+           "decisions_changed": hooks["trainer"].tally.metrics().get(CHANGED, 0.0),
+           "tokens_changed": float(torch.cat(flipped).mean()), "wall_s": time.perf_counter() - t0}
     for name, parts in gaps.items():
         d = torch.cat(parts).double()
         a = d.abs()
         row[name] = {"mean": float(a.mean()), "p99": float(a.quantile(0.99)), "max": float(a.max()),
                      "k3": float((d.exp() - 1 - d).mean())}
+    for h in hooks.values():
+        h.remove()
     return row
 
 
